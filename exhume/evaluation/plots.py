@@ -1,0 +1,164 @@
+"""Figures for an evaluation (PNG files, matplotlib's Agg backend; figures are closed after saving)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from ..errors import ConfigError, DataError  # noqa: E402
+from .metrics import EvalResult  # noqa: E402
+from .ssim import as_images  # noqa: E402
+
+__all__ = ["plot_sorted_ssim", "plot_ssim_vs_margin", "pairs_grid", "candidates_grid"]
+
+
+def _save(fig, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+    finally:
+        plt.close(fig)
+    return path
+
+
+def _hwc(img: np.ndarray) -> tuple[np.ndarray, dict]:
+    """``(C, H, W)`` -> an array and the imshow keywords: gray for C = 1, RGB for C = 3."""
+    if img.shape[0] == 1:
+        return img[0], {"cmap": "gray", "vmin": 0.0, "vmax": 1.0}
+    if img.shape[0] == 3:
+        return np.clip(np.transpose(img, (1, 2, 0)), 0, 1), {}
+    raise DataError(f"can only draw 1- or 3-channel images, got {img.shape[0]} channels")
+
+
+def _show(ax, img: np.ndarray, title: str | None = None) -> None:
+    arr, kw = _hwc(img)
+    ax.imshow(arr, interpolation="nearest", **kw)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    if title:
+        ax.set_title(title, fontsize=7)
+
+
+def _thresholds(metrics: dict) -> list[float]:
+    return sorted(float(k[len("ssim>="):]) for k in metrics if k.startswith("ssim>="))
+
+
+def plot_sorted_ssim(result: EvalResult, path: str | os.PathLike) -> Path:
+    """Per-training-image SSIM of the best candidate, sorted (and the pool's, if computed)."""
+    s = np.sort(np.asarray(result.arrays["ssim"], dtype=float))[::-1]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    x = np.arange(1, s.size + 1)
+    ax.plot(x, s, lw=2, label=f"best reconstruction (rule: {result.metrics.get('match_rule')})")
+    if result.arrays.get("pool_ssim") is not None:
+        p = np.sort(np.asarray(result.arrays["pool_ssim"], dtype=float))[::-1]
+        ax.plot(x, p, lw=1.5, ls="--", color="gray",
+                label=f"best of {result.metrics.get('pool_size')} unseen images")
+    if result.arrays.get("one_to_one_ssim") is not None:
+        o = np.asarray(result.arrays["one_to_one_ssim"], dtype=float)
+        o = np.sort(o[np.isfinite(o)])[::-1]
+        ax.plot(np.arange(1, o.size + 1), o, lw=1, color="tab:green", label="one-to-one matching")
+    for t, c in zip(_thresholds(result.metrics) or [0.4, 0.5], ["tab:orange", "tab:red", "k"]):
+        ax.axhline(t, color=c, lw=0.8, ls=":", label=f"SSIM = {t:g}")
+    ax.set_xlabel("training images, sorted by SSIM")
+    ax.set_ylabel("SSIM")
+    ax.set_ylim(min(0.0, float(np.nanmin(s)) - 0.05) if s.size else 0, 1.02)
+    title = f"n = {result.metrics.get('n_train')}"
+    if result.metrics.get("memorised") is not None:
+        title += f", memorised: {result.metrics['memorised']}"
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="lower left")
+    return _save(fig, path)
+
+
+def plot_ssim_vs_margin(result: EvalResult, path: str | os.PathLike) -> Path:
+    """Scatter of SSIM against each training image's margin (Haim et al., Fig. 4)."""
+    if result.arrays.get("margin") is None:
+        raise DataError("no margins in this result: pass margins= to evaluate_images")
+    mar = np.asarray(result.arrays["margin"], dtype=float)
+    s = np.asarray(result.arrays["ssim"], dtype=float)
+    mem = result.arrays.get("memorised")
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    if mem is None:
+        ax.scatter(mar, s, s=12, alpha=0.8, label="training image")
+    else:
+        mem = np.asarray(mem, dtype=bool)
+        ax.scatter(mar[~mem], s[~mem], s=12, alpha=0.6, color="tab:blue",
+                   label="not memorised (pool as close or closer)")
+        ax.scatter(mar[mem], s[mem], s=22, color="tab:red", edgecolor="k", lw=0.4,
+                   label=f"memorised ({int(mem.sum())})")
+    for t in _thresholds(result.metrics):
+        ax.axhline(t, color="gray", lw=0.8, ls=":")
+    ax.set_xlabel(r"margin $y_i\,\Phi(x_i)$")
+    ax.set_ylabel("SSIM of best reconstruction")
+    rho = result.metrics.get("margin_spearman_rho")
+    if rho is not None:
+        ax.set_title(f"Spearman rho = {rho:.3f}", fontsize=9)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def pairs_grid(candidates, train, pool, result: EvalResult, path: str | os.PathLike,
+               which: str = "best", k: int = 24) -> Path:
+    """Triples training image | best reconstruction | best pool image for the ``k`` best or worst.
+
+    ``which``: ``"best"`` or ``"worst"`` training images by SSIM. ``pool`` may be None (the third
+    column is then left out).
+    """
+    if which not in ("best", "worst"):
+        raise ConfigError(f"which must be 'best' or 'worst', got {which!r}")
+    train = as_images(train, "training images").numpy()
+    candidates = as_images(candidates, "candidates").numpy()
+    has_pool = pool is not None and result.arrays.get("best_pool") is not None
+    pool = as_images(pool, "pool").numpy() if has_pool else None
+    s = np.asarray(result.arrays["ssim"], dtype=float)
+    order = np.argsort(-s, kind="stable") if which == "best" else np.argsort(s, kind="stable")
+    order = order[:max(1, int(k))]
+    per_row = 4                    # triples per row of the figure
+    width = 3 if has_pool else 2
+    rows = int(np.ceil(len(order) / per_row))
+    cols = per_row * width
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * 1.0, rows * 1.15), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    mem = result.arrays.get("memorised")
+    for slot, i in enumerate(order):
+        r, c0 = divmod(slot, per_row)
+        c0 *= width
+        ax = axes[r, c0]
+        ax.axis("on")
+        _show(ax, train[i], f"train {i}" + (" *" if mem is not None and mem[i] else ""))
+        ax = axes[r, c0 + 1]
+        ax.axis("on")
+        _show(ax, candidates[int(result.arrays["best_candidate"][i])], f"rec {s[i]:.2f}")
+        if has_pool:
+            ax = axes[r, c0 + 2]
+            ax.axis("on")
+            _show(ax, pool[int(result.arrays["best_pool"][i])],
+                  f"pool {float(result.arrays['pool_ssim'][i]):.2f}")
+    fig.suptitle(f"{which} {len(order)} training images by SSIM: training | reconstruction"
+                 + (" | best unseen image  (* memorised)" if has_pool else ""), fontsize=8)
+    return _save(fig, path)
+
+
+def candidates_grid(candidates, path: str | os.PathLike, k: int = 100) -> Path:
+    """A plain grid of the first ``k`` candidates."""
+    cands = as_images(candidates, "candidates").numpy()[:max(1, int(k))]
+    if cands.shape[0] == 0:
+        raise DataError("no candidates to draw")
+    cols = int(np.ceil(np.sqrt(cands.shape[0])))
+    rows = int(np.ceil(cands.shape[0] / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * 0.8, rows * 0.8), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for j, img in enumerate(cands):
+        ax = axes.flat[j]
+        _show(ax, img)
+        ax.axis("off")
+    return _save(fig, path)

@@ -1,0 +1,47 @@
+"""Training losses and margins, shared by victim training and the stationarity attacks.
+
+Every loss is a function of the network output ``out`` and the target ``y`` *per sample*; the
+training objective is ``mean_i loss(out_i, y_i) + (weight_decay / 2) · ‖θ‖²``.
+
+``loss_derivative`` is ``∂ loss / ∂ out``; at a stationary point of the objective
+
+    θ = −1/(n · weight_decay) · Σ_i ∂loss_i/∂out_i · ∇_θ out_i,
+
+which is the equation the weight-decay form of the KKT attack solves.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from exhume.errors import ConfigError
+
+LOSSES = ("logistic", "cross-entropy", "squared")
+
+
+def check_loss(name: str) -> str:
+    if name not in LOSSES:
+        raise ConfigError(f"unknown loss {name!r}; known: {', '.join(LOSSES)}")
+    return name
+
+
+def per_sample_loss(name: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    if name == "logistic":  # y in {-1, +1}, out (n,)
+        return F.softplus(-y * out)
+    if name == "cross-entropy":  # y class ids, out (n, K)
+        return F.cross_entropy(out, y.long(), reduction="none")
+    if name == "squared":
+        diff = out - y
+        return 0.5 * (diff.reshape(diff.shape[0], -1) ** 2).sum(1)
+    raise ConfigError(f"unknown loss {name!r}; known: {', '.join(LOSSES)}")
+
+
+def margin(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``y · Φ(x)`` for binary outputs, ``Φ_y − max_{k≠y} Φ_k`` for multiclass outputs."""
+    if out.dim() == 1:
+        return y.to(out.dtype) * out
+    yl = y.long()
+    true = out.gather(1, yl[:, None]).squeeze(1)
+    other = out.masked_fill(F.one_hot(yl, out.shape[1]).bool(), float("-inf")).amax(1)
+    return true - other
