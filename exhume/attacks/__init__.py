@@ -1,0 +1,6 @@
+"""Attacks, found by name: ``get_attack("kkt", lr=..., ...)``. They never read the training set."""
+
+from exhume.attacks.base import ATTACKS, Attack, Param, Reconstruction, get_attack, load_reconstruction, register
+from exhume.attacks import kkt as _kkt  # noqa: F401  (registers "kkt")
+
+__all__ = ["ATTACKS", "Attack", "Param", "Reconstruction", "get_attack", "load_reconstruction", "register"]

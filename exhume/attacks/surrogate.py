@@ -7,7 +7,7 @@ is flat in ``x̂``. Haim et al. keep ReLU's forward pass and replace its derivat
 every call of ``torch.relu`` / ``F.relu`` / ``nn.ReLU`` (in-place or not) and
 ``F.leaky_relu`` / ``nn.LeakyReLU`` returns
 
-    relu(z) + (s(z) − s(z).detach()),   s(z) = softplus(α·z) / α,
+    relu(z).detach() + (s(z) − s(z).detach()),   s(z) = softplus(α·z) / α,
 
 whose value is exactly ``relu(z)`` and whose derivative is ``sigmoid(α·z)`` (leaky: scaled into
 ``[slope, 1]``), with a smooth second derivative. It works under ``torch.func`` transforms.
@@ -26,7 +26,7 @@ _LEAKY = {F.leaky_relu, F.leaky_relu_, torch._C._nn.leaky_relu, torch._C._nn.lea
 def soft_relu(z: torch.Tensor, alpha: float) -> torch.Tensor:
     """``relu(z)`` in value, ``sigmoid(α·z)`` in derivative."""
     s = F.softplus(alpha * z) / alpha
-    return torch.relu(z) + (s - s.detach())
+    return torch.relu(z).detach() + (s - s.detach())
 
 
 def soft_leaky_relu(z: torch.Tensor, alpha: float, slope: float = 0.01) -> torch.Tensor:

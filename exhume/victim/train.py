@@ -59,7 +59,7 @@ def stationarity_residual(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lo
     grads = torch.autograd.grad(obj, params)
     num = sum(((g + weight_decay * p) ** 2).sum() for g, p in zip(grads, params)).sqrt()
     den = sum(((weight_decay * p) ** 2).sum() for p in params).sqrt().clamp_min(1e-30)
-    return float(num / den)
+    return float((num / den).detach())
 
 
 def train_victim(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: TrainConfig, progress: bool = True) -> dict[str, Any]:

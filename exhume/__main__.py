@@ -1,0 +1,3 @@
+from exhume.cli import main
+
+raise SystemExit(main())

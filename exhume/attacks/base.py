@@ -1,0 +1,164 @@
+"""The attack protocol, validated keyword arguments, the registry, and the Reconstruction result."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from exhume.errors import ConfigError, ExhumeError
+
+
+@dataclass(frozen=True)
+class Param:
+    """One keyword argument of an attack: its type, default, allowed range and meaning."""
+
+    default: Any
+    kind: type
+    help: str
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[Any, ...] | None = None
+    allow_none: bool = False
+
+    def validate(self, name: str, value: Any) -> Any:
+        if value is None:
+            if self.allow_none:
+                return None
+            raise ConfigError(f"{name} must not be None ({self.help})")
+        if self.kind is bool:
+            if not isinstance(value, bool):
+                raise ConfigError(f"{name} must be True or False, got {value!r}")
+            return value
+        if self.kind in (int, float):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+            if self.kind is int and float(value) != int(value):
+                raise ConfigError(f"{name} must be an integer, got {value!r}")
+            value = self.kind(value)
+            if value != value or value in (float("inf"), float("-inf")):
+                raise ConfigError(f"{name} must be finite, got {value!r}")
+            if self.low is not None and value < self.low:
+                raise ConfigError(f"{name} must be >= {self.low}, got {value!r} ({self.help})")
+            if self.high is not None and value > self.high:
+                raise ConfigError(f"{name} must be <= {self.high}, got {value!r} ({self.help})")
+            return value
+        if self.choices is not None and value not in self.choices:
+            raise ConfigError(f"{name} must be one of {', '.join(map(str, self.choices))}; got {value!r}")
+        if not isinstance(value, self.kind):
+            raise ConfigError(f"{name} must be {self.kind.__name__}, got {value!r}")
+        return value
+
+
+class Attack:
+    """Base class: subclasses declare ``name`` and ``params`` and implement :meth:`run`.
+
+    ``Attack(**kwargs)`` validates every keyword against ``params``; unknown names are refused.
+    """
+
+    name: ClassVar[str] = ""
+    params: ClassVar[dict[str, Param]] = {}
+
+    def __init__(self, **kwargs: Any) -> None:
+        unknown = sorted(set(kwargs) - set(self.params))
+        if unknown:
+            raise ConfigError(
+                f"attack {self.name!r} has no parameter(s) {', '.join(unknown)}; known: {', '.join(sorted(self.params))}"
+            )
+        self.config = {k: p.validate(k, kwargs.get(k, p.default)) for k, p in self.params.items()}
+
+    def __getattr__(self, key: str) -> Any:
+        config = self.__dict__.get("config", {})
+        if key in config:
+            return config[key]
+        raise AttributeError(key)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.config.items())
+        return f"{type(self).__name__}({args})"
+
+    def run(self, view, **kwargs) -> "Reconstruction":  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+ATTACKS: dict[str, type[Attack]] = {}
+
+
+def register(cls: type[Attack]) -> type[Attack]:
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} needs a name to be registered")
+    ATTACKS[cls.name] = cls
+    return cls
+
+
+def get_attack(name: str, **kwargs: Any) -> Attack:
+    if name not in ATTACKS:
+        raise ConfigError(f"unknown attack method {name!r}; known: {', '.join(sorted(ATTACKS))}")
+    return ATTACKS[name](**kwargs)
+
+
+@dataclass
+class Reconstruction:
+    """What an attack returns.
+
+    ``candidates`` are in display space (the data mean added back; not clipped, so nothing is
+    hidden from the evaluator, which clips). ``scores`` are the attack's per-candidate numbers
+    (the multipliers λ for the stationarity attacks).
+    """
+
+    method: str
+    candidates: torch.Tensor
+    labels: torch.Tensor
+    scores: torch.Tensor | None
+    config: dict[str, Any]
+    seed: int
+    loss_history: list[dict[str, float]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    victim_path: str | None = None
+
+    def save(self, folder: str | Path) -> Path:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        tensors = {"candidates": self.candidates.detach().cpu().contiguous(), "labels": self.labels.detach().cpu().contiguous()}
+        if self.scores is not None:
+            tensors["scores"] = self.scores.detach().cpu().contiguous()
+        save_file(tensors, str(folder / "reconstruction.safetensors"))
+        meta = {
+            "method": self.method,
+            "config": self.config,
+            "seed": self.seed,
+            "summary": self.summary,
+            "victim_path": self.victim_path,
+            "loss_history": self.loss_history,
+        }
+        (folder / "reconstruction.json").write_text(json.dumps(meta, indent=2))
+        return folder
+
+
+def load_reconstruction(folder: str | Path) -> Reconstruction:
+    folder = Path(folder)
+    meta_path, tensor_path = folder / "reconstruction.json", folder / "reconstruction.safetensors"
+    for p in (meta_path, tensor_path):
+        if not p.is_file():
+            raise ExhumeError(f"{p} is missing; expected an attack run folder written by 'exhume attack'")
+    try:
+        meta = json.loads(meta_path.read_text())
+        tensors = load_file(str(tensor_path))
+    except (json.JSONDecodeError, SafetensorError, OSError, ValueError) as e:
+        raise ExhumeError(f"cannot read the reconstruction in {folder}: {e}") from None
+    return Reconstruction(
+        method=meta["method"],
+        candidates=tensors["candidates"],
+        labels=tensors["labels"],
+        scores=tensors.get("scores"),
+        config=meta.get("config", {}),
+        seed=int(meta.get("seed", 0)),
+        loss_history=meta.get("loss_history", []),
+        summary=meta.get("summary", {}),
+        victim_path=meta.get("victim_path"),
+    )

@@ -1,0 +1,214 @@
+"""The stationarity (KKT) attack of Haim et al. (2022), with Buzaglo et al.'s weight-decay form.
+
+Unknowns: ``m`` candidates ``x̂_j`` (centred input space) with fixed labels ``ŷ_j`` and
+multipliers ``λ_j = S · u_j``. Loss (METHODS.md §1)::
+
+    ‖θ − Σ_j λ_j ∇_θ margin(Φ(θ; x̂_j), ŷ_j)‖² / ‖θ‖²          stationarity (relative)
+    + dual_weight · Σ_j relu(λ_min − u_j)²                       dual feasibility, u ≥ λ_min
+    + prior_weight · Σ relu(v − hi)² + relu(lo − v)²             pixels in the valid range
+
+with ``v = x̂ + mean ∈ [0, 1]`` (prior="display", the default) or ``v = x̂ ∈ [−1, 1]``
+(prior="centred", the reference's). During the attack every ReLU keeps its forward pass and uses
+``sigmoid(α·z)`` as its derivative (:mod:`exhume.attacks.surrogate`).
+
+**The multiplier scale S.** Without weight decay (Haim's max-margin setting) ``S = 1``, as in the
+reference. A victim trained with weight decay ``w`` on ``mean_i ℓ_i + (w/2)‖θ‖²`` satisfies the
+same equation with ``λ_i = −ℓ'_i / (n·w)`` (Buzaglo et al.): for the logistic loss
+``λ_i = σ(−margin_i)/(n·w)``, which is far below 1 when the training points are fitted. Since a
+homogeneous network trades the scale of ``λ`` against the scale of ``x̂``, a λ scale that is too
+large shrinks every candidate towards the data mean. ``lambda_scale="auto"`` estimates a typical
+``λ`` from the weights alone: for a network of homogeneity degree ``L`` (Euler:
+``⟨θ, ∇_θΦ(x)⟩ = L·Φ(x)``) stationarity gives ``Σ_i λ_i margin_i = ‖θ‖²/L``, so with equal margins
+``m*`` solving ``σ(−m*)·m* = w‖θ‖²/L`` the typical multiplier is ``σ(−m*)/(n·w)``, and
+``S = 5 × that`` (the factor 5 was found on MNIST victims; see the benchmark). ``n`` is the
+attacker's guess of the training-set size (``m/2`` by default).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from exhume.attacks.base import Attack, Param, Reconstruction, register
+from exhume.attacks.checkpoint import load_checkpoint, save_checkpoint
+from exhume.attacks.stationarity import homogeneity_degree, stationarity_residual
+from exhume.errors import ConfigError
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _typical_margin(target: float) -> float:
+    """Solve ``σ(−m)·m = target`` for the larger root (fitted points), ``m ≥ 1.278``."""
+    peak_m = 1.2785
+    if target >= peak_m * torch.sigmoid(torch.tensor(-peak_m)).item():
+        return peak_m
+    lo, hi = peak_m, 60.0
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        if mid / (1.0 + math.exp(mid)) > target:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def _resumable(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The settings a resumed run must share with its checkpoint (budgets may change)."""
+    return {k: v for k, v in cfg.items() if k not in ("iterations", "max_seconds", "checkpoint_every", "log_every")}
+
+
+def binary_labels(m: int, dtype: torch.dtype) -> torch.Tensor:
+    """Half the candidates labelled +1, half −1 (fixed, not learned)."""
+    return torch.cat([torch.ones(m - m // 2), -torch.ones(m // 2)]).to(dtype)
+
+
+@register
+class KKTAttack(Attack):
+    """Stationarity (KKT) reconstruction from the weights alone (binary tasks)."""
+
+    name = "kkt"
+    params = {
+        "m": Param(None, int, "number of candidates (default 2n, n the training-set size guess)", low=1, allow_none=True),
+        "n_guess": Param(None, int, "attacker's guess of n (default from the victim's metadata, else 100)", low=1, allow_none=True),
+        "iterations": Param(20_000, int, "optimisation steps", low=1),
+        "max_seconds": Param(None, float, "stop after this much wall time (resumable)", low=0.0, allow_none=True),
+        "init_scale": Param(1.7e-3, float, "x̂ ~ N(0,1)·init_scale in centred space", low=0.0),
+        "lr": Param(1.65, float, "SGD learning rate for x̂ (on the relative stationarity loss)", low=0.0),
+        "lr_lambda": Param(1e-2, float, "SGD learning rate for u (λ = S·u)", low=0.0),
+        "optimizer": Param("sgd", str, "optimiser for x̂ and u", choices=("sgd", "adam")),
+        "momentum": Param(0.9, float, "SGD momentum for both optimisers (sgd only)", low=0.0, high=1.0),
+        "lambda_min": Param(0.42, float, "dual-feasibility floor on u = λ/S", low=0.0),
+        "lambda_scale": Param("auto", object, "S in λ = S·u: 'auto' or a positive number"),
+        "alpha": Param(19.0, float, "ReLU surrogate derivative sigmoid(α·z)", low=0.0),
+        "prior": Param("display", str, "pixel-range prior space", choices=("display", "centred")),
+        "prior_weight": Param(1.0, float, "weight of the pixel-range prior", low=0.0),
+        "dual_weight": Param(5.0, float, "weight of the λ ≥ λ_min penalty", low=0.0),
+        "dtype": Param("float32", str, "computation precision", choices=tuple(DTYPES)),
+        "checkpoint_every": Param(1000, int, "iterations between checkpoints (with an output folder)", low=1),
+        "log_every": Param(100, int, "iterations between loss-history entries", low=1),
+    }
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        s = self.config["lambda_scale"]
+        if not (s == "auto" or (isinstance(s, (int, float)) and not isinstance(s, bool) and s > 0 and math.isfinite(s))):
+            raise ConfigError(f"lambda_scale must be 'auto' or a positive number, got {s!r}")
+
+    # -- set-up -----------------------------------------------------------------------------
+    def _lambda_scale(self, view, params: dict[str, torch.Tensor], n: int, dtype) -> tuple[float, dict]:
+        s = self.config["lambda_scale"]
+        if s != "auto":
+            return float(s), {"lambda_scale_rule": "given"}
+        wd = view.weight_decay or 0.0
+        if wd <= 0 or view.loss not in (None, "logistic"):
+            return 1.0, {"lambda_scale_rule": "no weight decay: S = 1 (Haim et al.)"}
+        theta2 = float(sum((p.double() ** 2).sum() for p in params.values()))
+        degree = homogeneity_degree(view.model, params, view.input_shape, dtype)
+        m_star = _typical_margin(wd * theta2 / degree)
+        typical = 1.0 / (1.0 + math.exp(m_star)) / (n * wd)
+        return 5.0 * typical, {
+            "lambda_scale_rule": "auto: 5 × σ(−m*)/(n·wd), σ(−m*)·m* = wd·‖θ‖²/L",
+            "homogeneity_degree": degree,
+            "typical_margin": m_star,
+            "typical_lambda": typical,
+        }
+
+    def run(self, view, out: str | Path | None = None, seed: int = 0, device: str = "cpu", resume: bool = False,
+            progress: bool = True, callback=None, callback_every: int = 1000) -> Reconstruction:
+        """Run the attack on ``view`` (an :class:`~exhume.victim.AttackerView`).
+
+        ``out``: folder for checkpoints (every ``checkpoint_every`` iterations and at the end);
+        ``resume``: continue from its checkpoint. ``callback(iteration, seconds, candidates)`` is
+        called every ``callback_every`` iterations with the display-space candidates (for
+        quality-over-time curves; its time is not counted in ``seconds``).
+        """
+        if view.task != "binary":
+            raise ConfigError(f"the kkt attack handles binary tasks here; the victim's task is {view.task!r}")
+        cfg = self.config
+        dtype = DTYPES[cfg["dtype"]]
+        dev = torch.device(device)
+        model = view.model.to(device=dev, dtype=dtype).eval()
+        params = {k: v.detach().to(dev, dtype) for k, v in model.named_parameters()}
+        theta2 = sum((p**2).sum() for p in params.values())
+        n = cfg["n_guess"] or view.n_train_hint or 100
+        m = cfg["m"] or 2 * n
+        scale, scale_info = self._lambda_scale(view, params, n, dtype)
+        mean = view.mean.to(dev, dtype)
+        y = binary_labels(m, dtype).to(dev)
+
+        gen = torch.Generator().manual_seed(seed)
+        x = (torch.randn(m, *view.input_shape, generator=gen, dtype=dtype) * cfg["init_scale"]).to(dev).requires_grad_()
+        u = torch.rand(m, generator=gen, dtype=dtype).to(dev).requires_grad_()
+        if cfg["optimizer"] == "sgd":
+            opt_x: torch.optim.Optimizer = torch.optim.SGD([x], lr=cfg["lr"], momentum=cfg["momentum"])
+            opt_u: torch.optim.Optimizer = torch.optim.SGD([u], lr=cfg["lr_lambda"], momentum=cfg["momentum"])
+        else:
+            opt_x, opt_u = torch.optim.Adam([x], lr=cfg["lr"]), torch.optim.Adam([u], lr=cfg["lr_lambda"])
+        lo, hi, shift = (0.0, 1.0, mean) if cfg["prior"] == "display" else (-1.0, 1.0, torch.zeros_like(mean))
+
+        state = {"iteration": 0, "elapsed": 0.0, "history": []}
+        ckpt_path = Path(out) / "checkpoint.pt" if out is not None else None
+        if resume and ckpt_path is not None and ckpt_path.exists():
+            state = load_checkpoint(ckpt_path, {"x": x, "u": u}, {"opt_x": opt_x, "opt_u": opt_u}, expect={"config": _resumable(cfg), "seed": seed, "m": m})
+
+        start_iter, elapsed0 = state["iteration"], state["elapsed"]
+        t0 = time.perf_counter()
+        bar = tqdm(total=cfg["iterations"], initial=start_iter, desc="kkt attack", disable=not progress, unit="it", mininterval=0.5)
+        it = start_iter
+        history: list[dict[str, float]] = state["history"]
+        for it in range(start_iter + 1, cfg["iterations"] + 1):
+            stat = stationarity_residual(model, params, x, y, scale * u, cfg["alpha"]) / theta2
+            dual = (torch.relu(cfg["lambda_min"] - u) ** 2).sum()
+            v = x + shift
+            prior = (torch.relu(v - hi) ** 2 + torch.relu(lo - v) ** 2).sum()
+            loss = stat + cfg["dual_weight"] * dual + cfg["prior_weight"] * prior
+            opt_x.zero_grad(set_to_none=True)
+            opt_u.zero_grad(set_to_none=True)
+            loss.backward()
+            opt_x.step()
+            opt_u.step()
+            if not torch.isfinite(loss):
+                bar.close()
+                raise ConfigError(f"kkt attack diverged at iteration {it} (loss {float(loss.detach())}); lower lr (now {cfg['lr']})")
+            if it % cfg["log_every"] == 0 or it == 1:
+                rec = {"iteration": it, "loss": float(loss.detach()), "stationarity": float(stat.detach()), "dual": float(dual.detach()),
+                       "prior": float(prior.detach()),
+                       "seconds": round(elapsed0 + time.perf_counter() - t0, 3)}
+                history.append(rec)
+                bar.set_postfix(stat=f"{rec['stationarity']:.3g}")
+            bar.update(1)
+            elapsed = elapsed0 + time.perf_counter() - t0
+            if ckpt_path is not None and it % cfg["checkpoint_every"] == 0:
+                save_checkpoint(ckpt_path, {"x": x, "u": u}, {"opt_x": opt_x, "opt_u": opt_u},
+                                {"iteration": it, "elapsed": elapsed, "history": history, "config": _resumable(cfg), "seed": seed, "m": m})
+            if callback is not None and it % callback_every == 0:
+                pause = time.perf_counter()
+                with torch.no_grad():
+                    callback(it, elapsed, (x + mean).float().cpu())
+                t0 += time.perf_counter() - pause
+            if cfg["max_seconds"] is not None and elapsed >= cfg["max_seconds"]:
+                break
+        bar.close()
+        elapsed = elapsed0 + time.perf_counter() - t0
+        if ckpt_path is not None:
+            save_checkpoint(ckpt_path, {"x": x, "u": u}, {"opt_x": opt_x, "opt_u": opt_u},
+                            {"iteration": it, "elapsed": elapsed, "history": history, "config": _resumable(cfg), "seed": seed, "m": m})
+        with torch.no_grad():
+            final_stat = float(stationarity_residual(model, params, x, y, scale * u, None) / theta2)
+            candidates = (x + mean).float().cpu()
+        return Reconstruction(
+            method=self.name,
+            candidates=candidates,
+            labels=y.float().cpu(),
+            scores=(scale * u).detach().float().cpu(),
+            config={**cfg, "m": m, "n_guess": n, "lambda_scale_value": scale, **scale_info},
+            seed=seed,
+            loss_history=history,
+            summary={"iterations": it, "seconds": round(elapsed, 3), "final_relative_stationarity": final_stat,
+                     "final_relative_stationarity_note": "with the exact ReLU derivative"},
+        )

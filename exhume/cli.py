@@ -1,0 +1,155 @@
+"""The ``exhume`` command: a thin layer over the Python API (no logic lives here)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from exhume.errors import ConfigError, ExhumeError
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _params(pairs: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--param expects key=value, got {pair!r}")
+        out[key.strip().replace("-", "_")] = _parse_value(value.strip())
+    return out
+
+
+def _common(p: argparse.ArgumentParser, out_default: str | None = None) -> None:
+    p.add_argument("-o", "--out", default=out_default, required=out_default is None, help="run folder to write")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from exhume.attacks import ATTACKS
+
+    parser = argparse.ArgumentParser(prog="exhume", description="Reconstruct training data from a network's weights and measure the leak.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("demo", help="train a small victim on bundled MNIST, attack it, evaluate (about 10 min on 2 CPU cores)")
+    _common(p, "runs/demo")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument("--train-seconds", type=float, default=None, help="victim training budget (default: the demo's)")
+    p.add_argument("--attack-seconds", type=float, default=None, help="attack budget (default: the demo's)")
+    p.add_argument("--resume", action="store_true", help="reuse the victim and continue the attack from its checkpoint")
+
+    p = sub.add_parser("train", help="train a victim and save it as a folder")
+    _common(p)
+    p.add_argument("--data", default="mnist", help="mnist (bundled), fashion-mnist, cifar10, digits, folder")
+    p.add_argument("--root", default=None, help="dataset location (IDX folder, CIFAR archive, image folder)")
+    p.add_argument("--task", default="odd-even", help="odd-even, vehicles-animals, or a split like 1,3,5/0,2,4")
+    p.add_argument("-n", type=int, default=100, help="training-set size, balanced over the two labels")
+    p.add_argument("--arch", default="mlp:256,256;bias=none;init=1e-4", help="e.g. mlp:1000,1000;bias=first;init=1e-4")
+    p.add_argument("--loss", default="logistic", help="logistic (binary)")
+    p.add_argument("--optimizer", default="gd", choices=("gd", "adam"))
+    p.add_argument("--lr", type=float, default=0.2)
+    p.add_argument("--wd", type=float, default=5e-3, help="weight decay w in mean loss + w/2 |theta|^2 (0 for none)")
+    p.add_argument("--epochs", type=int, default=1_000_000, help="maximum epochs")
+    p.add_argument("--seconds", type=float, default=60.0, help="maximum training time")
+    p.add_argument("--loss-threshold", type=float, default=None)
+    p.add_argument("--residual-threshold", type=float, default=None)
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+
+    p = sub.add_parser("attack", help="reconstruct training data from a victim's weights")
+    p.add_argument("victim", help="victim folder written by 'exhume train'")
+    _common(p)
+    p.add_argument("--method", default="kkt", help=f"attack name: {', '.join(sorted(ATTACKS))}")
+    p.add_argument("--dtype", choices=("float32", "float64"), default=None)
+    p.add_argument("--iterations", type=int, default=None)
+    p.add_argument("--max-seconds", type=float, default=None)
+    p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE", help="any attack parameter, e.g. -p lr=0.5 -p alpha=19")
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+
+    p = sub.add_parser("evaluate", help="judge a reconstruction against the victim's training set")
+    p.add_argument("run", help="attack run folder")
+    p.add_argument("--against", required=True, help="victim folder (its training set is rebuilt from the saved spec)")
+    p.add_argument("-o", "--out", default=None, help="where to write metrics and figures (default: RUN/evaluation)")
+    p.add_argument("--pool-size", type=int, default=1000, help="unseen images for the memorisation count (default 1000)")
+    p.add_argument("--match", default="ssim", choices=("ssim", "l2", "ncc"))
+    return parser
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from exhume.demo import run_demo
+
+    run_demo(out=args.out, seed=args.seed, device=args.device, dtype=args.dtype, train_seconds=args.train_seconds,
+             attack_seconds=args.attack_seconds, resume=args.resume, progress=not args.no_progress)
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    import torch
+
+    from exhume.victim import TrainConfig, make_victim
+
+    cfg = TrainConfig(loss=args.loss, optimizer=args.optimizer, lr=args.lr, weight_decay=args.wd, max_epochs=args.epochs,
+                      max_seconds=args.seconds, loss_threshold=args.loss_threshold, residual_threshold=args.residual_threshold)
+    victim = make_victim(args.data, args.task, args.n, args.arch, cfg, seed=args.seed, root=args.root,
+                         progress=not args.no_progress, dtype=getattr(torch, args.dtype))
+    victim.save(args.out)
+    m = victim.metrics
+    print(f"victim saved to {args.out}: train accuracy {m['train_accuracy']:.3f}, test accuracy {m.get('test_accuracy', float('nan')):.3f}, "
+          f"final loss {m['final_loss']:.4g}, relative stationarity residual {m['stationarity_residual']}, {m['epochs']} epochs in {m['seconds']} s")
+    return 0
+
+
+def _cmd_attack(args: argparse.Namespace) -> int:
+    import exhume
+
+    kwargs = _params(args.param)
+    for key in ("dtype", "iterations", "max_seconds"):
+        if getattr(args, key) is not None:
+            kwargs[key] = getattr(args, key)
+    victim = exhume.load_victim(args.victim)
+    result = exhume.attack(victim, method=args.method, seed=args.seed, out=args.out, resume=args.resume,
+                           device=args.device, progress=not args.no_progress, **kwargs)
+    print(f"reconstruction saved to {args.out}: {result.candidates.shape[0]} candidates, {json.dumps(result.summary)}")
+    return 0
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    import exhume
+    from exhume.evaluation.run import format_table, summary_rows
+
+    recon = exhume.load_reconstruction(args.run)
+    victim = exhume.load_victim(args.against)
+    out = Path(args.out) if args.out else Path(args.run) / "evaluation"
+    result = exhume.evaluate(recon, victim, pool_size=args.pool_size, match=args.match, out=out)
+    print(format_table(summary_rows(result.metrics)))
+    print(f"metrics and figures written to {out}")
+    return 0
+
+
+COMMANDS = {"demo": _cmd_demo, "train": _cmd_train, "attack": _cmd_attack, "evaluate": _cmd_evaluate}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except ExhumeError as e:
+        print(f"exhume {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"exhume {args.command}: interrupted; an attack run continues with --resume from its last checkpoint", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,94 @@
+"""Evaluate a Reconstruction against a victim's training set and write the run folder's figures."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from exhume.evaluation.metrics import EvalResult, evaluate_images
+from exhume.evaluation.plots import candidates_grid, pairs_grid, plot_sorted_ssim, plot_ssim_vs_margin
+from exhume.losses import margin
+
+
+def training_margins(victim, train) -> np.ndarray:
+    """Each training image's margin ``y_i Φ(x_i)`` under the victim (evaluator-side)."""
+    model = victim.model.float().eval()
+    with torch.no_grad():
+        return margin(model(train.centred.float()), train.y).double().numpy()
+
+
+def evaluate(recon, victim, pool_size: int = 1000, match: str = "ssim", out: str | Path | None = None,
+             pool_seed: int = 1, figures: bool = True) -> EvalResult:
+    """Judge ``recon`` (its candidates in display space) against ``victim``'s training set.
+
+    The pool of unseen images comes from the same dataset and classes, disjoint from the training
+    indices (``pool_size`` images, seeded). With ``out``, writes ``metrics.json``,
+    ``arrays.npz`` and the figures there.
+    """
+    from exhume.data import load_dataset, make_pool
+
+    t0 = time.perf_counter()
+    train = victim.train_set
+    pool = None
+    if pool_size > 0:
+        spec = train.spec
+        ds = load_dataset(spec["dataset"], root=spec.get("root"), split=spec.get("split", "train"))
+        pool = make_pool(ds, spec["task"], pool_size, exclude=train.indices, seed=pool_seed)
+    candidates = recon.candidates.float().clamp(0, 1)
+    result = evaluate_images(candidates, train.x, None if pool is None else pool.x,
+                             margins=training_margins(victim, train), match=match)
+    result.metrics["pool_description"] = (
+        None if pool is None else
+        f"{len(pool)} unseen images of the same classes from {train.spec['dataset']}, disjoint from the training set (seed {pool_seed})"
+    )
+    result.metrics["attack"] = {"method": recon.method, "seed": recon.seed, "config": recon.config, **recon.summary}
+    result.metrics["victim"] = {k: victim.metrics.get(k) for k in ("train_accuracy", "test_accuracy", "final_loss", "stationarity_residual", "epochs")}
+    result.metrics["victim"].update(arch=victim.arch, task=victim.task, loss=victim.loss, weight_decay=victim.weight_decay, data=train.spec)
+    result.metrics["evaluation_seconds"] = round(time.perf_counter() - t0, 3)
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        result.save(out)
+        if figures:
+            pool_x = None if pool is None else pool.x
+            plot_sorted_ssim(result, out / "ssim_sorted.png")
+            plot_ssim_vs_margin(result, out / "ssim_vs_margin.png")
+            pairs_grid(candidates, train.x, pool_x, result, out / "best_pairs.png", which="best")
+            pairs_grid(candidates, train.x, pool_x, result, out / "worst_pairs.png", which="worst")
+            candidates_grid(candidates, out / "candidates.png")
+    return result
+
+
+def summary_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
+    """The few numbers a person needs, as (label, value) rows."""
+    n = metrics["n_train"]
+    rows = [
+        ("training images", str(n)),
+        ("candidates", str(metrics["n_candidates"])),
+        ("SSIM >= 0.4 (nearest candidate)", f"{metrics['ssim>=0.4']} / {n}"),
+        ("SSIM >= 0.4 (one-to-one, Hungarian)", f"{metrics['one_to_one_ssim>=0.4']} / {n}"),
+        ("SSIM >= 0.5 (one-to-one)", f"{metrics['one_to_one_ssim>=0.5']} / {n}"),
+        ("mean SSIM (nearest)", f"{metrics['ssim_mean']:.3f}"),
+    ]
+    if metrics.get("memorised") is not None:
+        rows += [
+            (f"best of {metrics['pool_size']} unseen images reaches SSIM >= 0.4", f"{metrics['pool_ssim>=0.4']} / {n}"),
+            ("MEMORISED (beats the best unseen image)", f"{metrics['memorised']} / {n}"),
+            ("  expected if candidates were just unseen digits", f"{metrics['memorised_expected_by_chance']:.1f}"),
+        ]
+    rows.append(("SSIM window", metrics["ssim_window"]))
+    return rows
+
+
+def format_table(rows: list[tuple[str, str]]) -> str:
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2))

@@ -1,0 +1,80 @@
+"""Build and train a victim on a dataset task: the reproduction side of the papers."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from exhume.data import load_dataset, make_task
+from exhume.errors import ConfigError
+from exhume.losses import margin
+from exhume.models import build_model, parse_arch
+from exhume.victim.train import TrainConfig, train_victim
+from exhume.victim.victim import Victim, out_features
+
+DEFAULT_LOSS = {"binary": "logistic", "multiclass": "cross-entropy", "regression": "squared"}
+
+
+def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    with torch.no_grad():
+        out = model(x)
+        return float((margin(out, y) > 0).float().mean())
+
+
+def make_victim(
+    data: str = "mnist",
+    task: str = "odd-even",
+    n: int = 100,
+    arch: str | dict[str, Any] = "mlp:256,256;bias=none;init=1e-4",
+    train: TrainConfig | None = None,
+    seed: int = 0,
+    root: str | None = None,
+    test_size: int = 1000,
+    progress: bool = True,
+    dtype: torch.dtype = torch.float32,
+) -> Victim:
+    """Select ``n`` training images, build the architecture and train it (seeded)."""
+    train = train or TrainConfig()
+    ds = load_dataset(data, root=root)
+    task_data = make_task(ds, task, n, seed=seed)
+    spec = parse_arch(arch) if isinstance(arch, str) else dict(arch)
+    kind = task_data.task
+    if kind == "multiclass" and train.loss == "logistic":
+        raise ConfigError("a multiclass task needs loss 'cross-entropy' (or 'squared'), not 'logistic'")
+    num_classes = int(ds.labels.max()) + 1 if kind == "multiclass" else None
+    torch.manual_seed(seed)
+    model = build_model(spec, tuple(task_data.x.shape[1:]), out_features(kind, num_classes)).to(dtype)
+    x, y = task_data.centred.to(dtype), task_data.y
+    if kind == "binary":
+        y = y.to(dtype)
+    start = time.perf_counter()
+    metrics = train_victim(model, x, y, train, progress=progress)
+    metrics["train_accuracy"] = accuracy(model, x, y)
+    with torch.no_grad():
+        m = margin(model(x), y)
+    metrics["margin_min"], metrics["margin_median"] = float(m.min()), float(m.median())
+    if test_size > 0:
+        from exhume.data import make_pool
+
+        test = make_pool(ds, task, test_size, exclude=task_data.indices, seed=seed + 12345)
+        metrics["test_accuracy"] = accuracy(model, (test.x - task_data.mean).to(dtype), test.y.to(y.dtype))
+        metrics["test_size"] = len(test)
+    metrics["wall_seconds"] = round(time.perf_counter() - start, 3)
+    model = model.float().eval()
+    return Victim(
+        model=model,
+        task=kind,
+        input_shape=tuple(task_data.x.shape[1:]),
+        mean=task_data.mean,
+        loss=train.loss,
+        weight_decay=train.weight_decay or None,
+        num_classes=num_classes,
+        arch=spec,
+        train_config={**train.to_dict(), "seed": seed, "dtype": str(dtype).replace("torch.", "")},
+        metrics=metrics,
+        data_spec=task_data.spec,
+        train_indices=np.asarray(task_data.indices),
+    )

@@ -1,0 +1,200 @@
+"""A victim: a trained model and what an attacker knows about it, saved as a folder.
+
+Folder layout::
+
+    model.safetensors   the trained parameters (never a pickle)
+    victim.json         architecture, task, loss, weight decay, input shape, data mean, training
+                        settings and metrics, and the data spec (dataset, task, n, seed)
+    train_indices.npy   the indices of the training images in their dataset (evaluator-side)
+
+The attacker's view (:class:`AttackerView`) holds the model, the task, the loss and weight decay
+when known, the input shape and the data mean — never the training images or their indices.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from exhume.errors import ConfigError, VictimError
+from exhume.losses import check_loss
+from exhume.models import build_model
+
+TASKS = ("binary", "multiclass", "regression")
+FORMAT_VERSION = 1
+
+
+@dataclass
+class AttackerView:
+    """Everything an attack may use: the weights and public facts, never the training set."""
+
+    model: nn.Module
+    task: str
+    input_shape: tuple[int, ...]
+    mean: torch.Tensor
+    loss: str | None = None
+    weight_decay: float | None = None
+    num_classes: int | None = None
+    n_train_hint: int | None = None  # a guess of the training-set size (e.g. from a model card)
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ConfigError(f"unknown task {self.task!r}; known: {', '.join(TASKS)}")
+        if self.loss is not None:
+            check_loss(self.loss)
+        check_finite(self.model)
+        self.mean = torch.as_tensor(self.mean, dtype=torch.float32).reshape(self.input_shape)
+
+
+def check_finite(model: nn.Module, source: str = "the model") -> None:
+    for name, p in model.named_parameters():
+        if not torch.isfinite(p).all():
+            bad = int((~torch.isfinite(p)).sum())
+            raise VictimError(f"{source}: parameter {name!r} has {bad} NaN/inf values; expected finite weights")
+
+
+@dataclass
+class Victim:
+    model: nn.Module
+    task: str
+    input_shape: tuple[int, ...]
+    mean: torch.Tensor
+    loss: str | None = None
+    weight_decay: float | None = None
+    num_classes: int | None = None
+    arch: dict[str, Any] | None = None
+    train_config: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    data_spec: dict[str, Any] | None = None
+    train_indices: np.ndarray | None = None
+    path: Path | None = None
+
+    def attacker_view(self) -> AttackerView:
+        return AttackerView(
+            model=self.model,
+            task=self.task,
+            input_shape=tuple(self.input_shape),
+            mean=self.mean,
+            loss=self.loss,
+            weight_decay=self.weight_decay,
+            num_classes=self.num_classes,
+            n_train_hint=None if self.train_indices is None else int(len(self.train_indices)),
+        )
+
+    @property
+    def train_set(self):
+        """The training set, rebuilt from the data spec (evaluator-side only)."""
+        from exhume.data import rebuild_task
+
+        if self.data_spec is None:
+            raise VictimError(f"victim {self.path or ''} has no data spec: its training set cannot be rebuilt")
+        task = rebuild_task(self.data_spec)
+        if self.train_indices is not None and not np.array_equal(np.sort(task.indices), np.sort(self.train_indices)):
+            raise VictimError("the rebuilt training set does not match the saved training indices")
+        return task
+
+    def save(self, folder: str | Path) -> Path:
+        if self.arch is None:
+            raise VictimError("only victims built from an exhume architecture spec can be saved as a folder")
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        tensors = {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
+        tensors["__data_mean__"] = self.mean.detach().cpu().float().contiguous()
+        save_file(tensors, str(folder / "model.safetensors"))
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "arch": self.arch,
+            "task": self.task,
+            "input_shape": list(self.input_shape),
+            "num_classes": self.num_classes,
+            "loss": self.loss,
+            "weight_decay": self.weight_decay,
+            "objective": "mean_i loss_i + (weight_decay / 2) * ||theta||^2",
+            "train_config": self.train_config,
+            "metrics": self.metrics,
+            "data_spec": self.data_spec,
+        }
+        (folder / "victim.json").write_text(json.dumps(meta, indent=2, default=_json_default))
+        if self.train_indices is not None:
+            np.save(folder / "train_indices.npy", np.asarray(self.train_indices, dtype=np.int64))
+        self.path = folder
+        return folder
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, torch.Tensor):
+        return o.tolist()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def out_features(task: str, num_classes: int | None) -> int:
+    return int(num_classes) if task == "multiclass" else 1
+
+
+def load_victim(folder: str | Path) -> Victim:
+    folder = Path(folder)
+    if not folder.exists():
+        raise VictimError(f"victim folder {folder} does not exist; expected a folder written by 'exhume train'")
+    meta_path, weights_path = folder / "victim.json", folder / "model.safetensors"
+    for p in (meta_path, weights_path):
+        if not p.is_file():
+            raise VictimError(f"{p} is missing; a victim folder holds victim.json and model.safetensors")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise VictimError(f"{meta_path} is not valid JSON ({e})") from None
+    for key in ("arch", "task", "input_shape"):
+        if key not in meta:
+            raise VictimError(f"{meta_path} lacks the key {key!r}")
+    try:
+        tensors = load_file(str(weights_path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise VictimError(f"{weights_path} is not a readable safetensors file ({e}); is it truncated?") from None
+    task = meta["task"]
+    input_shape = tuple(int(s) for s in meta["input_shape"])
+    model = build_model(meta["arch"], input_shape, out_features(task, meta.get("num_classes")))
+    mean = tensors.pop("__data_mean__", torch.zeros(input_shape))
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    extra = sorted(set(tensors) - set(expected))
+    if missing or extra:
+        raise VictimError(f"{weights_path} does not fit the architecture in victim.json: missing {missing}, unexpected {extra}")
+    for k, v in expected.items():
+        if tuple(v.shape) != tuple(tensors[k].shape):
+            raise VictimError(f"{weights_path}: {k} has shape {tuple(tensors[k].shape)}, the architecture expects {tuple(v.shape)}")
+    model.load_state_dict(tensors)
+    check_finite(model, str(weights_path))
+    if tuple(mean.shape) != input_shape or math.prod(mean.shape) == 0:
+        raise VictimError(f"{weights_path}: data mean has shape {tuple(mean.shape)}, expected {input_shape}")
+    idx_path = folder / "train_indices.npy"
+    indices = np.load(idx_path, allow_pickle=False) if idx_path.is_file() else None
+    return Victim(
+        model=model.eval(),
+        task=task,
+        input_shape=input_shape,
+        mean=mean.float(),
+        loss=meta.get("loss"),
+        weight_decay=meta.get("weight_decay"),
+        num_classes=meta.get("num_classes"),
+        arch=meta["arch"],
+        train_config=meta.get("train_config", {}),
+        metrics=meta.get("metrics", {}),
+        data_spec=meta.get("data_spec"),
+        train_indices=indices,
+        path=folder,
+    )

@@ -1,0 +1,192 @@
+"""The stationarity attack: torch.func path against a plain autograd reference, the surrogate
+ReLU, recovery on Haim's 2D toy, any nn.Module, resume, and parameter validation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from exhume.attacks import get_attack
+from exhume.attacks.kkt import KKTAttack, _typical_margin
+from exhume.attacks.stationarity import homogeneity_degree, stationarity_residual
+from exhume.attacks.surrogate import soft_activations, soft_relu
+from exhume.errors import ConfigError, ExhumeError
+from exhume.victim import AttackerView, TrainConfig, train_victim
+
+
+class UserNet(nn.Module):
+    """A module exhume did not build: functional ReLU in forward, a bias, an in-place ReLU."""
+
+    def __init__(self, d: int = 5, h: int = 16) -> None:
+        super().__init__()
+        self.a = nn.Linear(d, h)
+        self.b = nn.Linear(h, h, bias=False)
+        self.act = nn.ReLU(inplace=True)
+        self.c = nn.Linear(h, 1, bias=False)
+
+    def forward(self, x):
+        z = F.relu(self.a(x.flatten(1)))
+        z = self.act(self.b(z))
+        return self.c(z).squeeze(-1)
+
+
+def reference_residual(model: nn.Module, x, y, lam, alpha):
+    """Plain autograd: swap ReLU for the soft ReLU by hand, then autograd.grad(create_graph=True)."""
+
+    def soft(z):
+        return soft_relu(z, alpha) if alpha is not None else torch.relu(z)
+
+    h = soft(model.a(x.flatten(1)))
+    h = soft(model.b(h))
+    out = model.c(h).squeeze(-1)
+    params = list(model.parameters())
+    grads = torch.autograd.grad((lam * y * out).sum(), params, create_graph=True)
+    return sum(((p.detach() - g) ** 2).sum() for p, g in zip(params, grads))
+
+
+@pytest.mark.parametrize("alpha", [None, 7.0])
+def test_torch_func_path_matches_autograd_reference(alpha):
+    torch.manual_seed(0)
+    model = UserNet().double()
+    x = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
+    lam = torch.rand(6, dtype=torch.float64, requires_grad=True)
+    y = torch.tensor([1.0, -1, 1, -1, 1, -1], dtype=torch.float64)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    ours = stationarity_residual(model, params, x, y, lam, alpha)
+    gx, gl = torch.autograd.grad(ours, (x, lam))
+    ref = reference_residual(model, x, y, lam, alpha)
+    rx, rl = torch.autograd.grad(ref, (x, lam))
+    assert torch.allclose(ours, ref, rtol=1e-10)
+    assert torch.allclose(gx, rx, rtol=1e-8, atol=1e-12)
+    assert torch.allclose(gl, rl, rtol=1e-8, atol=1e-12)
+    assert gx.abs().sum() > 0
+
+
+def test_soft_relu_keeps_value_and_uses_sigmoid_derivative():
+    z = torch.linspace(-2, 2, 41, dtype=torch.float64, requires_grad=True)
+    with soft_activations(5.0):
+        out = nn.ReLU(inplace=True)(z.clone())
+        leaky = F.leaky_relu(z, 0.1)
+    assert torch.equal(out.detach(), torch.relu(z.detach()))
+    (g,) = torch.autograd.grad(out.sum(), z)
+    assert torch.allclose(g, torch.sigmoid(5.0 * z.detach()))
+    (gl,) = torch.autograd.grad(leaky.sum(), z)
+    assert torch.allclose(leaky.detach(), F.leaky_relu(z.detach(), 0.1))
+    assert torch.allclose(gl, 0.1 + 0.9 * torch.sigmoid(5.0 * z.detach()))
+    # outside the context ReLU is the ordinary one again
+    (g2,) = torch.autograd.grad(torch.relu(z).sum(), z)
+    assert set(g2.unique().tolist()) <= {0.0, 1.0}
+
+
+def test_homogeneity_degree_is_depth_of_bias_free_relu_net():
+    from exhume.models import MLP
+
+    model = MLP(10, [20, 20], 1, bias=False)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    assert homogeneity_degree(model, params, (10,), torch.float32) == pytest.approx(3.0, rel=1e-4)
+
+
+def test_typical_margin_solves_its_equation():
+    for target in (1e-3, 0.02, 0.2):
+        m = _typical_margin(target)
+        assert m / (1 + torch.exp(torch.tensor(m)).item()) == pytest.approx(target, rel=1e-6)
+
+
+def _toy_victim():
+    """Haim's 2D toy: 20 points in the unit square, a wide bias-free ReLU net trained to convergence."""
+    from exhume.models import MLP
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(20, 2, generator=g)
+    y = torch.where(x[:, 0] + 0.3 * torch.sin(6 * x[:, 1]) > 0.6, 1.0, -1.0)
+    mean = x.mean(0)
+    torch.manual_seed(0)
+    model = MLP(2, [500], 1, bias=False)
+    train_victim(model, x - mean, y, TrainConfig(lr=0.5, weight_decay=1e-3, max_epochs=20_000), progress=False)
+    view = AttackerView(model=model, task="binary", input_shape=(2,), mean=mean, loss="logistic", weight_decay=1e-3, n_train_hint=20)
+    with torch.no_grad():
+        margins = y * model(x - mean)
+    return x, margins, view
+
+
+def test_2d_toy_recovers_the_points_on_the_margin():
+    x, margins, view = _toy_victim()
+    recon = get_attack("kkt", iterations=3000, lr=0.001, init_scale=0.01).run(view, progress=False, seed=0)
+    dist = torch.cdist(x, recon.candidates).min(1).values
+    on_margin = margins.argsort()[:1]
+    # the point nearest the decision boundary is recovered almost exactly; a random candidate set
+    # would sit ~0.1 away (20 points in the unit square)
+    assert dist[on_margin].max() < 0.03
+    assert recon.summary["final_relative_stationarity"] < 0.3
+
+
+def test_attack_runs_on_a_module_exhume_did_not_build():
+    torch.manual_seed(0)
+    model = UserNet(d=12)
+    view = AttackerView(model=model, task="binary", input_shape=(3, 4), mean=torch.zeros(3, 4), n_train_hint=4)
+    recon = get_attack("kkt", iterations=60, lr=1e-3, log_every=10).run(view, progress=False)
+    assert recon.candidates.shape == (8, 3, 4)
+    hist = [h["stationarity"] for h in recon.loss_history]
+    assert hist[-1] < hist[0]
+
+
+def test_resume_continues_exactly_where_the_interrupted_run_stopped(tmp_path):
+    torch.manual_seed(0)
+    model = UserNet(d=12)
+    view = AttackerView(model=model, task="binary", input_shape=(12,), mean=torch.zeros(12), n_train_hint=4)
+    kw = dict(lr=1e-3, checkpoint_every=20)
+    full = get_attack("kkt", iterations=80, **kw).run(view, progress=False, seed=3)
+    get_attack("kkt", iterations=40, **kw).run(view, out=tmp_path, progress=False, seed=3)  # "interrupted" at 40
+    assert (tmp_path / "checkpoint.pt").exists()
+    resumed = get_attack("kkt", iterations=80, **kw).run(view, out=tmp_path, resume=True, progress=False, seed=3)
+    assert resumed.summary["iterations"] == 80
+    assert torch.allclose(resumed.candidates, full.candidates, atol=1e-6)
+    assert torch.allclose(resumed.scores, full.scores, atol=1e-6)
+    with pytest.raises(ExhumeError, match="lr"):
+        get_attack("kkt", iterations=90, lr=5e-3, checkpoint_every=20).run(view, out=tmp_path, resume=True, progress=False, seed=3)
+
+
+def test_resume_refuses_a_corrupt_checkpoint(tmp_path):
+    model = UserNet(d=12)
+    view = AttackerView(model=model, task="binary", input_shape=(12,), mean=torch.zeros(12), n_train_hint=4)
+    (tmp_path / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ExhumeError, match="checkpoint"):
+        get_attack("kkt", iterations=5).run(view, out=tmp_path, resume=True, progress=False)
+
+
+def test_repr_shows_the_arguments():
+    text = repr(get_attack("kkt", lr=0.5, alpha=30))
+    assert "lr=0.5" in text and "alpha=30.0" in text and text.startswith("KKTAttack(")
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"learning_rate": 0.1}, "no parameter"),
+        ({"lr": -1.0}, "lr must be >= 0"),
+        ({"lr": "fast"}, "lr must be a number"),
+        ({"iterations": 2.5}, "iterations must be an integer"),
+        ({"alpha": float("nan")}, "alpha must be finite"),
+        ({"prior": "box"}, "prior must be one of"),
+        ({"dtype": "float16"}, "dtype must be one of"),
+        ({"lambda_scale": -2}, "lambda_scale"),
+        ({"momentum": 1.5}, "momentum must be <= 1"),
+        ({"m": 0}, "m must be >= 1"),
+    ],
+)
+def test_bad_arguments_are_refused_by_name(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        KKTAttack(**kwargs)
+
+
+def test_unknown_method_is_refused():
+    with pytest.raises(ConfigError, match="unknown attack method 'kkkt'"):
+        get_attack("kkkt")
+
+
+def test_non_binary_victim_is_refused():
+    view = AttackerView(model=UserNet(), task="multiclass", input_shape=(5,), mean=torch.zeros(5), num_classes=3)
+    with pytest.raises(ConfigError, match="binary"):
+        get_attack("kkt", iterations=1).run(view, progress=False)
