@@ -113,7 +113,7 @@ def _toy_victim():
 
 def test_2d_toy_recovers_the_points_on_the_margin():
     x, margins, view = _toy_victim()
-    recon = get_attack("kkt", iterations=3000, lr=0.001, init_scale=0.01).run(view, progress=False, seed=0)
+    recon = get_attack("kkt", iterations=3000, optimizer="sgd", lr=0.001, init_scale=0.01).run(view, progress=False, seed=0)
     dist = torch.cdist(x, recon.candidates).min(1).values
     on_margin = margins.argsort()[:1]
     # the point nearest the decision boundary is recovered almost exactly; a random candidate set

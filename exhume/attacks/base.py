@@ -86,6 +86,37 @@ class Attack:
         raise NotImplementedError
 
 
+ORACLE_INITS = ("ground-truth", "partition", "mix")
+
+
+def initial_candidates(init: torch.Tensor | None, m: int | None, input_shape: tuple[int, ...], mean: torch.Tensor,
+                       init_scale: float, generator: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+    """Starting candidates in centred space: ``N(0,1)·init_scale`` noise, or the given ``init``.
+
+    ``init`` holds display-space images ``(m, *input_shape)`` chosen by the caller (the
+    initialisation study passes training, partition or mixed images: evaluator tools, labelled
+    oracle in the result; an attack never builds them itself).
+    """
+    if init is None:
+        if m is None:
+            raise ConfigError("the number of candidates m is unknown")
+        return torch.randn(m, *input_shape, generator=generator, dtype=dtype) * init_scale
+    init = torch.as_tensor(init)
+    if tuple(init.shape[1:]) != tuple(input_shape):
+        raise ConfigError(f"init images have shape {tuple(init.shape[1:])}, the victim's input shape is {tuple(input_shape)}")
+    if m is not None and init.shape[0] != m:
+        raise ConfigError(f"init holds {init.shape[0]} images but m={m} candidates were asked for")
+    if not torch.isfinite(init).all():
+        raise ConfigError("init images contain NaN or inf")
+    return init.to(dtype) - mean.to(dtype)
+
+
+def init_record(init_name: str) -> dict[str, Any]:
+    """What a Reconstruction says about its initialisation (oracle when built from real data)."""
+    base = init_name.split("(")[0]
+    return {"init": init_name, "oracle_init": base in ORACLE_INITS}
+
+
 ATTACKS: dict[str, type[Attack]] = {}
 
 

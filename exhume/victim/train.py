@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from exhume.errors import ConfigError
 from exhume.losses import check_loss, per_sample_loss
+from exhume.progress import Progress
 
 OPTIMIZERS = ("gd", "adam")
 
@@ -72,7 +72,7 @@ def train_victim(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: Tra
     history: list[tuple[int, float]] = []
     start = time.perf_counter()
     stop_reason = "max_epochs"
-    bar = tqdm(total=config.max_epochs, desc="train victim", disable=not progress, unit="ep", mininterval=0.5)
+    bar = Progress("train victim", config.max_epochs, config.max_seconds, unit="ep", disable=not progress)
     epoch = 0
     for epoch in range(1, config.max_epochs + 1):
         opt.zero_grad(set_to_none=True)
@@ -88,8 +88,9 @@ def train_victim(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: Tra
             raise ConfigError(f"training diverged at epoch {epoch} (loss {value}); lower the learning rate (lr={config.lr})")
         if epoch % config.log_every == 0 or epoch == 1:
             history.append((epoch, value))
-            bar.set_postfix(loss=f"{value:.3g}")
-        bar.update(1)
+            bar.update(epoch, loss=f"{value:.3g}")
+        else:
+            bar.update(epoch)
         if config.loss_threshold is not None and value < config.loss_threshold:
             stop_reason = "loss_threshold"
             break
