@@ -81,6 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--out", default=None, help="where to write metrics and figures (default: RUN/evaluation)")
     p.add_argument("--pool-size", type=int, default=1000, help="unseen images for the memorisation count (default 1000)")
     p.add_argument("--match", default="ssim", choices=("ssim", "l2", "ncc"))
+
+    from exhume.experiments import EXPERIMENTS
+
+    p = sub.add_parser("experiment", help="run a named experiment that reproduces a paper's finding")
+    exp_sub = p.add_subparsers(dest="experiment", required=True)
+    for name, exp in sorted(EXPERIMENTS.items()):
+        q = exp_sub.add_parser(name, help=exp.help, description=exp.help)
+        _common(q, f"runs/experiment-{name}")
+        q.add_argument("--full", action="store_true", help="the paper's scale (for a GPU), instead of the CPU budget")
+        if exp.add_arguments is not None:
+            exp.add_arguments(q)
     return parser
 
 
@@ -135,7 +146,16 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"demo": _cmd_demo, "train": _cmd_train, "attack": _cmd_attack, "evaluate": _cmd_evaluate}
+def _cmd_experiment(args: argparse.Namespace) -> int:
+    from exhume.experiments import get_experiment
+
+    result = get_experiment(args.experiment).run(args)
+    print(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+COMMANDS = {"demo": _cmd_demo, "train": _cmd_train, "attack": _cmd_attack, "evaluate": _cmd_evaluate,
+            "experiment": _cmd_experiment}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

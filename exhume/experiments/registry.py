@@ -1,0 +1,41 @@
+"""Named experiments (``exhume experiment NAME``) that reproduce the seeds' findings.
+
+Each experiment registers a name, a help text that states its CPU budget, an argument hook and
+a run function. It writes its figure(s) and table(s) into its run folder and returns a dict of
+headline numbers, including what the seed found and what this run found, side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from exhume.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    help: str
+    run: Callable[[argparse.Namespace], dict[str, Any]]
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
+
+
+EXPERIMENTS: dict[str, Experiment] = {}
+
+
+def register_experiment(name: str, help: str, add_arguments: Callable[[argparse.ArgumentParser], None] | None = None):
+    """Decorator: ``@register_experiment("margin", "…", add_args)`` on ``run(args) -> dict``."""
+
+    def wrap(fn: Callable[[argparse.Namespace], dict[str, Any]]):
+        EXPERIMENTS[name] = Experiment(name=name, help=help, run=fn, add_arguments=add_arguments)
+        return fn
+
+    return wrap
+
+
+def get_experiment(name: str) -> Experiment:
+    if name not in EXPERIMENTS:
+        raise ConfigError(f"unknown experiment {name!r}; known: {', '.join(sorted(EXPERIMENTS)) or 'none'}")
+    return EXPERIMENTS[name]
