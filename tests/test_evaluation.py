@@ -203,7 +203,7 @@ def test_memorisation_count_exact(mnist, rule):
     assert np.flatnonzero(a["memorised"]).tolist() == copied
     assert m["pool_size"] == 300 and m["match_rule"] == rule
     assert m["pool_exact_copies_of_train"] == 0
-    assert m["memorised_expected_by_chance"] == pytest.approx(30 * 23 / 323)
+    assert m["memorised_if_candidates_were_real_unseen_images"] == pytest.approx(30 * 23 / 323)
     assert a["best_candidate"][copied].tolist() == [0, 1, 2]
     np.testing.assert_allclose(a["ssim"][copied], 1.0, atol=1e-5)
     # pool SSIM equals the SSIM of the chosen pool image (same rule applied to the pool)

@@ -172,9 +172,11 @@ def evaluate_images(candidates, train, pool=None, margins: np.ndarray | None = N
         memorised = ssim > pool_ssim
         metrics["memorised"] = int(memorised.sum())
         metrics["memorised_note"] = MEMORISED_DEFINITION
-        # If the candidates were merely more unseen images (exchangeable with the pool), each
+        # If the candidates were m more *real* unseen images (exchangeable with the pool), each
         # training image's overall best would be a candidate with probability m / (m + pool).
-        metrics["memorised_expected_by_chance"] = n * m / (m + int(pool.shape[0]))
+        # Reconstructions are not exchangeable with real images (they are noisier), so this is
+        # context, not the null; the evaluator's held-out control (run.evaluate) is the null.
+        metrics["memorised_if_candidates_were_real_unseen_images"] = n * m / (m + int(pool.shape[0]))
         for t in thresholds:
             metrics[f"pool_ssim>={t:g}"] = _count(pool_ssim, t)
         metrics["pool_ssim_mean"], metrics["pool_ssim_median"] = _stats(pool_ssim)
