@@ -52,10 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--data", default="mnist", help="mnist (bundled), fashion-mnist, cifar10, digits, folder")
     p.add_argument("--root", default=None, help="dataset location (IDX folder, CIFAR archive, image folder)")
-    p.add_argument("--task", default="odd-even", help="odd-even, vehicles-animals, or a split like 1,3,5/0,2,4")
+    p.add_argument("--task", default="odd-even", help="odd-even, vehicles-animals, a split like 1,3,5/0,2,4, multiclass, or regression (class id on [-1, 1])")
     p.add_argument("-n", type=int, default=100, help="training-set size, balanced over the two labels")
     p.add_argument("--arch", default="mlp:256,256;bias=none;init=1e-4", help="e.g. mlp:1000,1000;bias=first;init=1e-4")
-    p.add_argument("--loss", default="logistic", help="logistic (binary)")
+    p.add_argument("--loss", default="auto", help="logistic, cross-entropy or squared (auto: by task)")
     p.add_argument("--optimizer", default="gd", choices=("gd", "adam"))
     p.add_argument("--lr", type=float, default=0.2)
     p.add_argument("--wd", type=float, default=5e-3, help="weight decay w in mean loss + w/2 |theta|^2 (0 for none)")
@@ -108,7 +108,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     from exhume.victim import TrainConfig, make_victim
 
-    cfg = TrainConfig(loss=args.loss, optimizer=args.optimizer, lr=args.lr, weight_decay=args.wd, max_epochs=args.epochs,
+    from exhume.data import parse_task
+    from exhume.victim.build import DEFAULT_LOSS
+
+    kind = "regression" if args.task.strip().lower() == "regression" else parse_task(args.task)[0]
+    loss = DEFAULT_LOSS[kind] if args.loss == "auto" else args.loss
+    cfg = TrainConfig(loss=loss, optimizer=args.optimizer, lr=args.lr, weight_decay=args.wd, max_epochs=args.epochs,
                       max_seconds=args.seconds, loss_threshold=args.loss_threshold, residual_threshold=args.residual_threshold)
     victim = make_victim(args.data, args.task, args.n, args.arch, cfg, seed=args.seed, root=args.root,
                          progress=not args.no_progress, dtype=getattr(torch, args.dtype))

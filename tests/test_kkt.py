@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from exhume.attacks import get_attack
-from exhume.attacks.kkt import KKTAttack, _typical_margin
+from exhume.attacks.formulation import typical_margin
+from exhume.attacks.kkt import KKTAttack
 from exhume.attacks.stationarity import homogeneity_degree, stationarity_residual
 from exhume.attacks.surrogate import soft_activations, soft_relu
 from exhume.errors import ConfigError, ExhumeError
@@ -90,7 +91,7 @@ def test_homogeneity_degree_is_depth_of_bias_free_relu_net():
 
 def test_typical_margin_solves_its_equation():
     for target in (1e-3, 0.02, 0.2):
-        m = _typical_margin(target)
+        m = typical_margin(target)
         assert m / (1 + torch.exp(torch.tensor(m)).item()) == pytest.approx(target, rel=1e-6)
 
 
@@ -186,7 +187,7 @@ def test_unknown_method_is_refused():
         get_attack("kkkt")
 
 
-def test_non_binary_victim_is_refused():
-    view = AttackerView(model=UserNet(), task="multiclass", input_shape=(5,), mean=torch.zeros(5), num_classes=3)
-    with pytest.raises(ConfigError, match="binary"):
+def test_multiclass_victim_without_class_count_is_refused():
+    view = AttackerView(model=UserNet(), task="multiclass", input_shape=(5,), mean=torch.zeros(5))
+    with pytest.raises(ConfigError, match="num_classes"):
         get_attack("kkt", iterations=1).run(view, progress=False)

@@ -113,7 +113,11 @@ def test_architecture_specs():
     m = build_model("mlp:10;bias=first;init=1e-4", (1, 2, 2), 1)
     assert isinstance(m, MLP) and m(torch.zeros(3, 1, 2, 2)).shape == (3,)
     assert m.net[0].weight.abs().max() < 1e-2
-    for bad, msg in [("cnn:3", "unknown architecture"), ("mlp:a,b", "integers"), ("mlp:", "at least one"),
+    with pytest.raises(ConfigError, match="cnn pool must be"):
+        build_model("cnn:3;pool=median", (1, 8, 8), 2)
+    with pytest.raises(ConfigError, match="image inputs"):
+        build_model("cnn:3", (64,), 2)
+    for bad, msg in [("rnn:3", "unknown architecture"), ("mlp:a,b", "integers"), ("mlp:", "at least one"),
                      ("mlp:3;bias", "key=value"), ("mlp:3;depth=2", "unknown architecture option")]:
         with pytest.raises(ConfigError, match=msg):
             parse_arch(bad)

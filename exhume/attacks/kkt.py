@@ -33,6 +33,7 @@ memorised, SGD with momentum (lr 1.65 on the relative loss, the largest that did
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from pathlib import Path
@@ -42,27 +43,13 @@ import torch
 
 from exhume.attacks.base import Attack, Param, Reconstruction, init_record, initial_candidates, register
 from exhume.attacks.checkpoint import load_checkpoint, save_checkpoint
-from exhume.attacks.stationarity import homogeneity_degree, stationarity_residual
+from exhume.attacks.formulation import FORMULATIONS, resolve
+from exhume.attacks.stationarity import stationarity_residual
 from exhume.errors import ConfigError
+from exhume.losses import LOSSES
 from exhume.progress import Progress
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-AUTO_SCALE_FACTOR = 5.0 / 3.0  # measured on MNIST victims, see the module docstring
-
-
-def _typical_margin(target: float) -> float:
-    """Solve ``σ(−m)·m = target`` for the larger root (fitted points), ``m ≥ 1.278``."""
-    peak_m = 1.2785
-    if target >= peak_m * torch.sigmoid(torch.tensor(-peak_m)).item():
-        return peak_m
-    lo, hi = peak_m, 60.0
-    for _ in range(100):
-        mid = 0.5 * (lo + hi)
-        if mid / (1.0 + math.exp(mid)) > target:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
 
 
 def _resumable(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -70,14 +57,9 @@ def _resumable(cfg: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in cfg.items() if k not in ("iterations", "max_seconds", "checkpoint_every", "log_every")}
 
 
-def binary_labels(m: int, dtype: torch.dtype) -> torch.Tensor:
-    """Half the candidates labelled +1, half −1 (fixed, not learned)."""
-    return torch.cat([torch.ones(m - m // 2), -torch.ones(m // 2)]).to(dtype)
-
-
 @register
 class KKTAttack(Attack):
-    """Stationarity (KKT) reconstruction from the weights alone (binary tasks)."""
+    """Stationarity (KKT) reconstruction from the weights alone: binary, multiclass, regression."""
 
     name = "kkt"
     params = {
@@ -92,6 +74,9 @@ class KKTAttack(Attack):
         "momentum": Param(0.9, float, "SGD momentum for both optimisers (sgd only)", low=0.0, high=1.0),
         "lambda_min": Param(0.42, float, "dual-feasibility floor on u = λ/S", low=0.0),
         "lambda_scale": Param("auto", object, "S in λ = S·u: 'auto' or a positive number"),
+        "formulation": Param("auto", str, "stationarity equation (see exhume/attacks/formulation.py)", choices=FORMULATIONS),
+        "loss": Param(None, str, "the victim's training loss, if its metadata lacks it", choices=LOSSES, allow_none=True),
+        "weight_decay": Param(None, float, "the victim's weight decay, if its metadata lacks it", low=0.0, allow_none=True),
         "alpha": Param(19.0, float, "ReLU surrogate derivative sigmoid(α·z)", low=0.0),
         "prior": Param("display", str, "pixel-range prior space", choices=("display", "centred")),
         "prior_weight": Param(1.0, float, "weight of the pixel-range prior", low=0.0),
@@ -107,25 +92,6 @@ class KKTAttack(Attack):
         if not (s == "auto" or (isinstance(s, (int, float)) and not isinstance(s, bool) and s > 0 and math.isfinite(s))):
             raise ConfigError(f"lambda_scale must be 'auto' or a positive number, got {s!r}")
 
-    # -- set-up -----------------------------------------------------------------------------
-    def _lambda_scale(self, view, params: dict[str, torch.Tensor], n: int, dtype) -> tuple[float, dict]:
-        s = self.config["lambda_scale"]
-        if s != "auto":
-            return float(s), {"lambda_scale_rule": "given"}
-        wd = view.weight_decay or 0.0
-        if wd <= 0 or view.loss not in (None, "logistic"):
-            return 1.0, {"lambda_scale_rule": "no weight decay: S = 1 (Haim et al.)"}
-        theta2 = float(sum((p.double() ** 2).sum() for p in params.values()))
-        degree = homogeneity_degree(view.model, params, view.input_shape, dtype)
-        m_star = _typical_margin(wd * theta2 / degree)
-        typical = 1.0 / (1.0 + math.exp(m_star)) / (n * wd)
-        return AUTO_SCALE_FACTOR * typical, {
-            "lambda_scale_rule": "auto: (5/3) × σ(−m*)/(n·wd), σ(−m*)·m* = wd·‖θ‖²/L",
-            "homogeneity_degree": degree,
-            "typical_margin": m_star,
-            "typical_lambda": typical,
-        }
-
     def run(self, view, out: str | Path | None = None, seed: int = 0, device: str = "cpu", resume: bool = False,
             progress: bool = True, callback=None, callback_every: int = 1000, init: torch.Tensor | None = None,
             init_name: str = "noise") -> Reconstruction:
@@ -138,23 +104,22 @@ class KKTAttack(Attack):
         candidates in display space (default: noise); ``init_name`` labels them in the result
         (ground-truth, partition and mix initialisations are oracle tools and marked so).
         """
-        if view.task != "binary":
-            raise ConfigError(f"the kkt attack handles binary tasks here; the victim's task is {view.task!r}")
         cfg = self.config
         dtype = DTYPES[cfg["dtype"]]
         dev = torch.device(device)
-        model = view.model.to(device=dev, dtype=dtype).eval()
+        model = copy.deepcopy(view.model).to(device=dev, dtype=dtype).eval()  # the user's module stays as it is
         params = {k: v.detach().to(dev, dtype) for k, v in model.named_parameters()}
         theta2 = sum((p**2).sum() for p in params.values())
         n = cfg["n_guess"] or view.n_train_hint or 100
         m = cfg["m"] or (init.shape[0] if init is not None else 2 * n)
-        scale, scale_info = self._lambda_scale(view, params, n, dtype)
+        form = resolve(view, cfg["formulation"], cfg["loss"], cfg["weight_decay"], cfg["lambda_scale"], params, n, m, dtype)
+        scale, objective = form.scale, form.objective
         mean = view.mean.to(dev, dtype)
-        y = binary_labels(m, dtype).to(dev)
+        y = form.labels.to(dev)
 
         gen = torch.Generator().manual_seed(seed)
         x = initial_candidates(init, m, view.input_shape, view.mean, cfg["init_scale"], gen, dtype).to(dev).requires_grad_()
-        u = torch.rand(m, generator=gen, dtype=dtype).to(dev).requires_grad_()
+        u = (torch.randn if form.signed else torch.rand)(m, generator=gen, dtype=dtype).to(dev).requires_grad_()
         if cfg["optimizer"] == "sgd":
             opt_x: torch.optim.Optimizer = torch.optim.SGD([x], lr=cfg["lr"], momentum=cfg["momentum"])
             opt_u: torch.optim.Optimizer = torch.optim.SGD([u], lr=cfg["lr_lambda"], momentum=cfg["momentum"])
@@ -181,8 +146,8 @@ class KKTAttack(Attack):
         bar = Progress("kkt attack", cfg["iterations"], cfg["max_seconds"], start_iter, elapsed0, disable=not progress)
         try:
             for it in range(start_iter + 1, cfg["iterations"] + 1):
-                stat = stationarity_residual(model, params, x, y, scale * u, cfg["alpha"]) / theta2
-                dual = (torch.relu(cfg["lambda_min"] - u) ** 2).sum()
+                stat = stationarity_residual(model, params, x, y, scale * u, cfg["alpha"], objective) / theta2
+                dual = u.new_zeros(()) if form.signed else (torch.relu(cfg["lambda_min"] - u) ** 2).sum()
                 v = x + shift
                 prior = (torch.relu(v - hi) ** 2 + torch.relu(lo - v) ** 2).sum()
                 loss = stat + cfg["dual_weight"] * dual + cfg["prior_weight"] * prior
@@ -219,14 +184,14 @@ class KKTAttack(Attack):
         checkpoint()
         elapsed = elapsed0 + time.perf_counter() - t0
         with torch.no_grad():
-            final_stat = float(stationarity_residual(model, params, x, y, scale * u, None) / theta2)
+            final_stat = float(stationarity_residual(model, params, x, y, scale * u, None, objective) / theta2)
             candidates = (x + mean).float().cpu()
         return Reconstruction(
             method=self.name,
             candidates=candidates,
-            labels=y.float().cpu(),
+            labels=y.cpu(),
             scores=(scale * u).detach().float().cpu(),
-            config={**cfg, "m": m, "n_guess": n, "lambda_scale_value": scale, **scale_info, **init_record(init_name)},
+            config={**cfg, "m": m, "n_guess": n, "lambda_scale_value": scale, **form.info, **init_record(init_name)},
             seed=seed,
             loss_history=history,
             summary={"iterations": done, "seconds": round(elapsed, 3), "final_relative_stationarity": final_stat,

@@ -11,29 +11,56 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad
 
+from typing import Callable
+
 from exhume.attacks.surrogate import soft_activations
-from exhume.losses import margin
+from exhume.losses import margin, per_sample_loss
+
+#: per-sample scalar h_j(Φ(x̂_j), ŷ_j) whose parameter gradients are summed with weights λ_j
+Objective = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def weighted_margin_gradient(
+def output_objective(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``Φ(x̂_j)`` itself (scalar-output regression: ``θ = Σ_j λ_j ∇_θ Φ(x̂_j)``, λ signed)."""
+    return out.reshape(out.shape[0], -1).sum(1)
+
+
+def negative_loss_objective(loss: str) -> Objective:
+    """``−ℓ(Φ(x̂_j), ŷ_j)``: with weight decay ``w``, ``θ = (1/(n·w)) Σ_i −∇_θ ℓ_i`` exactly (Buzaglo et al.)."""
+
+    def objective(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return -per_sample_loss(loss, out, y)
+
+    return objective
+
+
+def weighted_gradient(
     model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, lam: torch.Tensor,
-    alpha: float | None = None,
+    alpha: float | None = None, objective: Objective = margin,
 ) -> dict[str, torch.Tensor]:
-    """``Σ_j λ_j ∇_θ margin_j`` as a dict shaped like ``params`` (differentiable in ``x``, ``λ``)."""
+    """``Σ_j λ_j ∇_θ h_j`` as a dict shaped like ``params`` (differentiable in ``x``, ``λ``).
+
+    ``h_j`` is the margin by default (Haim's binary and Buzaglo's multiclass KKT conditions).
+    """
 
     def weighted(p: dict[str, torch.Tensor]) -> torch.Tensor:
-        return (lam * margin(functional_call(model, p, (x,)), y)).sum()
+        return (lam * objective(functional_call(model, p, (x,)), y)).sum()
 
     with soft_activations(alpha):
         return grad(weighted)(params)
 
 
+def weighted_margin_gradient(model, params, x, y, lam, alpha=None):
+    """``Σ_j λ_j ∇_θ margin_j`` (the KKT form)."""
+    return weighted_gradient(model, params, x, y, lam, alpha, margin)
+
+
 def stationarity_residual(
     model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, lam: torch.Tensor,
-    alpha: float | None = None,
+    alpha: float | None = None, objective: Objective = margin,
 ) -> torch.Tensor:
-    """``‖θ − Σ_j λ_j ∇_θ margin_j‖²``, summed over every parameter tensor."""
-    g = weighted_margin_gradient(model, params, x, y, lam, alpha)
+    """``‖θ − Σ_j λ_j ∇_θ h_j‖²``, summed over every parameter tensor (``h`` the margin by default)."""
+    g = weighted_gradient(model, params, x, y, lam, alpha, objective)
     return sum(((params[k] - g[k]) ** 2).sum() for k in params)
 
 

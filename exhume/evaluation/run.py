@@ -15,8 +15,10 @@ from exhume.evaluation.plots import candidates_grid, pairs_grid, plot_sorted_ssi
 from exhume.losses import margin
 
 
-def training_margins(victim, train) -> np.ndarray:
-    """Each training image's margin ``y_i Φ(x_i)`` under the victim (evaluator-side)."""
+def training_margins(victim, train) -> np.ndarray | None:
+    """Each training image's margin ``y_i Φ(x_i)`` under the victim (evaluator-side); None for regression."""
+    if victim.task == "regression":
+        return None
     model = victim.model.float().eval()
     with torch.no_grad():
         return margin(model(train.centred.float()), train.y).double().numpy()
@@ -74,7 +76,8 @@ def evaluate(recon, victim, pool_size: int = 1000, match: str = "ssim", out: str
         if figures:
             pool_x = pool
             plot_sorted_ssim(result, out / "ssim_sorted.png")
-            plot_ssim_vs_margin(result, out / "ssim_vs_margin.png")
+            if "margin" in result.arrays:
+                plot_ssim_vs_margin(result, out / "ssim_vs_margin.png")
             pairs_grid(candidates, train.x, pool_x, result, out / "best_pairs.png", which="best")
             pairs_grid(candidates, train.x, pool_x, result, out / "worst_pairs.png", which="worst")
             candidates_grid(candidates, out / "candidates.png")

@@ -1,6 +1,7 @@
 """Turn an architecture spec (a string on the CLI, a dict in victim.json) into an ``nn.Module``.
 
-Spec strings: ``mlp:1000,1000`` (bias-free MLP with those hidden widths), options after ``;``:
+Spec strings: ``cnn:16,32;fc=64;pool=max;bias=none`` (see :mod:`exhume.models.cnn`),
+``mlp:1000,1000`` (bias-free MLP with those hidden widths), options after ``;``:
 ``mlp:1000,1000;bias=first`` (bias in the first layer only), ``bias=all``, ``bias=none``,
 ``init=1e-4`` (first-layer N(0,1)·scale initialisation), e.g. ``mlp:256,256;bias=none;init=1e-4``.
 """
@@ -13,6 +14,7 @@ from typing import Any, Callable
 from torch import nn
 
 from exhume.errors import ConfigError
+from exhume.models.cnn import CNN
 from exhume.models.mlp import MLP
 
 
@@ -39,9 +41,33 @@ def _build_mlp(spec: dict[str, Any], input_shape: tuple[int, ...], out_features:
     )
 
 
+def _build_cnn(spec: dict[str, Any], input_shape: tuple[int, ...], out_features: int) -> nn.Module:
+    if len(input_shape) != 3:
+        raise ConfigError(f"a cnn needs image inputs (C, H, W), got input shape {input_shape}")
+    pool = spec.get("pool", "max")
+    if pool not in ("max", "avg", "none"):
+        raise ConfigError(f"cnn pool must be 'max', 'avg' or 'none', got {pool!r}")
+    bias = spec.get("bias", "none")
+    if bias not in ("none", "all"):
+        raise ConfigError(f"cnn bias must be 'none' or 'all', got {bias!r}")
+    return CNN(input_shape, spec["channels"], spec.get("fc", []), out_features, pool=pool, bias=bias == "all",
+               kernel=int(spec.get("kernel", 3)))
+
+
 ARCHITECTURES: dict[str, Callable[[dict[str, Any], tuple[int, ...], int], nn.Module]] = {
     "mlp": _build_mlp,
+    "cnn": _build_cnn,
 }
+
+
+def _int_list(text: str, what: str, source: str) -> list[int]:
+    try:
+        values = [int(w) for w in text.split(",") if w.strip()]
+    except ValueError:
+        raise ConfigError(f"{what} must be integers separated by commas, got {text!r} in {source!r}") from None
+    if not values or min(values) < 1:
+        raise ConfigError(f"{what} needs at least one positive integer, got {text!r} in {source!r}")
+    return values
 
 
 def parse_arch(text: str) -> dict[str, Any]:
@@ -59,6 +85,8 @@ def parse_arch(text: str) -> dict[str, Any]:
             raise ConfigError(f"mlp widths must be integers separated by commas, got {body!r}") from None
         if not spec["widths"] or min(spec["widths"]) < 1:
             raise ConfigError(f"mlp needs at least one positive hidden width, got {body!r}")
+    elif kind == "cnn":
+        spec["channels"] = _int_list(body, "cnn channels", text)
     for opt in opts:
         key, sep, value = opt.partition("=")
         if not sep:
@@ -66,13 +94,20 @@ def parse_arch(text: str) -> dict[str, Any]:
         key = key.strip()
         if key == "bias":
             spec["bias"] = value.strip()
+        elif key in ("pool",) and kind == "cnn":
+            spec["pool"] = value.strip()
+        elif key == "fc" and kind == "cnn":
+            spec["fc"] = _int_list(value, "cnn fc widths", text)
+        elif key == "kernel" and kind == "cnn":
+            spec["kernel"] = _int_list(value, "cnn kernel", text)[0]
         elif key == "init":
             try:
                 spec["init"] = float(value)
             except ValueError:
                 raise ConfigError(f"init must be a number, got {value!r}") from None
         else:
-            raise ConfigError(f"unknown architecture option {key!r} in {text!r}; known: bias, init")
+            known = "bias, init" + (", pool, fc, kernel" if kind == "cnn" else "")
+            raise ConfigError(f"unknown architecture option {key!r} in {text!r}; known: {known}")
     return spec
 
 

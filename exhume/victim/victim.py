@@ -97,7 +97,12 @@ class Victim:
 
         if self.data_spec is None:
             raise VictimError(f"victim {self.path or ''} has no data spec: its training set cannot be rebuilt")
-        task = rebuild_task(self.data_spec)
+        if self.data_spec.get("target") == "regression":
+            from exhume.victim.build import as_regression
+
+            task = as_regression(rebuild_task({**self.data_spec, "task": "multiclass"}), int(self.data_spec["num_classes"]))
+        else:
+            task = rebuild_task(self.data_spec)
         if self.train_indices is not None and not np.array_equal(np.sort(task.indices), np.sort(self.train_indices)):
             raise VictimError("the rebuilt training set does not match the saved training indices")
         return task

@@ -1,0 +1,126 @@
+"""Which stationarity equation a victim satisfies, and the scale of its multipliers.
+
+Three forms of ``θ = Σ_j λ_j ∇_θ h(Φ(θ; x̂_j), ŷ_j)`` (METHODS.md §1):
+
+- ``margin``: ``h`` = the margin (``y·Φ`` binary, ``Φ_y − max_{k≠y} Φ_k`` multiclass), λ ≥ 0.
+  Haim et al.'s KKT conditions of max-margin training and Buzaglo et al.'s multiclass version;
+  with weight decay it is exact for the logistic loss (``λ_i = σ(−margin_i)/(n·w)``) and a close
+  approximation for cross-entropy.
+- ``loss``: ``h = −ℓ(Φ, ŷ)``, λ ≥ 0. Exact for *any* loss at a stationary point of
+  ``mean_i ℓ_i + (w/2)‖θ‖²``: ``θ = (1/(n·w)) Σ_i −∇_θ ℓ_i``, so every training point has
+  ``λ = 1/(n·w)``.
+- ``output``: ``h = Φ`` (scalar-output regression), λ signed with no lower bound: with the
+  squared loss ``λ_i = −(Φ_i − y_i)/(n·w)``; the targets are unknown, so the residuals are the
+  unknowns.
+
+``auto`` picks ``output`` for regression and ``margin`` otherwise.
+
+The scale ``S`` (``λ = S·u``, ``u`` optimised): a homogeneous network trades the scale of ``λ``
+against that of ``x̂``, so a wrong ``S`` shrinks or inflates every candidate. Estimated from the
+weights alone with Euler's identity ``⟨θ, ∇_θΦ(x)⟩ = L·Φ(x)`` (``L`` measured numerically): see
+:func:`lambda_scale`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from exhume.attacks.stationarity import Objective, homogeneity_degree, negative_loss_objective, output_objective
+from exhume.errors import ConfigError
+from exhume.losses import margin
+
+FORMULATIONS = ("auto", "margin", "loss", "output")
+AUTO_SCALE_FACTOR = 5.0 / 3.0  # measured on the demo victim, see exhume/attacks/kkt.py
+
+
+@dataclass
+class Formulation:
+    name: str
+    objective: Objective
+    signed: bool  # λ signed, no dual-feasibility penalty
+    labels: torch.Tensor
+    scale: float
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def typical_margin(target: float) -> float:
+    """Solve ``σ(−m)·m = target`` for the larger root (fitted points), ``m ≥ 1.278``."""
+    peak_m = 1.2785
+    if target >= peak_m / (1.0 + math.exp(peak_m)):
+        return peak_m
+    lo, hi = peak_m, 60.0
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        if mid / (1.0 + math.exp(mid)) > target:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def candidate_labels(task: str, m: int, num_classes: int | None, dtype: torch.dtype) -> torch.Tensor:
+    """Fixed labels: binary half +1 / half −1; multiclass spread evenly; regression unused zeros."""
+    if task == "binary":
+        return torch.cat([torch.ones(m - m // 2), -torch.ones(m // 2)]).to(dtype)
+    if task == "multiclass":
+        if not num_classes or num_classes < 2:
+            raise ConfigError("a multiclass victim needs num_classes >= 2 in its metadata")
+        return torch.arange(m) % int(num_classes)
+    return torch.zeros(m, dtype=dtype)
+
+
+def lambda_scale(form: str, loss: str | None, wd: float, model, params, input_shape, n: int, dtype) -> tuple[float, dict]:
+    """``S`` from the weights alone (no training data), with the rule used."""
+    theta2 = float(sum((p.double() ** 2).sum() for p in params.values()))
+    if form == "loss":
+        if wd <= 0:
+            raise ConfigError("formulation 'loss' needs the weight decay the victim was trained with (weight_decay > 0)")
+        return 1.0 / (n * wd), {"lambda_scale_rule": "loss form: S = 1/(n·wd), exact at a stationary point"}
+    degree = homogeneity_degree(model, params, input_shape, dtype)
+    if form == "output":
+        typical = theta2 / (degree * n)
+        return typical, {"lambda_scale_rule": "output form: S = ‖θ‖²/(L·n) (Euler, outputs of order 1)",
+                         "homogeneity_degree": degree}
+    if wd <= 0:
+        return 1.0, {"lambda_scale_rule": "no weight decay: S = 1 (Haim et al.)", "homogeneity_degree": degree}
+    m_star = typical_margin(wd * theta2 / degree)
+    typical = 1.0 / (1.0 + math.exp(m_star)) / (n * wd)
+    return AUTO_SCALE_FACTOR * typical, {
+        "lambda_scale_rule": "auto: (5/3) × σ(−m*)/(n·wd), σ(−m*)·m* = wd·‖θ‖²/L",
+        "homogeneity_degree": degree, "typical_margin": m_star, "typical_lambda": typical,
+    }
+
+
+def resolve(view, form: str, loss: str | None, weight_decay: float | None, scale: Any, params, n: int, m: int,
+            dtype: torch.dtype) -> Formulation:
+    """Pick the equation for ``view`` (an AttackerView) and the attack's settings."""
+    if form not in FORMULATIONS:
+        raise ConfigError(f"unknown formulation {form!r}; known: {', '.join(FORMULATIONS)}")
+    if form == "auto":
+        form = "output" if view.task == "regression" else "margin"
+    loss = loss or view.loss
+    wd = view.weight_decay if weight_decay is None else weight_decay
+    wd = float(wd or 0.0)
+    if form == "margin":
+        if view.task == "regression":
+            raise ConfigError("a regression victim has no margin; use formulation 'output' or 'loss'")
+        objective: Objective = margin
+    elif form == "output":
+        objective = output_objective
+    else:
+        if loss is None:
+            raise ConfigError("formulation 'loss' needs the victim's training loss; state it with loss=...")
+        if view.task == "regression" and loss == "squared":
+            raise ConfigError("regression targets are unknown to the attacker: use formulation 'output' for squared-loss regression")
+        objective = negative_loss_objective(loss)
+    labels = candidate_labels(view.task, m, view.num_classes, dtype)
+    if scale == "auto":
+        s, info = lambda_scale(form, loss, wd, view.model, params, view.input_shape, n, dtype)
+    else:
+        s, info = float(scale), {"lambda_scale_rule": "given"}
+    return Formulation(name=form, objective=objective, signed=form == "output", labels=labels, scale=s,
+                       info={"formulation": form, "loss_assumed": loss, "weight_decay_assumed": wd, **info})

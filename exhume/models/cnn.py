@@ -1,0 +1,43 @@
+"""Plain ReLU convolutional networks for the stationarity attacks (Buzaglo et al.'s CNN victims).
+
+``cnn:16,32;fc=64;pool=max;bias=none;kernel=3``: two 3×3 convolutions (16 and 32 channels, same
+padding), each followed by ReLU and a 2×2 pool (``max``, ``avg`` or ``none``), then fully
+connected hidden layers (``fc=64`` or ``fc=64,32``; optional) and the output layer. ``bias``:
+``none`` (homogeneous network), ``all``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+
+class CNN(nn.Module):
+    def __init__(self, input_shape: Sequence[int], channels: Sequence[int], fc: Sequence[int] = (), out_features: int = 1,
+                 pool: str = "max", bias: bool = False, kernel: int = 3) -> None:
+        super().__init__()
+        c, h, w = (int(s) for s in input_shape)
+        layers: list[nn.Module] = []
+        for ch in channels:
+            layers += [nn.Conv2d(c, int(ch), kernel, padding=kernel // 2, bias=bias), nn.ReLU()]
+            if pool == "max":
+                layers.append(nn.MaxPool2d(2))
+            elif pool == "avg":
+                layers.append(nn.AvgPool2d(2))
+            if pool != "none":
+                h, w = h // 2, w // 2
+            c = int(ch)
+        self.features = nn.Sequential(*layers)
+        dims = [c * h * w, *[int(f) for f in fc], int(out_features)]
+        head: list[nn.Module] = []
+        for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+            head.append(nn.Linear(a, b, bias=bias))
+            if i < len(dims) - 2:
+                head.append(nn.ReLU())
+        self.head = nn.Sequential(*head)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.head(self.features(x).flatten(1))
+        return out.squeeze(-1) if out.shape[-1] == 1 else out

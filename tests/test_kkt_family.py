@@ -1,0 +1,193 @@
+"""The KKT family beyond binary: the weight-decay equation for every loss, multiclass and
+regression recovery on tiny victims, and CNNs through the general torch.func path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from exhume.attacks import get_attack
+from exhume.attacks.stationarity import negative_loss_objective, output_objective, stationarity_residual
+from exhume.errors import ConfigError
+from exhume.losses import margin
+from exhume.models import MLP, build_model
+from exhume.victim import AttackerView, TrainConfig, train_victim
+
+
+def _points(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.rand(n, 2, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def _train(model, x, y, loss, wd=1e-3, epochs=20_000, lr=0.5):
+    model = model.double()
+    train_victim(model, x, y, TrainConfig(loss=loss, lr=lr, weight_decay=wd, max_epochs=epochs), progress=False)
+    return model, {k: v.detach() for k, v in model.named_parameters()}
+
+
+class TanhNet(nn.Module):
+    """A smooth user module: the weight-decay equation holds for any differentiable network."""
+
+    def __init__(self, out: int):
+        super().__init__()
+        self.a = nn.Linear(2, 32)
+        self.b = nn.Linear(32, out)
+
+    def forward(self, x):
+        o = self.b(torch.tanh(self.a(x)))
+        return o.squeeze(-1) if o.shape[-1] == 1 else o
+
+
+def _stationary(model, x, y, loss, wd):
+    """L-BFGS in float64 to a stationary point of mean ℓ + (w/2)‖θ‖²."""
+    from exhume.losses import per_sample_loss
+
+    model = model.double()
+    opt = torch.optim.LBFGS(model.parameters(), lr=1, max_iter=150, tolerance_grad=1e-12, tolerance_change=0,
+                            history_size=50, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        obj = per_sample_loss(loss, model(x), y).mean() + 0.5 * wd * sum((p**2).sum() for p in model.parameters())
+        obj.backward()
+        return obj
+
+    for _ in range(2):
+        opt.step(closure)
+    return model, {k: v.detach() for k, v in model.named_parameters()}
+
+
+def _relative(model, params, x, y, lam, objective):
+    theta2 = sum((p**2).sum() for p in params.values())
+    return float(stationarity_residual(model, params, x, y, lam, None, objective) / theta2)
+
+
+@pytest.mark.parametrize("loss", ["logistic", "cross-entropy", "squared"])
+def test_weight_decay_equation_holds_at_the_true_data_for_every_loss(loss):
+    """θ = (1/(n·w)) Σ_i −∇_θ ℓ_i at a stationary point (Buzaglo et al.): the 'loss' form's residual
+    at the true training points and λ = 1/(n·w) is ~0, and ~1 (no fit) at wrong λ."""
+    torch.manual_seed(0)
+    x = _points(16) - 0.5
+    if loss == "cross-entropy":
+        y = (x[:, 0] > 0).long() + (x[:, 1] > 0.2).long()
+        out = 3
+    elif loss == "logistic":
+        y = torch.where(x[:, 0] + x[:, 1] > 0, 1.0, -1.0).double()
+        out = 1
+    else:
+        y = torch.sin(3 * x[:, 0]).double()
+        out = 1
+    n, wd = len(x), 1e-2
+    model, params = _stationary(TanhNet(out), x, y, loss, wd)
+    lam = torch.full((n,), 1.0 / (n * wd), dtype=torch.float64)
+    assert _relative(model, params, x, y, lam, negative_loss_objective(loss)) < 1e-3
+    assert _relative(model, params, x, y, 0.3 * lam, negative_loss_objective(loss)) > 0.1
+    if loss == "logistic":  # the margin form with λ_i = σ(−margin_i)/(n·w) is the same equation
+        with torch.no_grad():
+            lam_m = torch.sigmoid(-margin(model(x), y)) / (n * wd)
+        assert _relative(model, params, x, y, lam_m, margin) < 1e-3
+    if loss == "squared":  # the output form with λ_i = −(Φ_i − y_i)/(n·w): signed multipliers
+        with torch.no_grad():
+            lam_o = -(model(x) - y) / (n * wd)
+        assert (lam_o > 0).any() and (lam_o < 0).any()
+        assert _relative(model, params, x, y, lam_o, output_objective) < 1e-3
+
+
+def _nearest(x, candidates):
+    return torch.cdist(x.float(), candidates.float()).min(1).values
+
+
+def test_tiny_multiclass_victim_points_on_the_margin_are_recovered():
+    torch.manual_seed(0)
+    x = _points(24, seed=1)
+    y = ((x[:, 0] > 0.45).long() + (x[:, 1] > 0.55).long())
+    mean = x.mean(0)
+    model, _ = _train(MLP(2, [100], 3, bias=False), x - mean, y, "cross-entropy", epochs=5_000)
+    view = AttackerView(model=model.float(), task="multiclass", input_shape=(2,), mean=mean.float(), loss="cross-entropy",
+                        weight_decay=1e-3, num_classes=3, n_train_hint=24)
+    # the 'loss' form is exact for cross-entropy with weight decay
+    recon = get_attack("kkt", iterations=3000, optimizer="sgd", lr=1e-3, init_scale=0.01, formulation="loss").run(view, progress=False)
+    assert recon.labels.tolist()[:6] == [0, 1, 2, 0, 1, 2] and recon.labels.dtype == torch.int64
+    with torch.no_grad():
+        m = margin(model((x - mean).float()), y)
+    d = _nearest(x, recon.candidates)
+    on_margin = m.argsort()[:3]
+    # 48 random candidates in the unit square sit ~0.07 away on average
+    assert d[on_margin].min() < 0.03
+
+
+def test_tiny_regression_victim_points_with_large_residual_are_recovered():
+    torch.manual_seed(0)
+    x = _points(20, seed=2)
+    y = torch.sin(4 * x[:, 0]) * x[:, 1]
+    mean = x.mean(0)
+    model, _ = _train(MLP(2, [100], 1, bias=False), x - mean, y, "squared", wd=3e-3, epochs=5_000, lr=0.3)
+    view = AttackerView(model=model.float(), task="regression", input_shape=(2,), mean=mean.float(), loss="squared",
+                        weight_decay=3e-3, n_train_hint=20)
+    recon = get_attack("kkt", iterations=3000, optimizer="sgd", lr=3e-3, init_scale=0.01).run(view, progress=False)
+    assert recon.config["formulation"] == "output"
+    assert (recon.scores > 0).any() and (recon.scores < 0).any()  # signed multipliers
+    with torch.no_grad():
+        residual = (model((x - mean).float()).double() - y).abs()
+    d = _nearest(x, recon.candidates)
+    # 40 random candidates in the unit square sit ~0.08 away on average
+    assert d[residual.argsort(descending=True)[:3]].min() < 0.03
+
+
+class SmallCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.fc = nn.Linear(4 * 3 * 3, 1)
+
+    def forward(self, x):
+        return self.fc(F.max_pool2d(F.relu(self.conv(x)), 2).flatten(1)).squeeze(-1)
+
+
+def test_cnn_through_the_general_path_matches_plain_autograd():
+    torch.manual_seed(0)
+    model = SmallCNN().double()
+    x = torch.randn(5, 1, 6, 6, dtype=torch.float64, requires_grad=True)
+    y = torch.tensor([1.0, -1, 1, -1, 1], dtype=torch.float64)
+    lam = torch.rand(5, dtype=torch.float64)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    ours = stationarity_residual(model, params, x, y, lam, None)
+    plist = list(model.parameters())
+    grads = torch.autograd.grad((lam * y * model(x)).sum(), plist, create_graph=True)
+    ref = sum(((p.detach() - g) ** 2).sum() for p, g in zip(plist, grads))
+    assert torch.allclose(ours, ref)
+    assert torch.allclose(torch.autograd.grad(ours, x)[0], torch.autograd.grad(ref, x)[0])
+
+
+def test_kkt_attack_runs_on_exhume_cnn_victims_and_lowers_the_residual():
+    torch.manual_seed(0)
+    model = build_model("cnn:4,8;fc=16;pool=max", (1, 12, 12), 3)
+    view = AttackerView(model=model, task="multiclass", input_shape=(1, 12, 12), mean=torch.full((1, 12, 12), 0.2),
+                        num_classes=3, n_train_hint=6)
+    recon = get_attack("kkt", iterations=40, log_every=5).run(view, progress=False)
+    hist = [h["stationarity"] for h in recon.loss_history]
+    assert recon.candidates.shape == (12, 1, 12, 12) and hist[-1] < hist[0]
+
+
+@pytest.mark.parametrize(
+    "view_kwargs, attack_kwargs, message",
+    [
+        ({"task": "regression"}, {"formulation": "margin"}, "no margin"),
+        ({"task": "binary"}, {"formulation": "loss"}, "training loss"),
+        ({"task": "binary", "loss": "logistic"}, {"formulation": "loss"}, "weight decay"),
+        ({"task": "regression", "loss": "squared", "weight_decay": 1e-3}, {"formulation": "loss"}, "targets are unknown"),
+    ],
+)
+def test_formulations_refuse_what_they_cannot_solve(view_kwargs, attack_kwargs, message):
+    view = AttackerView(model=MLP(2, [8], 1), input_shape=(2,), mean=torch.zeros(2), n_train_hint=2, **view_kwargs)
+    with pytest.raises(ConfigError, match=message):
+        get_attack("kkt", iterations=1, **attack_kwargs).run(view, progress=False)
+
+
+def test_foreign_model_loss_and_weight_decay_can_be_stated():
+    torch.manual_seed(0)
+    view = AttackerView(model=MLP(2, [8], 1), task="binary", input_shape=(2,), mean=torch.zeros(2), n_train_hint=2)
+    recon = get_attack("kkt", iterations=2, formulation="loss", loss="logistic", weight_decay=0.01).run(view, progress=False)
+    assert recon.config["lambda_scale_value"] == pytest.approx(1 / (2 * 0.01))
+    assert recon.config["loss_assumed"] == "logistic" and recon.config["weight_decay_assumed"] == 0.01
