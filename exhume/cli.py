@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("experiment", help="run a named experiment that reproduces a paper's finding")
     exp_sub = p.add_subparsers(dest="experiment", required=True)
     for name, exp in sorted(EXPERIMENTS.items()):
-        q = exp_sub.add_parser(name, help=exp.help, description=exp.help)
+        text = exp.help.replace("%", "%%")  # argparse formats help strings with %
+        q = exp_sub.add_parser(name, help=text, description=text)
         _common(q, f"runs/experiment-{name}")
         q.add_argument("--full", action="store_true", help="the paper's scale (for a GPU), instead of the CPU budget")
         if exp.add_arguments is not None:
@@ -155,7 +156,7 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
     from exhume.experiments import get_experiment
 
     result = get_experiment(args.experiment).run(args)
-    print(json.dumps(result, indent=2, default=str))
+    print(json.dumps(result, indent=2, default=str, ensure_ascii=False))
     return 0
 
 

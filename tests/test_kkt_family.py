@@ -3,6 +3,8 @@ regression recovery on tiny victims, and CNNs through the general torch.func pat
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -191,3 +193,15 @@ def test_foreign_model_loss_and_weight_decay_can_be_stated():
     recon = get_attack("kkt", iterations=2, formulation="loss", loss="logistic", weight_decay=0.01).run(view, progress=False)
     assert recon.config["lambda_scale_value"] == pytest.approx(1 / (2 * 0.01))
     assert recon.config["loss_assumed"] == "logistic" and recon.config["weight_decay_assumed"] == 0.01
+
+
+def test_experiment_writes_figure_table_and_the_seed_comparison(tmp_path, capsys):
+    from exhume.cli import main
+
+    out = tmp_path / "exp"
+    assert main(["experiment", "multiclass", "-o", str(out), "--iterations", "20", "--epochs", "30", "--no-progress"]) == 0
+    summary = json.loads((out / "multiclass.json").read_text())
+    assert summary["seed_finding"] and summary["this_run"] and summary["agrees_with_seed"] in (True, False)
+    assert [r["task"] for r in summary["rows"]] == ["odd-even", "multiclass"]
+    assert (out / "multiclass.png").stat().st_size > 1000 and (out / "multiclass.csv").read_text().startswith("case,")
+    assert "seed found" in capsys.readouterr().out

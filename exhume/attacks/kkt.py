@@ -3,15 +3,20 @@
 Unknowns: ``m`` candidates ``x̂_j`` (centred input space) with fixed labels ``ŷ_j`` and
 multipliers ``λ_j = S · u_j``. Loss (METHODS.md §1)::
 
-    ‖θ − Σ_j λ_j ∇_θ margin(Φ(θ; x̂_j), ŷ_j)‖² / ‖θ‖²          stationarity (relative)
+    ‖θ − Σ_j λ_j ∇_θ h(Φ(θ; x̂_j), ŷ_j)‖² / ‖θ‖²               stationarity (relative)
     + dual_weight · Σ_j relu(λ_min − u_j)²                       dual feasibility, u ≥ λ_min
+
+``h`` is the margin (binary ``y·Φ``, multiclass ``Φ_y − max_{k≠y} Φ_k``), ``−ℓ`` (the
+weight-decay form for any loss) or ``Φ`` (regression, signed λ, no dual term): see
+:mod:`exhume.attacks.formulation`. Binary candidates are half +1 / half −1, multiclass ones
+spread evenly over the classes.
     + prior_weight · Σ relu(v − hi)² + relu(lo − v)²             pixels in the valid range
 
 with ``v = x̂ + mean ∈ [0, 1]`` (prior="display", the default) or ``v = x̂ ∈ [−1, 1]``
 (prior="centred", the reference's). During the attack every ReLU keeps its forward pass and uses
 ``sigmoid(α·z)`` as its derivative (:mod:`exhume.attacks.surrogate`).
 
-**The multiplier scale S.** Without weight decay (Haim's max-margin setting) ``S = 1``, as in the
+**The multiplier scale S** (details in :mod:`exhume.attacks.formulation`). Without weight decay (Haim's max-margin setting) ``S = 1``, as in the
 reference. A victim trained with weight decay ``w`` on ``mean_i ℓ_i + (w/2)‖θ‖²`` satisfies the
 same equation with ``λ_i = −ℓ'_i / (n·w)`` (Buzaglo et al.): for the logistic loss
 ``λ_i = σ(−margin_i)/(n·w)``, which is far below 1 when the training points are fitted. Since a

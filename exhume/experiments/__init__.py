@@ -3,5 +3,6 @@
 from exhume.experiments.registry import EXPERIMENTS, Experiment, get_experiment, register_experiment
 
 # Modules that register experiments (one import line each):
+from exhume.experiments import kkt_study as _kkt_study  # noqa: E402,F401  margin, architecture, weight-decay, multiclass, width-vs-n
 
 __all__ = ["EXPERIMENTS", "Experiment", "get_experiment", "register_experiment"]

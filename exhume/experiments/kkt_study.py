@@ -1,0 +1,240 @@
+"""The KKT family's findings as experiments: margin, architecture, weight decay, multiclass, width vs n.
+
+Every case trains a victim (full-batch GD, a fixed number of epochs), runs the ``kkt`` attack for
+a fixed number of iterations (so results do not depend on machine load), and evaluates it
+against the training set, a 1000-image unseen pool and a held-out control (METHODS.md §4).
+Defaults fit a 2-core CPU (each experiment states its budget); ``--full`` uses the papers' scale
+(n = 500, 1000-1000 MLPs, 50,000 iterations) and needs a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from exhume.experiments.registry import register_experiment  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    task: str = "odd-even"
+    n: int = 100
+    arch: str = "mlp:256,256;bias=none;init=1e-4"
+    wd: float = 5e-3
+    lr: float = 0.2
+    epochs: int = 6000
+    data: str = "mnist"
+
+
+def run_case(case: Case, iterations: int, seed: int, out: Path, device: str, progress: bool) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    import exhume
+    from exhume.victim import TrainConfig, make_victim
+    from exhume.victim.build import DEFAULT_LOSS
+
+    t0 = time.perf_counter()
+    kind = "multiclass" if case.task == "multiclass" else "regression" if case.task == "regression" else "binary"
+    cfg = TrainConfig(loss=DEFAULT_LOSS[kind], lr=case.lr, weight_decay=case.wd, max_epochs=case.epochs)
+    victim = make_victim(case.data, case.task, case.n, case.arch, cfg, seed=seed, progress=progress, test_size=500)
+    folder = out / case.label.replace(" ", "_").replace("/", "-")
+    victim.save(folder / "victim")
+    recon = exhume.attack(victim, "kkt", seed=seed, out=folder / "attack", device=device, progress=progress, iterations=iterations)
+    result = exhume.evaluate(recon, victim, out=folder / "evaluation", figures=False)
+    m = result.metrics
+    params = sum(p.numel() for p in victim.model.parameters())
+    row = {
+        "case": case.label, "task": case.task, "n": case.n, "arch": case.arch, "weight_decay": case.wd,
+        "parameters": params, "params_per_nd": params / (case.n * int(np.prod(victim.input_shape))),
+        "train_accuracy": victim.metrics["train_accuracy"], "test_accuracy": victim.metrics.get("test_accuracy"),
+        "victim_residual": victim.metrics.get("stationarity_residual"),
+        "ssim>=0.4": m["ssim>=0.4"], "one_to_one_ssim>=0.4": m["one_to_one_ssim>=0.4"],
+        "memorised": m["memorised"], "memorised_control": m.get("memorised_control"),
+        "reconstructed_fraction": m["one_to_one_ssim>=0.4"] / case.n, "memorised_fraction": m["memorised"] / case.n,
+        "margin_spearman_rho": m.get("margin_spearman_rho"), "attack_seconds": recon.summary["seconds"],
+        "case_seconds": round(time.perf_counter() - t0, 1),
+    }
+    arrays = {"ssim": result.arrays["ssim"], "margin": result.arrays.get("margin"), "memorised": result.arrays.get("memorised")}
+    return row, arrays
+
+
+def write_table(rows: list[dict[str, Any]], out: Path, name: str) -> None:
+    with open(out / f"{name}.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def finish(out: Path, name: str, rows: list[dict[str, Any]], seed_finding: str, this_run: str, agrees: bool | None,
+           settings: dict[str, Any]) -> dict[str, Any]:
+    write_table(rows, out, name)
+    summary = {"experiment": name, "seed_finding": seed_finding, "this_run": this_run,
+               "agrees_with_seed": agrees, "settings": settings, "rows": rows,
+               "figure": str(out / f"{name}.png"), "table": str(out / f"{name}.csv")}
+    (out / f"{name}.json").write_text(json.dumps(summary, indent=2, default=str))
+    print(f"\n{name}: seed found: {seed_finding}\n{name}: this run:   {this_run}  (agrees: {agrees})")
+    return {k: summary[k] for k in ("experiment", "seed_finding", "this_run", "agrees_with_seed", "figure", "table")}
+
+
+def _args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--iterations", type=int, default=None, help="attack iterations per case (default 4000; --full 50000)")
+    p.add_argument("--epochs", type=int, default=None, help="victim training epochs per case (default 6000; --full 100000)")
+
+
+def _setup(args: argparse.Namespace) -> tuple[Path, int, int, bool]:
+    torch.manual_seed(args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    iterations = args.iterations or (50_000 if args.full else 4000)
+    epochs = args.epochs or (100_000 if args.full else 6000)
+    return out, iterations, epochs, not args.no_progress
+
+
+def _run_all(cases: list[Case], args, epochs: int, iterations: int, out: Path, progress: bool):
+    rows, arrays = [], []
+    for case in cases:
+        case = replace(case, epochs=epochs)
+        print(f"case {case.label}: {asdict(case)}")
+        row, arr = run_case(case, iterations, args.seed, out, args.device, progress)
+        print(f"  -> one-to-one SSIM>=0.4 {row['one_to_one_ssim>=0.4']}/{case.n}, memorised {row['memorised']} "
+              f"(control {row['memorised_control']}), {row['case_seconds']} s")
+        rows.append(row)
+        arrays.append(arr)
+    return rows, arrays
+
+
+BUDGET = "CPU default: about 4 cases × ~1.5 min on 2 cores (under ~10 min)"
+
+
+@register_experiment("margin", f"SSIM of every training image against its margin for several n (Haim Fig. 4 top). {BUDGET}.", _args)
+def margin_experiment(args: argparse.Namespace) -> dict[str, Any]:
+    out, iterations, epochs, progress = _setup(args)
+    ns = [250, 500, 1000] if args.full else [30, 100]
+    arch = "mlp:1000,1000;bias=first;init=1e-4" if args.full else "mlp:256,256;bias=none;init=1e-4"
+    rows, arrays = _run_all([Case(f"n={n}", n=n, arch=arch) for n in ns], args, epochs, iterations, out, progress)
+    fig, axes = plt.subplots(1, len(rows), figsize=(4 * len(rows), 3.4), squeeze=False)
+    for ax, row, arr in zip(axes[0], rows, arrays):
+        mem = arr["memorised"].astype(bool)
+        ax.scatter(arr["margin"][~mem], arr["ssim"][~mem], s=10, label="not memorised")
+        ax.scatter(arr["margin"][mem], arr["ssim"][mem], s=14, c="crimson", label="memorised")
+        ax.axhline(0.4, ls="--", c="gray", lw=0.8)
+        ax.set(title=f"{row['case']} (rho {row['margin_spearman_rho']:.2f})", xlabel="margin y·Φ(x)", ylabel="best SSIM")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "margin.png", dpi=110)
+    plt.close(fig)
+    rhos = [r["margin_spearman_rho"] for r in rows]
+    fracs = [r["reconstructed_fraction"] for r in rows]
+    agrees = all(r is not None and r < 0 for r in rhos) and fracs[0] >= fracs[-1]
+    return finish(out, "margin", rows,
+                  "samples near the margin (small y·Φ) are the ones reconstructed, and fewer samples are reconstructed as n grows",
+                  f"Spearman rho(margin, SSIM) = {', '.join(f'{r:.2f}' for r in rhos)} for n = {ns}; "
+                  f"reconstructed fraction {', '.join(f'{f:.2f}' for f in fracs)}",
+                  agrees, {"iterations": iterations, "epochs": epochs, "arch": arch})
+
+
+@register_experiment("architecture", f"Reconstruction across widths/depths, incl. a non-homogeneous MLP with biases (Haim Fig. 4 bottom). {BUDGET}.", _args)
+def architecture_experiment(args: argparse.Namespace) -> dict[str, Any]:
+    out, iterations, epochs, progress = _setup(args)
+    n = 500 if args.full else 100
+    archs = (["mlp:1000;init=1e-4", "mlp:1000,1000;init=1e-4", "mlp:1000,1000,1000;init=1e-4", "mlp:1000,1000;bias=all;init=1e-4"]
+             if args.full else ["mlp:512;init=1e-4", "mlp:256,256;init=1e-4", "mlp:256,256,256;init=1e-4", "mlp:256,256;bias=all;init=1e-4"])
+    cases = [Case(a.split(";init")[0], n=n, arch=a) for a in archs]
+    rows, _ = _run_all(cases, args, epochs, iterations, out, progress)
+    _bars(rows, out / "architecture.png", "architecture")
+    nonhom = rows[-1]
+    agrees = all(r["memorised"] > (r["memorised_control"] or 0) for r in rows)
+    return finish(out, "architecture", rows,
+                  "training samples are reconstructed from MLPs of several depths and widths, and also from a non-homogeneous MLP with biases",
+                  "; ".join(f"{r['case']}: {r['one_to_one_ssim>=0.4']} one-to-one, {r['memorised']} memorised (control {r['memorised_control']})" for r in rows)
+                  + f" — non-homogeneous: {nonhom['memorised']} memorised",
+                  agrees, {"iterations": iterations, "epochs": epochs, "n": n})
+
+
+@register_experiment("weight-decay", f"Reconstructed and memorised counts against weight decay at equal (100%) train accuracy (Buzaglo). {BUDGET}.", _args)
+def weight_decay_experiment(args: argparse.Namespace) -> dict[str, Any]:
+    out, iterations, epochs, progress = _setup(args)
+    wds = [0.0, 1e-4, 1e-3, 5e-3, 2e-2] if args.full else [0.0, 1e-3, 5e-3, 2e-2]
+    rows, _ = _run_all([Case(f"wd={w:g}", wd=w) for w in wds], args, epochs, iterations, out, progress)
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    xs = np.arange(len(rows))
+    ax.plot(xs, [r["one_to_one_ssim>=0.4"] for r in rows], "o-", label="SSIM>=0.4 (one-to-one)")
+    ax.plot(xs, [r["memorised"] for r in rows], "s-", label="memorised")
+    ax.plot(xs, [r["memorised_control"] for r in rows], "x:", label="memorised, held-out control")
+    ax.set_xticks(xs, [r["case"] for r in rows])
+    ax.set(ylabel="training images (of 100)", title="weight decay vs reconstructability")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "weight-decay.png", dpi=110)
+    plt.close(fig)
+    acc = [r["train_accuracy"] for r in rows]
+    mem = [r["memorised"] for r in rows]
+    agrees = mem[-1] > mem[0] or max(mem[1:]) > mem[0]
+    return finish(out, "weight-decay", rows, "weight decay increases reconstructability",
+                  f"memorised {mem} and one-to-one {[r['one_to_one_ssim>=0.4'] for r in rows]} for weight decay {wds} "
+                  f"(train accuracy {acc})", agrees, {"iterations": iterations, "epochs": epochs})
+
+
+@register_experiment("multiclass", f"Binary against multiclass (10 classes) at equal n (Buzaglo). {BUDGET}.", _args)
+def multiclass_experiment(args: argparse.Namespace) -> dict[str, Any]:
+    out, iterations, epochs, progress = _setup(args)
+    n = 500 if args.full else 100
+    arch = "mlp:1000,1000;init=1e-4" if args.full else "mlp:256,256;init=1e-4"
+    cases = [Case("binary odd/even", task="odd-even", n=n, arch=arch), Case("multiclass 10", task="multiclass", n=n, arch=arch)]
+    rows, _ = _run_all(cases, args, epochs, iterations, out, progress)
+    _bars(rows, out / "multiclass.png", "binary vs multiclass")
+    b, mc = rows
+    agrees = mc["memorised"] > (mc["memorised_control"] or 0)
+    return finish(out, "multiclass", rows,
+                  "multiclass classifiers leak training samples through the same stationarity equations (margin Φ_y − max_k Φ_k); "
+                  "Buzaglo et al. report more samples reconstructed with more classes at equal n",
+                  f"binary: {b['one_to_one_ssim>=0.4']} one-to-one, {b['memorised']} memorised; multiclass: "
+                  f"{mc['one_to_one_ssim>=0.4']} one-to-one, {mc['memorised']} memorised (controls {b['memorised_control']}, {mc['memorised_control']})",
+                  agrees, {"iterations": iterations, "epochs": epochs, "n": n, "arch": arch})
+
+
+@register_experiment("width-vs-n", f"Reconstructed fraction against (number of parameters)/(n·d) (Buzaglo). {BUDGET}.", _args)
+def width_vs_n_experiment(args: argparse.Namespace) -> dict[str, Any]:
+    out, iterations, epochs, progress = _setup(args)
+    widths = [64, 256, 1000, 4000] if args.full else [32, 128, 512]
+    n = 500 if args.full else 50
+    rows, _ = _run_all([Case(f"width {w}", n=n, arch=f"mlp:{w},{w};init=1e-4") for w in widths], args, epochs, iterations, out, progress)
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    x = [r["params_per_nd"] for r in rows]
+    ax.semilogx(x, [r["reconstructed_fraction"] for r in rows], "o-", label="SSIM>=0.4 (one-to-one)")
+    ax.semilogx(x, [r["memorised_fraction"] for r in rows], "s-", label="memorised")
+    ax.set(xlabel="parameters / (n·d)", ylabel="fraction of training set", title=f"width vs n (n={n})")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "width-vs-n.png", dpi=110)
+    plt.close(fig)
+    fr = [r["reconstructed_fraction"] for r in rows]
+    agrees = fr[-1] > fr[0]
+    return finish(out, "width-vs-n", rows, "reconstructability grows with the number of parameters relative to n·d",
+                  f"reconstructed fraction {', '.join(f'{f:.2f}' for f in fr)} at parameters/(n·d) = {', '.join(f'{v:.2f}' for v in x)}",
+                  agrees, {"iterations": iterations, "epochs": epochs, "n": n})
+
+
+def _bars(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    fig, ax = plt.subplots(figsize=(1.6 * len(rows) + 2, 3.4))
+    xs = np.arange(len(rows))
+    ax.bar(xs - 0.27, [r["one_to_one_ssim>=0.4"] for r in rows], 0.27, label="SSIM>=0.4 one-to-one")
+    ax.bar(xs, [r["memorised"] for r in rows], 0.27, label="memorised")
+    ax.bar(xs + 0.27, [r["memorised_control"] or 0 for r in rows], 0.27, label="memorised, held-out control")
+    ax.set_xticks(xs, [r["case"] for r in rows], fontsize=7)
+    ax.set(ylabel="training images", title=title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
