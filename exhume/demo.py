@@ -27,6 +27,9 @@ def run_demo(out: str | Path = "runs/demo", seed: int = 0, device: str = "cpu", 
     from exhume.evaluation.run import format_table, summary_rows
     from exhume.victim import TrainConfig, load_victim, make_victim
 
+    from exhume.api import check_device
+
+    check_device(device)
     out = Path(out)
     t0 = time.perf_counter()
     victim_dir, attack_dir, eval_dir = out / "victim", out / "attack", out / "evaluation"
@@ -38,7 +41,7 @@ def run_demo(out: str | Path = "runs/demo", seed: int = 0, device: str = "cpu", 
         print(f"[1/3] training the victim: {DEMO_DATA['arch']} on {DEMO_DATA['n']} MNIST digits ({DEMO_DATA['task']}), "
               f"GD lr {train_cfg.lr}, weight decay {train_cfg.weight_decay}, {train_cfg.max_seconds:.0f} s")
         victim = make_victim(DEMO_DATA["data"], DEMO_DATA["task"], DEMO_DATA["n"], DEMO_DATA["arch"], train_cfg,
-                             seed=seed, progress=progress, dtype=getattr(torch, dtype))
+                             seed=seed, progress=progress, dtype=getattr(torch, dtype), device=device)
         victim.save(victim_dir)
     m = victim.metrics
     print(f"      train accuracy {m['train_accuracy']:.3f}, test accuracy {m.get('test_accuracy', float('nan')):.3f}, "

@@ -37,6 +37,7 @@ def test_train_attack_evaluate_end_to_end(tmp_path, capsys):
         (["train", "-o", "/tmp/exhume-never", "--task", "banana"], "unknown task"),
         (["train", "-o", "/tmp/exhume-never", "--data", "imagenet"], "imagenet"),
         (["train", "-o", "/tmp/exhume-never", "--arch", "transformer:3"], "unknown architecture"),
+        (["demo", "-o", "/tmp/exhume-never", "--device", "banana"], "unknown device"),
     ],
 )
 def test_user_errors_are_one_line_without_traceback(argv, message, capsys):

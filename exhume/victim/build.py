@@ -56,6 +56,7 @@ def make_victim(
     test_size: int = 1000,
     progress: bool = True,
     dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
 ) -> Victim:
     """Select ``n`` training images, build the architecture and train it (seeded)."""
     ds = load_dataset(data, root=root)
@@ -75,8 +76,8 @@ def make_victim(
         raise ConfigError("a binary task (labels ±1, one output) needs loss 'logistic' or 'squared', not 'cross-entropy'")
     num_classes = n_cls if kind == "multiclass" else None
     torch.manual_seed(seed)
-    model = build_model(spec, tuple(task_data.x.shape[1:]), out_features(kind, num_classes)).to(dtype)
-    x, y = task_data.centred.to(dtype), task_data.y
+    model = build_model(spec, tuple(task_data.x.shape[1:]), out_features(kind, num_classes)).to(device=device, dtype=dtype)
+    x, y = task_data.centred.to(device=device, dtype=dtype), task_data.y.to(device)
     if kind in ("binary", "regression"):
         y = y.to(dtype)
     start = time.perf_counter()
@@ -92,10 +93,11 @@ def make_victim(
         test = make_pool(ds, "multiclass" if regression else task, test_size, exclude=task_data.indices, seed=seed + 12345)
         if regression:
             test = as_regression(test, n_cls)
-        metrics["test_accuracy"] = accuracy(model, (test.x - task_data.mean).to(dtype), test.y.to(y.dtype), kind)
+        metrics["test_accuracy"] = accuracy(model, (test.x - task_data.mean).to(device=device, dtype=dtype),
+                                            test.y.to(device=device, dtype=y.dtype), kind)
         metrics["test_size"] = len(test)
     metrics["wall_seconds"] = round(time.perf_counter() - start, 3)
-    model = model.float().eval()
+    model = model.cpu().float().eval()
     return Victim(
         model=model,
         task=kind,
