@@ -1,6 +1,7 @@
 """Model builders: a victim's architecture is a small JSON-able spec turned into an nn.Module."""
 
+from exhume.models.affine import Affine
 from exhume.models.builders import ARCHITECTURES, build_model, parse_arch
 from exhume.models.mlp import MLP
 
-__all__ = ["ARCHITECTURES", "MLP", "build_model", "parse_arch"]
+__all__ = ["ARCHITECTURES", "Affine", "MLP", "build_model", "parse_arch"]

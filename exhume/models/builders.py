@@ -3,6 +3,9 @@
 Spec strings: ``mlp:1000,1000`` (bias-free MLP with those hidden widths), options after ``;``:
 ``mlp:1000,1000;bias=first`` (bias in the first layer only), ``bias=all``, ``bias=none``,
 ``init=1e-4`` (first-layer N(0,1)·scale initialisation), e.g. ``mlp:256,256;bias=none;init=1e-4``.
+
+Runkel et al.'s victims: ``affine`` (``x·θ_w + θ_b``; ``affine;bias=none`` drops ``θ_b``) and the
+one-hidden-layer ReLU network with biases, ``mlp:W;bias=all`` (they use W = 6144 on CIFAR-10).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any, Callable
 from torch import nn
 
 from exhume.errors import ConfigError
+from exhume.models.affine import Affine, affine_in_features
 from exhume.models.mlp import MLP
 
 
@@ -39,8 +43,16 @@ def _build_mlp(spec: dict[str, Any], input_shape: tuple[int, ...], out_features:
     )
 
 
+def _build_affine(spec: dict[str, Any], input_shape: tuple[int, ...], out_features: int) -> nn.Module:
+    bias = spec.get("bias", "all")
+    if bias not in ("all", "none"):
+        raise ConfigError(f"affine bias must be 'all' or 'none', got {bias!r}")
+    return Affine(affine_in_features(input_shape), out_features, bias=bias == "all")
+
+
 ARCHITECTURES: dict[str, Callable[[dict[str, Any], tuple[int, ...], int], nn.Module]] = {
     "mlp": _build_mlp,
+    "affine": _build_affine,
 }
 
 
@@ -59,6 +71,8 @@ def parse_arch(text: str) -> dict[str, Any]:
             raise ConfigError(f"mlp widths must be integers separated by commas, got {body!r}") from None
         if not spec["widths"] or min(spec["widths"]) < 1:
             raise ConfigError(f"mlp needs at least one positive hidden width, got {body!r}")
+    elif kind == "affine" and body.strip():
+        raise ConfigError(f"affine takes no widths, got {text!r}; write 'affine' or 'affine;bias=none'")
     for opt in opts:
         key, sep, value = opt.partition("=")
         if not sep:
