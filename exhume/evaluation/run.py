@@ -46,6 +46,12 @@ def evaluate(recon, victim, pool_size: int = 1000, match: str = "ssim", out: str
         None if pool is None else
         f"{len(pool)} unseen images of the same classes from {train.spec['dataset']}, disjoint from the training set (seed {pool_seed})"
     )
+    if pool is not None:
+        from exhume.evaluation.membership import membership_uncertainty
+
+        mu = membership_uncertainty(candidates, train.x, pool.x)
+        result.metrics["membership_auc"] = mu["auc"]
+        result.metrics["membership"] = {k: v for k, v in mu.items() if k not in ("d_train", "d_heldout")}
     result.metrics["attack"] = {"method": recon.method, "seed": recon.seed, "config": recon.config, **recon.summary}
     result.metrics["victim"] = {k: victim.metrics.get(k) for k in ("train_accuracy", "test_accuracy", "final_loss", "stationarity_residual", "epochs")}
     result.metrics["victim"].update(arch=victim.arch, task=victim.task, loss=victim.loss, weight_decay=victim.weight_decay, data=train.spec)
@@ -81,6 +87,11 @@ def summary_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
             ("MEMORISED (beats the best unseen image)", f"{metrics['memorised']} / {n}"),
             ("  expected if candidates were just unseen digits", f"{metrics['memorised_expected_by_chance']:.1f}"),
         ]
+    cfg = (metrics.get("attack") or {}).get("config") or {}
+    if cfg.get("oracle_init"):
+        rows.append(("initialisation", f"{cfg.get('init')} (ORACLE: built from the victim's data)"))
+    if metrics.get("membership_auc") is not None:
+        rows.append(("membership AUC (0.5: candidates cannot tell members)", f"{metrics['membership_auc']:.3f}"))
     rows.append(("SSIM window", metrics["ssim_window"]))
     return rows
 
