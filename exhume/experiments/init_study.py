@@ -29,7 +29,7 @@ from exhume.errors import ConfigError
 from exhume.experiments.registry import register_experiment
 
 GRID = (0.0, 0.25, 0.5, 0.75, 1.0)
-DEFAULTS = {  # the CPU default (single thread, about 15 minutes measured; see the help)
+DEFAULTS = {  # the CPU default: 588 s measured single-threaded on a shared 2-core machine
     "n": 40, "kkt_arch": "mlp:256,256;bias=all", "bilevel_arch": "affine", "kkt_iterations": 2000,
     "bilevel_iterations": 150, "heldout": 500, "victim_seconds": 30.0,
 }
@@ -43,7 +43,7 @@ HELP = ("Runkel et al.'s initialisation study for kkt and bilevel: the 5x5 grid 
         "||theta*-theta||^2 (bilevel), membership AUC, heatmaps, line plots and a verdict table. CPU default: "
         "n=40 MNIST odd/even digits, kkt on a 784-256-256-1 ReLU net with biases (2,000 Adam steps), bilevel on "
         "the affine classifier (150 outer steps); the lambda2=0 row (pure noise) is run once per attack and "
-        "shared by the five lambda1 values; about 15 minutes on one CPU thread. --full: n=500, kkt on "
+        "shared by the five lambda1 values; 10 minutes measured on one CPU thread (shared machine). --full: n=500, kkt on "
         "784-1000-1000-1 for 20k steps, bilevel 1000 steps (hours; a GPU).")
 
 
