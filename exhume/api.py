@@ -26,19 +26,39 @@ def check_device(device: str) -> str:
 
 
 def attack(victim: Victim | AttackerView, method: str = "kkt", seed: int = 0, out: str | Path | None = None,
-           resume: bool = False, device: str = "cpu", progress: bool = True, **kwargs: Any) -> Reconstruction:
+           resume: bool = False, device: str = "cpu", progress: bool = True, init: Any = None,
+           init_name: str | None = None, mix: tuple[float, float] | None = None, init_seed: int = 0,
+           **kwargs: Any) -> Reconstruction:
     """Run the attack ``method`` (a registry name) with its keyword arguments on ``victim``.
 
     Only the attacker's view of the victim (weights, task, loss, weight decay, input shape, data
     mean) reaches the attack. With ``out``, the attack checkpoints there and the result is saved
     there; ``resume=True`` continues from the last checkpoint.
+
+    ``init``: the attack's own initialisation (``None``), display-space images (a tensor, named by
+    ``init_name``), or one of ``"noise"`` (U(0,1)), ``"ground-truth"``, ``"partition"``, ``"mix"``
+    (with ``mix=(λ₁, λ₂)``), built evaluator-side by :func:`exhume.evaluation.inits.build_init` from
+    a :class:`Victim` (ground truth, partition and mix are oracle tools, labelled so in the result).
     """
     check_device(device)
     view = victim.attacker_view() if isinstance(victim, Victim) else victim
     if not isinstance(view, AttackerView):
         raise ConfigError(f"attack() needs a Victim or AttackerView, got {type(victim).__name__}")
     atk = get_attack(method, **kwargs)
-    result = atk.run(view, out=out, seed=seed, device=device, resume=resume, progress=progress)
+    init_kw: dict[str, Any] = {}
+    if isinstance(init, str):
+        if not isinstance(victim, Victim):
+            raise ConfigError(f"init {init!r} is built from the victim's data: pass the Victim, not its AttackerView")
+        from exhume.evaluation.inits import build_init
+
+        l1, l2 = mix if mix is not None else (None, None)
+        built = build_init(victim, init, l1, l2, seed=init_seed)
+        init_kw = {"init": built.images, "init_name": built.name}
+    elif init is not None:
+        init_kw = {"init": init, "init_name": init_name or "given"}
+    elif mix is not None:
+        raise ConfigError("mix=(l1, l2) needs init='mix'")
+    result = atk.run(view, out=out, seed=seed, device=device, resume=resume, progress=progress, **init_kw)
     if isinstance(victim, Victim) and victim.path is not None:
         result.victim_path = str(victim.path)
     if out is not None:

@@ -74,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seconds", type=float, default=None)
     p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE", help="any attack parameter, e.g. -p lr=0.5 -p alpha=19")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    p.add_argument("--init", default="default", choices=("default", "noise", "ground-truth", "partition", "mix"),
+                   help="starting candidates: the attack's own (default), U(0,1) noise, or evaluator-built images from "
+                        "the victim's data (ground-truth, partition, mix; labelled oracle in every output)")
+    p.add_argument("--mix-l1", type=float, default=None, help="mix: weight of ground truth vs partition (λ₁ in [0, 1])")
+    p.add_argument("--mix-l2", type=float, default=None, help="mix: weight of images vs U(0,1) noise (λ₂ in [0, 1])")
+    p.add_argument("--init-seed", type=int, default=0, help="seed of the noise images of --init noise/mix (default 0)")
 
     p = sub.add_parser("evaluate", help="judge a reconstruction against the victim's training set")
     p.add_argument("run", help="attack run folder")
@@ -135,9 +141,16 @@ def _cmd_attack(args: argparse.Namespace) -> int:
         if getattr(args, key) is not None:
             kwargs[key] = getattr(args, key)
     victim = exhume.load_victim(args.victim)
+    init = None if args.init == "default" else args.init
+    if init != "mix" and (args.mix_l1 is not None or args.mix_l2 is not None):
+        raise ConfigError("--mix-l1/--mix-l2 apply only with --init mix")
+    mix = (args.mix_l1, args.mix_l2) if init == "mix" else None
     result = exhume.attack(victim, method=args.method, seed=args.seed, out=args.out, resume=args.resume,
-                           device=args.device, progress=not args.no_progress, **kwargs)
-    print(f"reconstruction saved to {args.out}: {result.candidates.shape[0]} candidates, {json.dumps(result.summary)}")
+                           device=args.device, progress=not args.no_progress, init=init, mix=mix,
+                           init_seed=args.init_seed, **kwargs)
+    oracle = " (ORACLE initialisation: built from the victim's data)" if result.config.get("oracle_init") else ""
+    print(f"reconstruction saved to {args.out}: {result.candidates.shape[0]} candidates, init {result.config.get('init')}{oracle}, "
+          f"{json.dumps(result.summary)}")
     return 0
 
 

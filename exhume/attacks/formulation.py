@@ -62,6 +62,11 @@ def typical_margin(target: float) -> float:
     return 0.5 * (lo + hi)
 
 
+def binary_labels(m: int, dtype: torch.dtype) -> torch.Tensor:
+    """Half the candidates labelled +1, half −1 (fixed, not learned)."""
+    return candidate_labels("binary", m, None, dtype)
+
+
 def candidate_labels(task: str, m: int, num_classes: int | None, dtype: torch.dtype) -> torch.Tensor:
     """Fixed labels: binary half +1 / half −1; multiclass spread evenly; regression unused zeros."""
     if task == "binary":

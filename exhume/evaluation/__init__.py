@@ -1,5 +1,6 @@
 """Judging reconstructions: SSIM, matching, the memorisation count, and figures (METHODS.md §4)."""
 
+from .membership import membership_uncertainty
 from .matching import (MATCH_RULES, best_match, l2_matrix, match, match_downsample, ncc_matrix,
                        one_to_one, rule_similarity)
 from .metrics import EvalResult, evaluate_images
@@ -9,7 +10,7 @@ from .ssim import as_images, ssim_matrix, ssim_pairs, window_description, window
 __all__ = [
     "MATCH_RULES", "best_match", "one_to_one", "l2_matrix", "ncc_matrix", "match",
     "match_downsample", "rule_similarity",
-    "EvalResult", "evaluate_images",
+    "EvalResult", "evaluate_images", "membership_uncertainty",
     "plot_sorted_ssim", "plot_ssim_vs_margin", "pairs_grid", "candidates_grid",
     "as_images", "ssim_matrix", "ssim_pairs", "window_for", "window_description",
 ]

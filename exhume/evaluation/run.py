@@ -65,6 +65,12 @@ def evaluate(recon, victim, pool_size: int = 1000, match: str = "ssim", out: str
         f"{len(pool)} unseen images of the same classes from {train.spec['dataset']}, disjoint from the training set "
         f"and from the {0 if control is None else len(control)} control images (seed {pool_seed})"
     )
+    if pool is not None:
+        from exhume.evaluation.membership import membership_uncertainty
+
+        mu = membership_uncertainty(candidates, train.x, pool.x)
+        result.metrics["membership_auc"] = mu["auc"]
+        result.metrics["membership"] = {k: v for k, v in mu.items() if k not in ("d_train", "d_heldout")}
     result.metrics["attack"] = {"method": recon.method, "seed": recon.seed, "config": recon.config, **recon.summary}
     result.metrics["victim"] = {k: victim.metrics.get(k) for k in ("train_accuracy", "test_accuracy", "final_loss", "stationarity_residual", "epochs")}
     result.metrics["victim"].update(arch=victim.arch, task=victim.task, loss=victim.loss, weight_decay=victim.weight_decay, data=train.spec)
@@ -103,6 +109,11 @@ def summary_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
         if metrics.get("memorised_control") is not None:
             rows.append((f"  same count for {metrics['control_size']} unseen images (control)",
                          f"{metrics['memorised_control']} / {metrics['control_size']}"))
+    cfg = (metrics.get("attack") or {}).get("config") or {}
+    if cfg.get("oracle_init"):
+        rows.append(("initialisation", f"{cfg.get('init')} (ORACLE: built from the victim's data)"))
+    if metrics.get("membership_auc") is not None:
+        rows.append(("membership AUC (0.5: candidates cannot tell members)", f"{metrics['membership_auc']:.3f}"))
     rows.append(("SSIM window", metrics["ssim_window"]))
     return rows
 

@@ -4,6 +4,9 @@ Spec strings: ``cnn:16,32;fc=64;pool=max;bias=none`` (see :mod:`exhume.models.cn
 ``mlp:1000,1000`` (bias-free MLP with those hidden widths), options after ``;``:
 ``mlp:1000,1000;bias=first`` (bias in the first layer only), ``bias=all``, ``bias=none``,
 ``init=1e-4`` (first-layer N(0,1)·scale initialisation), e.g. ``mlp:256,256;bias=none;init=1e-4``.
+
+Runkel et al.'s victims: ``affine`` (``x·θ_w + θ_b``; ``affine;bias=none`` drops ``θ_b``) and the
+one-hidden-layer ReLU network with biases, ``mlp:W;bias=all`` (they use W = 6144 on CIFAR-10).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any, Callable
 from torch import nn
 
 from exhume.errors import ConfigError
+from exhume.models.affine import Affine, affine_in_features
 from exhume.models.cnn import CNN
 from exhume.models.mlp import MLP
 
@@ -54,9 +58,17 @@ def _build_cnn(spec: dict[str, Any], input_shape: tuple[int, ...], out_features:
                kernel=int(spec.get("kernel", 3)))
 
 
+def _build_affine(spec: dict[str, Any], input_shape: tuple[int, ...], out_features: int) -> nn.Module:
+    bias = spec.get("bias", "all")
+    if bias not in ("all", "none"):
+        raise ConfigError(f"affine bias must be 'all' or 'none', got {bias!r}")
+    return Affine(affine_in_features(input_shape), out_features, bias=bias == "all")
+
+
 ARCHITECTURES: dict[str, Callable[[dict[str, Any], tuple[int, ...], int], nn.Module]] = {
     "mlp": _build_mlp,
     "cnn": _build_cnn,
+    "affine": _build_affine,
 }
 
 
@@ -87,6 +99,8 @@ def parse_arch(text: str) -> dict[str, Any]:
             raise ConfigError(f"mlp needs at least one positive hidden width, got {body!r}")
     elif kind == "cnn":
         spec["channels"] = _int_list(body, "cnn channels", text)
+    elif kind == "affine" and body.strip():
+        raise ConfigError(f"affine takes no widths, got {text!r}; write 'affine' or 'affine;bias=none'")
     for opt in opts:
         key, sep, value = opt.partition("=")
         if not sep:
