@@ -6,7 +6,7 @@
 with the victim's loss and weight decay ``w`` (the weight decay makes the lower level strongly
 convex for the affine classifier and keeps its Hessian invertible; ``damping`` adds ``δ·I`` to the
 Hessian in the linear solve for non-convex victims). Labels are fixed as in the paper: half the
-candidates +1, half −1 (:func:`exhume.attacks.kkt.binary_labels`).
+candidates +1, half −1 (:func:`exhume.attacks.formulation.binary_labels`).
 
 Each outer step:
 

@@ -68,7 +68,7 @@ def evaluate(recon, victim, pool_size: int = 1000, match: str = "ssim", out: str
     if pool is not None:
         from exhume.evaluation.membership import membership_uncertainty
 
-        mu = membership_uncertainty(candidates, train.x, pool.x)
+        mu = membership_uncertainty(candidates, train.x, pool)
         result.metrics["membership_auc"] = mu["auc"]
         result.metrics["membership"] = {k: v for k, v in mu.items() if k not in ("d_train", "d_heldout")}
     result.metrics["attack"] = {"method": recon.method, "seed": recon.seed, "config": recon.config, **recon.summary}
