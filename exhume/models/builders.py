@@ -20,6 +20,7 @@ from exhume.errors import ConfigError
 from exhume.models.affine import Affine, affine_in_features
 from exhume.models.cnn import CNN
 from exhume.models.mlp import MLP
+from exhume.models.convnet import build_convnet, parse_convnet
 
 
 def _build_mlp(spec: dict[str, Any], input_shape: tuple[int, ...], out_features: int) -> nn.Module:
@@ -69,6 +70,12 @@ ARCHITECTURES: dict[str, Callable[[dict[str, Any], tuple[int, ...], int], nn.Mod
     "mlp": _build_mlp,
     "cnn": _build_cnn,
     "affine": _build_affine,
+    "convnet": build_convnet,
+}
+
+# Architectures whose spec string has its own grammar: kind -> parse(body, options, text).
+SPEC_PARSERS: dict[str, Callable[[str, list[str], str], dict[str, Any]]] = {
+    "convnet": parse_convnet,
 }
 
 
@@ -89,6 +96,8 @@ def parse_arch(text: str) -> dict[str, Any]:
     kind = kind.strip().lower()
     if kind not in ARCHITECTURES:
         raise ConfigError(f"unknown architecture {kind!r} in {text!r}; known: {sorted(ARCHITECTURES)}")
+    if kind in SPEC_PARSERS:
+        return SPEC_PARSERS[kind](body, opts, text)
     spec: dict[str, Any] = {"type": kind}
     if kind == "mlp":
         try:

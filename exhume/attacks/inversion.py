@@ -1,0 +1,317 @@
+"""Network inversion (``inversion``) and training-like data reconstruction (``tldr``), seed 004.
+
+Both train a :class:`~exhume.attacks.generator.ConditionedGenerator` against the frozen
+classifier (in ``.eval()`` mode: batch norm on its running statistics, dropout off) and return
+``samples_per_class`` generated images per class in display space, labelled with the class they
+were conditioned on, scored by the classifier's probability of that class.
+
+``inversion`` minimises ``α·KL(P ‖ softmax f(I)) + β·CE + γ·cosine + δ·ortho`` with soft
+(softmaxed normal) conditioning vectors. ``tldr`` uses one-hot ("hot") conditioning and adds
+``α'·KL + β'·CE`` on an L∞-perturbed copy ``I + δ`` (``‖δ‖∞ = eps``, FGSM direction by default),
+``η₁·TV + η₂·pixel range + η₃·‖∇_θ L(f_θ(I), y)‖`` — see :mod:`exhume.attacks.inversion_losses`
+for each term. The features for the cosine and orthogonality terms are the classifier's last
+hidden layer: the input of its last ``nn.Linear`` (found generically), or the output of the
+module named by ``feature_layer``.
+
+Defaults measured here (1 CPU thread, ``convnet:32,64;fc=128`` on 1,000 bundled MNIST digits):
+300 steps of batch 64 at lr 3e-3 with a width-32 generator. ``output="sigmoid"`` keeps images in
+[0, 1] (the pixel-range term is then zero; it acts with ``output="linear"``): with a linear output
+and no warm-up, tldr stalled at chance (TV and pixel terms of 10³ at initialisation swamped the
+cross-entropy); with ``warmup=0.3`` it reached 84% class accuracy, with sigmoid 98%.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+from torch.func import functional_call
+
+from exhume.attacks.base import Attack, Param, Reconstruction, register
+from exhume.attacks.checkpoint import load_checkpoint, save_checkpoint
+from exhume.attacks.generator import CONDITIONINGS, OUTPUTS, ConditionedGenerator
+from exhume.attacks.inversion_losses import (GRAD_MODES, PERTURBATIONS, ce_term, cosine_term, grad_norm_term, kl_term,
+                                             ortho_term, perturb, pixel_term, tv_term)
+from exhume.errors import ConfigError
+from exhume.progress import Progress
+
+
+class FeatureTap:
+    """Records the classifier's last-hidden-layer features on every forward pass."""
+
+    def __init__(self, model: nn.Module, layer: str | None = None) -> None:
+        self.value: torch.Tensor | None = None
+        self.active = True
+        modules = dict(model.named_modules())
+        if layer is None:
+            linears = [(n, m) for n, m in modules.items() if isinstance(m, nn.Linear)]
+            if not linears:
+                raise ConfigError("the classifier has no nn.Linear layer to read features from; name one with feature_layer")
+            self.layer = linears[-1][0]
+            self.handle = linears[-1][1].register_forward_pre_hook(self._pre)
+            self.where = f"input of {self.layer!r} (the last nn.Linear)"
+        else:
+            if layer not in modules or layer == "":
+                known = [n for n in modules if n][:20]
+                raise ConfigError(f"feature_layer {layer!r} is not a module of the classifier; some known: {', '.join(known)}")
+            self.layer = layer
+            self.handle = modules[layer].register_forward_hook(self._post)
+            self.where = f"output of {layer!r}"
+
+    def _pre(self, module, args) -> None:
+        if self.active:
+            self.value = args[0]
+
+    def _post(self, module, args, output) -> None:
+        if self.active:
+            self.value = output
+
+    def remove(self) -> None:
+        self.handle.remove()
+
+
+def _resumable(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in cfg.items() if k not in ("steps", "max_seconds", "checkpoint_every", "log_every", "samples_per_class")}
+
+
+COMMON_PARAMS: dict[str, Param] = {
+    "conditioning": Param("vector-matrix", str, "generator conditioning", choices=CONDITIONINGS),
+    "steps": Param(300, int, "generator training steps", low=1),
+    "max_seconds": Param(None, float, "stop after this much wall time (resumable)", low=0.0, allow_none=True),
+    "batch_size": Param(64, int, "generated images per step", low=2),
+    "lr": Param(3e-3, float, "Adam learning rate of the generator", low=0.0),
+    "latent_dim": Param(64, int, "latent vector size", low=1),
+    "width": Param(32, int, "generator channels", low=1),
+    "dropout": Param(0.3, float, "generator dropout (the paper's heavy dropout, for diversity)", low=0.0, high=0.95),
+    "output": Param("sigmoid", str, "generator output activation", choices=OUTPUTS),
+    "alpha": Param(1.0, float, "α: KL(conditioning ‖ classifier softmax)", low=0.0),
+    "beta": Param(1.0, float, "β: cross-entropy with the hidden label", low=0.0),
+    "gamma": Param(1.0, float, "γ: mean pairwise cosine similarity of features", low=0.0),
+    "delta": Param(1.0, float, "δ: ‖Gram(features) − I‖²/N²", low=0.0),
+    "ortho_normalize": Param(True, bool, "L2-normalise features before the Gram matrix"),
+    "feature_layer": Param(None, str, "module whose output are the features (default: input of the last nn.Linear)", allow_none=True),
+    "samples_per_class": Param(10, int, "candidates returned per class", low=1),
+    "sample_mode": Param("train", str, "generator mode when drawing candidates (train: dropout and batch statistics as during training)", choices=("train", "eval")),
+    "checkpoint_every": Param(500, int, "steps between checkpoints (with an output folder)", low=1),
+    "log_every": Param(50, int, "steps between loss-history entries", low=1),
+}
+
+
+class GeneratorAttack(Attack):
+    """Shared machinery: generator training loop, checkpoints, candidate drawing."""
+
+    hot: bool = False
+
+    def extra_terms(self, ctx: dict[str, Any]) -> dict[str, torch.Tensor]:
+        return {}
+
+    def run(self, view, out: str | Path | None = None, seed: int = 0, device: str = "cpu", resume: bool = False,
+            progress: bool = True, callback=None, callback_every: int = 500) -> Reconstruction:
+        """Train the generator against ``view``'s classifier and draw candidates.
+
+        ``out``: folder for checkpoints (and ``generator.safetensors`` at the end); ``resume``:
+        continue from its checkpoint. ``callback(step, seconds, candidates)`` is called every
+        ``callback_every`` steps with freshly drawn display-space candidates.
+        """
+        cfg = self.config
+        if view.task != "multiclass" or not view.num_classes:
+            raise ConfigError(f"the {self.name} attack needs a multiclass classifier; the victim's task is {view.task!r}")
+        if len(view.input_shape) != 3:
+            raise ConfigError(f"the {self.name} attack needs image inputs (C, H, W); the victim's input shape is {view.input_shape}")
+        dev = torch.device(device)
+        model = view.model.to(dev).float().eval()
+        k = int(view.num_classes)
+        mean = view.mean.to(dev).float()
+        params = {n: p.detach() for n, p in model.named_parameters()}
+        buffers = {n: b.detach() for n, b in model.named_buffers()}
+        grad_params = {n: p.detach().clone().requires_grad_(True) for n, p in model.named_parameters()}
+        tap = FeatureTap(model, cfg["feature_layer"])
+
+        def classify(images: torch.Tensor) -> torch.Tensor:
+            return functional_call(model, (params, buffers), (images - mean,))
+
+        torch.manual_seed(seed)
+        gen = ConditionedGenerator(tuple(view.input_shape), k, cfg["conditioning"], cfg["latent_dim"], cfg["width"],
+                                   cfg["dropout"], cfg["output"]).to(dev)
+        opt = torch.optim.Adam(gen.parameters(), lr=cfg["lr"], betas=(0.5, 0.999))
+        rng = torch.Generator().manual_seed(seed)
+        tensors = dict(gen.state_dict())
+        state = {"iteration": 0, "elapsed": 0.0, "history": []}
+        ckpt_path = Path(out) / "checkpoint.pt" if out is not None else None
+        if resume and ckpt_path is not None and ckpt_path.exists():
+            extra = {"rng": rng.get_state(), "torch_rng": torch.get_rng_state()}
+            state = load_checkpoint(ckpt_path, {**tensors, **extra}, {"opt": opt},
+                                    expect={"config": _resumable(cfg), "seed": seed, "method": self.name})
+            rng.set_state(extra["rng"])
+            torch.set_rng_state(extra["torch_rng"])
+        start, elapsed0 = state["iteration"], state["elapsed"]
+        history: list[dict[str, float]] = state["history"]
+        t0 = time.perf_counter()
+        done = start
+
+        def checkpoint() -> None:
+            if ckpt_path is not None:
+                save_checkpoint(ckpt_path, {**tensors, "rng": rng.get_state(), "torch_rng": torch.get_rng_state()}, {"opt": opt},
+                                {"iteration": done, "elapsed": elapsed0 + time.perf_counter() - t0, "history": history,
+                                 "config": _resumable(cfg), "seed": seed, "method": self.name})
+
+        weights = {"kl": cfg["alpha"], "ce": cfg["beta"], "cosine": cfg["gamma"], "ortho": cfg["delta"], **self.extra_weights()}
+        bar = Progress(f"{self.name} attack", cfg["steps"], cfg["max_seconds"], start, elapsed0, disable=not progress)
+        try:
+            for it in range(start + 1, cfg["steps"] + 1):
+                gen.train()
+                images, cond = gen.sample(cfg["batch_size"], rng, hot=self.hot)
+                tap.value = None
+                logits = classify(images)
+                feats = tap.value
+                if feats is None:
+                    raise ConfigError(f"feature layer {tap.layer!r} was not used in the classifier's forward pass")
+                terms = {"kl": kl_term(cond.target, logits), "ce": ce_term(cond.labels, logits),
+                         "cosine": cosine_term(feats), "ortho": ortho_term(feats, cfg["ortho_normalize"])}
+                tap.active = False
+                try:
+                    terms.update(self.extra_terms({"images": images, "cond": cond, "classify": classify, "model": model,
+                                                   "grad_params": grad_params, "buffers": buffers, "mean": mean, "rng": rng}))
+                finally:
+                    tap.active = True
+                ramp = self.ramp(it)
+                loss = sum(weights[n] * (ramp if n in self.ramped else 1.0) * v for n, v in terms.items() if weights[n] != 0)
+                if not torch.isfinite(loss):
+                    raise ConfigError(f"{self.name} attack diverged at step {it}; lower lr (now {cfg['lr']})")
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                done = it
+                elapsed = elapsed0 + time.perf_counter() - t0
+                if it % cfg["log_every"] == 0 or it == 1:
+                    with torch.no_grad():
+                        acc = float((logits.argmax(1) == cond.labels).float().mean())
+                    rec = {"iteration": it, "loss": float(loss.detach()), "accuracy": acc, "seconds": round(elapsed, 3),
+                           **{n: float(v.detach()) for n, v in terms.items()}}
+                    history.append(rec)
+                    bar.update(it, loss=f"{rec['loss']:.3g}", acc=f"{acc:.2f}")
+                else:
+                    bar.update(it)
+                if it % cfg["checkpoint_every"] == 0:
+                    checkpoint()
+                if callback is not None and it % callback_every == 0:
+                    pause = time.perf_counter()
+                    callback(it, elapsed, self._draw(gen, classify, k, rng)[0])
+                    t0 += time.perf_counter() - pause
+                if cfg["max_seconds"] is not None and elapsed >= cfg["max_seconds"]:
+                    break
+        except KeyboardInterrupt:
+            checkpoint()
+            raise
+        finally:
+            bar.close()
+            tap.remove()
+        checkpoint()
+        elapsed = elapsed0 + time.perf_counter() - t0
+        candidates, labels, scores, predicted = self._draw(gen, classify, k, rng)
+        per_class = [float((predicted[labels == c] == c).float().mean()) for c in range(k)]
+        if out is not None:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            save_file({n: t.detach().cpu().contiguous() for n, t in gen.state_dict().items()}, str(Path(out) / "generator.safetensors"))
+        return Reconstruction(
+            method=self.name, candidates=candidates, labels=labels, scores=scores,
+            config={**cfg, "hot_conditioning": self.hot, "features": tap.where, "num_classes": k,
+                    "grad_mode_note": self.grad_note()},
+            seed=seed, loss_history=history,
+            summary={"iterations": done, "seconds": round(elapsed, 3),
+                     "classifier_accuracy_on_candidates": float((predicted == labels).float().mean()),
+                     "classifier_accuracy_per_class": per_class,
+                     "mean_label_probability": float(scores.mean())},
+        )
+
+    ramped: tuple[str, ...] = ()
+
+    def extra_weights(self) -> dict[str, float]:
+        return {}
+
+    def ramp(self, it: int) -> float:
+        w = self.config.get("warmup", 0.0) * self.config["steps"]
+        return 1.0 if w <= 0 else min(1.0, it / w)
+
+    def grad_note(self) -> str | None:
+        return None
+
+    def _draw(self, gen: ConditionedGenerator, classify, k: int, rng: torch.Generator):
+        """``samples_per_class`` images per class (drawn in mixed batches), their labels, the
+        classifier's probability of the label and its prediction."""
+        n = self.config["samples_per_class"]
+        labels = torch.arange(k).repeat_interleave(n)
+        gen.train(self.config["sample_mode"] == "train")
+        images, probs = [], []
+        bs = max(self.config["batch_size"], 2)
+        with torch.no_grad():
+            for i in range(0, len(labels), bs):
+                lab = labels[i:i + bs]
+                if len(lab) < 2:  # batch norm in train mode needs two samples: pad and drop
+                    lab = torch.cat([lab, lab])
+                img, _ = gen.sample(len(lab), rng, hot=self.hot, labels=lab)
+                img = img[: len(labels[i:i + bs])]
+                images.append(img.cpu())
+                probs.append(torch.softmax(classify(img), 1).cpu())
+        gen.train()
+        images_t, probs_t = torch.cat(images), torch.cat(probs)
+        return images_t.float(), labels, probs_t[torch.arange(len(labels)), labels], probs_t.argmax(1)
+
+
+@register
+class InversionAttack(GeneratorAttack):
+    """Network inversion with a conditioned generator (soft conditioning)."""
+
+    name = "inversion"
+    hot = False
+    params = dict(COMMON_PARAMS)
+
+
+@register
+class TLDRAttack(GeneratorAttack):
+    """Training-like data reconstruction: inversion plus confidence, robustness, smoothness,
+    pixel-range and small-parameter-gradient terms."""
+
+    name = "tldr"
+    hot = True
+    ramped = ("kl_pert", "ce_pert", "tv", "pixel", "grad")
+    params = {
+        **COMMON_PARAMS,
+        "alpha_pert": Param(1.0, float, "α': KL on the perturbed copy", low=0.0),
+        "beta_pert": Param(1.0, float, "β': cross-entropy on the perturbed copy", low=0.0),
+        "eps": Param(0.05, float, "L∞ size of the perturbation (display pixel units)", low=0.0, high=1.0),
+        "perturbation": Param("fgsm", str, "perturbation direction", choices=PERTURBATIONS),
+        "eta_tv": Param(0.05, float, "η₁: total variation (squared neighbour differences)", low=0.0),
+        "eta_pix": Param(1.0, float, "η₂: pixel-range penalty Σ relu(−I) + relu(I − 1)", low=0.0),
+        "eta_grad": Param(0.1, float, "η₃: ‖∇_θ L(f_θ(I), y)‖", low=0.0),
+        "warmup": Param(0.2, float, "fraction of the steps over which the perturbed, TV, pixel and gradient terms ramp up from 0", low=0.0, high=1.0),
+        "grad_mode": Param("batch", str, "batch: norm of the batch-mean gradient; per-sample: mean of per-sample norms (torch.func vmap)", choices=GRAD_MODES),
+    }
+
+    def extra_weights(self) -> dict[str, float]:
+        c = self.config
+        return {"kl_pert": c["alpha_pert"], "ce_pert": c["beta_pert"], "tv": c["eta_tv"], "pixel": c["eta_pix"], "grad": c["eta_grad"]}
+
+    def grad_note(self) -> str:
+        return ("grad term: norm of the gradient of the batch-mean cross-entropy" if self.config["grad_mode"] == "batch"
+                else "grad term: mean over the batch of per-sample gradient norms (torch.func vmap(grad))")
+
+    def extra_terms(self, ctx: dict[str, Any]) -> dict[str, torch.Tensor]:
+        c = self.config
+        images, cond, classify = ctx["images"], ctx["cond"], ctx["classify"]
+        terms: dict[str, torch.Tensor] = {}
+        if c["alpha_pert"] or c["beta_pert"]:
+            pert = perturb(images, cond.labels, classify, c["eps"], c["perturbation"], ctx["rng"])
+            logits_p = classify(pert)
+            terms["kl_pert"] = kl_term(cond.target, logits_p)
+            terms["ce_pert"] = ce_term(cond.labels, logits_p)
+        terms["tv"] = tv_term(images)
+        terms["pixel"] = pixel_term(images)
+        if c["eta_grad"]:
+            terms["grad"] = grad_norm_term(ctx["model"], ctx["grad_params"], ctx["buffers"], images - ctx["mean"],
+                                           cond.labels, c["grad_mode"])
+        return terms

@@ -1,0 +1,148 @@
+"""Ordinary mini-batch training of a classifier victim (the TLDR paper's CNNs).
+
+Unlike :func:`exhume.victim.train_victim` (full-batch gradient descent towards a stationary
+point, as the stationarity attacks assume), this trains the way a practitioner does: shuffled
+mini-batches, SGD with momentum or Adam, cross-entropy, optional weight decay, the model in
+``.train()`` mode (dropout on, batch norm on batch statistics). The objective per batch is
+``mean_batch loss + (weight_decay / 2)·‖θ‖²`` (decay on every parameter, as in
+:class:`~exhume.victim.TrainConfig`). The finished model is put in ``.eval()`` mode: that is the
+model that is saved and attacked.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from exhume.errors import ConfigError
+from exhume.losses import check_loss, margin, per_sample_loss
+from exhume.progress import Progress
+
+MINIBATCH_OPTIMIZERS = ("sgd", "adam")
+
+
+@dataclass
+class MiniBatchConfig:
+    loss: str = "cross-entropy"
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    momentum: float = 0.9  # sgd only
+    batch_size: int = 64
+    epochs: int = 10
+    weight_decay: float = 0.0
+    max_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        check_loss(self.loss)
+        if self.optimizer not in MINIBATCH_OPTIMIZERS:
+            raise ConfigError(f"unknown mini-batch optimizer {self.optimizer!r}; known: {', '.join(MINIBATCH_OPTIMIZERS)}")
+        if not self.lr > 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ConfigError(f"batch_size must be a positive integer, got {self.batch_size!r}")
+        if not isinstance(self.epochs, int) or self.epochs < 1:
+            raise ConfigError(f"epochs must be a positive integer, got {self.epochs!r}")
+        if self.weight_decay < 0:
+            raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"trainer": "minibatch", **asdict(self)}
+
+
+def train_minibatch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: MiniBatchConfig, seed: int = 0,
+                    progress: bool = True) -> dict[str, Any]:
+    """Train ``model`` in place on centred inputs ``x``; returns metrics. Leaves it in eval mode."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if config.optimizer == "sgd":
+        opt: torch.optim.Optimizer = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum)
+    else:
+        opt = torch.optim.Adam(params, lr=config.lr)
+    n = x.shape[0]
+    rng = np.random.default_rng(seed)
+    start = time.perf_counter()
+    history: list[tuple[int, float]] = []
+    stop_reason = "epochs"
+    bar = Progress("train victim", config.epochs, config.max_seconds, unit="ep", disable=not progress)
+    epoch = 0
+    model.train()
+    try:
+        for epoch in range(1, config.epochs + 1):
+            order = torch.as_tensor(rng.permutation(n))
+            total = 0.0
+            for i in range(0, n, config.batch_size):
+                idx = order[i:i + config.batch_size]
+                if len(idx) < 2 and n >= 2:  # batch norm needs two samples in training mode
+                    continue
+                loss = per_sample_loss(config.loss, model(x[idx]), y[idx]).mean()
+                obj = loss + 0.5 * config.weight_decay * sum((p ** 2).sum() for p in params) if config.weight_decay > 0 else loss
+                opt.zero_grad(set_to_none=True)
+                obj.backward()
+                opt.step()
+                if not torch.isfinite(loss):
+                    raise ConfigError(f"training diverged at epoch {epoch}; lower the learning rate (lr={config.lr})")
+                total += float(loss.detach()) * len(idx)
+            history.append((epoch, total / n))
+            bar.update(epoch, loss=f"{total / n:.3g}")
+            if config.max_seconds is not None and time.perf_counter() - start > config.max_seconds:
+                stop_reason = "max_seconds"
+                break
+    finally:
+        bar.close()
+        model.eval()
+    with torch.no_grad():
+        out = torch.cat([model(x[i:i + 1000]) for i in range(0, n, 1000)])
+        final = float(per_sample_loss(config.loss, out, y).mean())
+        acc = float((margin(out, y) > 0).float().mean())
+    return {"epochs": epoch, "seconds": round(time.perf_counter() - start, 3), "stop_reason": stop_reason,
+            "final_loss": final, "train_accuracy": acc, "loss_history": history, "stationarity_residual": None}
+
+
+def batched_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    with torch.no_grad():
+        out = torch.cat([model(x[i:i + 1000]) for i in range(0, x.shape[0], 1000)])
+        return float((margin(out, y) > 0).float().mean())
+
+
+def make_minibatch_victim(data: str = "mnist", task: str = "multiclass", n: int = 1000,
+                          arch: str | dict[str, Any] = "convnet:32,64;fc=128;dropout=0.25",
+                          train: MiniBatchConfig | None = None, seed: int = 0, root: str | None = None,
+                          test_size: int = 1000, progress: bool = True, exclude_from_test: np.ndarray | None = None):
+    """Pick ``n`` training images, build the architecture, train it with mini-batches (seeded).
+
+    The test images (``test_size``) are disjoint from the training set (and from
+    ``exclude_from_test``, e.g. a held-out set the evaluator keeps apart).
+    """
+    from exhume.data import load_dataset, make_pool, make_task
+    from exhume.models import build_model, parse_arch
+    from exhume.victim.victim import Victim, out_features
+
+    train = train or MiniBatchConfig()
+    ds = load_dataset(data, root=root)
+    task_data = make_task(ds, task, n, seed=seed)
+    spec = parse_arch(arch) if isinstance(arch, str) else dict(arch)
+    kind = task_data.task
+    if kind == "multiclass" and train.loss == "logistic":
+        raise ConfigError("a multiclass task needs loss 'cross-entropy' (or 'squared'), not 'logistic'")
+    num_classes = int(ds.labels.max()) + 1 if kind == "multiclass" else None
+    torch.manual_seed(seed)
+    model = build_model(spec, tuple(task_data.x.shape[1:]), out_features(kind, num_classes))
+    x, y = task_data.centred.float(), task_data.y
+    if kind == "binary":
+        y = y.float()
+    metrics = train_minibatch(model, x, y, train, seed=seed, progress=progress)
+    if test_size > 0:
+        excl = np.asarray(task_data.indices)
+        if exclude_from_test is not None:
+            excl = np.union1d(excl, np.asarray(exclude_from_test))
+        test = make_pool(ds, task, test_size, exclude=excl, seed=seed + 12345)
+        metrics["test_accuracy"] = batched_accuracy(model, (test.x - task_data.mean).float(), test.y.to(y.dtype))
+        metrics["test_size"] = len(test)
+    return Victim(model=model.eval(), task=kind, input_shape=tuple(task_data.x.shape[1:]), mean=task_data.mean,
+                  loss=train.loss, weight_decay=train.weight_decay or None, num_classes=num_classes, arch=spec,
+                  train_config={**train.to_dict(), "seed": seed}, metrics=metrics, data_spec=task_data.spec,
+                  train_indices=np.asarray(task_data.indices))
