@@ -90,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--storage", default=None, help="Optuna storage URL shared by workers, e.g. postgresql://user:pass@host/db (default: OUT/tune.db)")
     p.add_argument("--study-name", default="exhume-kkt", help="study name in the storage (default exhume-kkt)")
     p.add_argument("--no-prune", action="store_true", help="run every trial to its budget (no median pruning)")
+    p.add_argument("--heartbeat", type=int, default=5, help="seconds between a worker's heartbeats; a trial silent for 4x this is failed and retried (default 5)")
     p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE", help="a kkt parameter fixed for all trials, e.g. -p m=200")
 
     p = sub.add_parser("report", help="write a self-contained HTML audit report for an evaluated attack run")
@@ -169,10 +170,13 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise ConfigError(f"--trials must be at least 1, got {args.trials}")
     if not args.trial_seconds > 0:
         raise ConfigError(f"--trial-seconds must be positive, got {args.trial_seconds}")
+    if args.heartbeat < 1:
+        raise ConfigError(f"--heartbeat must be at least 1 second, got {args.heartbeat}")
     victim = exhume.load_victim(args.victim)
     summary = tune(victim.attacker_view(), args.trials, args.out, trial_seconds=args.trial_seconds, storage=args.storage,
                    study_name=args.study_name, seed=args.seed, device=args.device, prune=not args.no_prune,
-                   progress=not args.no_progress, victim_path=str(Path(args.victim).resolve()), fixed=_params(args.param))
+                   progress=not args.no_progress, victim_path=str(Path(args.victim).resolve()), fixed=_params(args.param),
+                   heartbeat_interval=args.heartbeat, grace_period=4 * args.heartbeat)
     print(json.dumps(summary, indent=2, default=str))
     return 0
 

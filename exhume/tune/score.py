@@ -14,8 +14,8 @@ the weights that the candidates and their multipliers explain as a KKT point.
 
 * *distinct*: 0 when an earlier candidate has cosine similarity ≥ 0.95 with it (centred space), so
   collapsed duplicates count once;
-* *non-degenerate*: 0 when its pixel range (max − min in display space) is below 0.25 — a
-  candidate shrunk to the data mean is no image;
+* *non-degenerate*: 0 when no pixel differs from the data mean by 0.25 or more (the largest
+  ``|x̂ − mean|`` in display units) — a candidate shrunk to the data mean is no image;
 * *in range*: the share of its pixels within [−0.05, 1.05] (the pixel prior);
 * *margin-consistent*: a training point's multiplier fixes its margin. With weight decay ``w`` and
   the logistic loss, ``λ_i = σ(−margin_i)/(n·w)`` (Buzaglo et al.), so ``λ_j`` implies a margin
@@ -43,7 +43,7 @@ from exhume.errors import ConfigError
 from exhume.losses import margin as margin_fn
 
 DUPLICATE_COSINE = 0.95
-MIN_PIXEL_RANGE = 0.25
+MIN_DEVIATION = 0.25
 PIXEL_SLACK = 0.05
 
 
@@ -83,7 +83,7 @@ def attacker_score(view, candidates: torch.Tensor, labels: torch.Tensor, multipl
     cos = (flat @ flat.T) / (norms[:, None] * norms[None, :])
     earlier = torch.tril(cos >= DUPLICATE_COSINE, diagonal=-1).any(dim=1)
     distinct = (~earlier).to(dtype)
-    non_degenerate = ((disp.max(dim=1).values - disp.min(dim=1).values) >= MIN_PIXEL_RANGE).to(dtype)
+    non_degenerate = (flat.abs().max(dim=1).values >= MIN_DEVIATION).to(dtype)
     in_range = ((disp >= -PIXEL_SLACK) & (disp <= 1 + PIXEL_SLACK)).to(dtype).mean(dim=1)
 
     n = n_guess or view.n_train_hint or max(1, m // 2)

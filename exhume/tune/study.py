@@ -62,6 +62,11 @@ def make_storage(storage: str | None, out: Path, heartbeat_interval: int = HEART
         url = storage
         if not any(url.startswith(p) for p in ("sqlite:///", "postgresql://", "postgresql+psycopg2://", "mysql://", "mysql+pymysql://")):
             raise ConfigError(f"--storage must be an SQLAlchemy URL such as postgresql://user:pass@host/db or sqlite:///path.db, got {storage!r}")
+    if url.startswith("postgresql://"):
+        import importlib.util
+
+        if importlib.util.find_spec("psycopg") is None:  # SQLAlchemy 2.1 defaults to psycopg 3; the tune extra ships psycopg2
+            url = "postgresql+psycopg2://" + url[len("postgresql://"):]
     import warnings
 
     with warnings.catch_warnings():
@@ -114,12 +119,17 @@ def tune(view, trials: int, out: str | Path, trial_seconds: float = 60.0, storag
         raise ConfigError(f"--trials must be at least 1, got {trials}")
     if not trial_seconds > 0:
         raise ConfigError(f"--trial-seconds must be positive, got {trial_seconds}")
+    fixed = dict(fixed or {})
+    clash = sorted(set(fixed) & (set(SEARCH_SPACE) | {"iterations", "max_seconds"}))
+    if clash:
+        raise ConfigError(f"-p {', '.join(clash)}: these are searched or set by the tuner; fix only other kkt parameters (e.g. m, dtype)")
     optuna = _optuna()
     from tqdm.auto import tqdm
 
     from exhume.attacks import get_attack
     from exhume.tune.score import attacker_score, score_reconstruction
 
+    get_attack("kkt", **fixed)  # unknown or invalid fixed parameters fail here, before any study is touched
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     import warnings
 
@@ -130,15 +140,18 @@ def tune(view, trials: int, out: str | Path, trial_seconds: float = 60.0, storag
     pruner = (optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=2 * report_every, interval_steps=report_every)
               if prune else optuna.pruners.NopPruner())
     sampler = optuna.samplers.TPESampler(seed=seed + (os.getpid() if storage is not None else 0), n_startup_trials=6)
-    study = optuna.create_study(study_name=study_name, storage=rdb, direction="maximize", sampler=sampler,
-                                pruner=pruner, load_if_exists=True)
-    if not study.get_trials(deepcopy=False):
+    try:  # only the worker that creates the study seeds it (no race between workers starting together)
+        study = optuna.create_study(study_name=study_name, storage=rdb, direction="maximize", sampler=sampler, pruner=pruner)
+        created = True
+    except optuna.exceptions.DuplicatedStudyError:
+        study = optuna.load_study(study_name=study_name, storage=rdb, sampler=sampler, pruner=pruner)
+        created = False
+    if created:
         study.set_user_attr("target_trials", trials)
         study.set_user_attr("trial_seconds", trial_seconds)
         study.set_user_attr("victim", victim_path)
         study.set_user_attr("score", "attacker-side: (1 - relative stationarity residual) x plausible-candidate share")
         study.enqueue_trial(dict(DEFAULTS), user_attrs={"is_default": True})
-    fixed = dict(fixed or {})
     host = socket.gethostname()
 
     def objective(trial) -> float:
