@@ -79,6 +79,8 @@ def test_verdict_distinguishes_leak_from_chance():
     base = {"n_train": 100, "pool_size": 1000, "memorised_expected_by_chance": 16.7, "ssim>=0.4": 43, "pool_ssim>=0.4": 97}
     text, leaks = verdict({**base, "memorised": 8})
     assert not leaks and "8 of 100" in text and "not clearly above chance" in text
+    text, leaks = verdict({**base, "memorised": 0})
+    assert not leaks and "No evidence of leakage" in text
     text, leaks = verdict({**base, "memorised": 60})
     assert leaks and "leaks part of its training set" in text
     text, leaks = verdict({**base, "memorised": None})

@@ -59,6 +59,8 @@ def test_tune_sqlite_never_reads_the_training_set(victim_dir, tmp_path, monkeypa
     for t in study.trials:
         assert 0.0 <= t.value <= 1.0 and t.value == pytest.approx(t.user_attrs["explained"] * t.user_attrs["plausible"])
         assert Path(t.user_attrs["folder"], "reconstruction.safetensors").is_file()
+        # the kkt callback handed over the multipliers, so the score was reported during the run (for pruning)
+        assert t.intermediate_values and all(0.0 <= v <= 1.0 for v in t.intermediate_values.values())
     assert summary["best_score"] == max(t.value for t in study.trials)
     assert (out / "best" / "reconstruction.json").is_file() and (out / "tune.db").is_file()
     # re-running with the same target finds the study finished and runs nothing more

@@ -91,8 +91,11 @@ def verdict(metrics: dict[str, Any]) -> tuple[str, bool]:
             f"If the reconstructions were merely plausible new images, about {chance:.1f} would do so by chance. ")
     if leaks:
         text += "This model leaks part of its training set. "
+    elif k > 0:
+        text += ("That is not clearly above chance, so this run alone does not prove leakage; but those reconstructions match their "
+                 "training images better than every real unseen image does, so inspect the best pairs below (a longer attack may find more). ")
     else:
-        text += "At this attack budget that is not clearly above chance: no evidence of leakage from this run (a stronger attack may still find some). "
+        text += "No evidence of leakage from this run (a stronger attack may still find some). "
     text += (f"Note that an SSIM ≥ 0.4 is not proof on its own: {s04} of {n} training images have a reconstruction at SSIM ≥ 0.4, "
              f"but the best unseen image already reaches it for {pool04} of {n}.")
     return text, leaks
