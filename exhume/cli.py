@@ -88,6 +88,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pool-size", type=int, default=1000, help="unseen images for the memorisation count (default 1000)")
     p.add_argument("--match", default="ssim", choices=("ssim", "l2", "ncc"))
 
+    p = sub.add_parser("tune", help="search the kkt attack's hyperparameters with Optuna, scored without the training set")
+    p.add_argument("victim", help="victim folder written by 'exhume train' (only its attacker's view is used)")
+    _common(p)
+    p.add_argument("--trials", type=int, required=True, help="number of finished trials the study should reach")
+    p.add_argument("--trial-seconds", type=float, default=60.0, help="attack budget per trial (default 60 s)")
+    p.add_argument("--storage", default=None, help="Optuna storage URL shared by workers, e.g. postgresql://user:pass@host/db (default: OUT/tune.db)")
+    p.add_argument("--study-name", default="exhume-kkt", help="study name in the storage (default exhume-kkt)")
+    p.add_argument("--no-prune", action="store_true", help="run every trial to its budget (no median pruning)")
+    p.add_argument("--heartbeat", type=int, default=5, help="seconds between a worker's heartbeats; a trial silent for 4x this is failed and retried (default 5)")
+    p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE", help="a kkt parameter fixed for all trials, e.g. -p m=200")
+
+    p = sub.add_parser("report", help="write a self-contained HTML audit report for an evaluated attack run")
+    p.add_argument("run", help="attack run folder (with an evaluation/ subfolder from 'exhume evaluate')")
+    p.add_argument("-o", "--out", default=None, help="HTML file to write (default: RUN/report.html)")
+    p.add_argument("--against", default=None, help="victim folder: evaluate the run first if RUN/evaluation is missing")
+
     from exhume.experiments import EXPERIMENTS
 
     p = sub.add_parser("experiment", help="run a named experiment that reproduces a paper's finding")
@@ -167,6 +183,33 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    import exhume
+    from exhume.tune import tune
+
+    if args.trials < 1:
+        raise ConfigError(f"--trials must be at least 1, got {args.trials}")
+    if not args.trial_seconds > 0:
+        raise ConfigError(f"--trial-seconds must be positive, got {args.trial_seconds}")
+    if args.heartbeat < 1:
+        raise ConfigError(f"--heartbeat must be at least 1 second, got {args.heartbeat}")
+    victim = exhume.load_victim(args.victim)
+    summary = tune(victim.attacker_view(), args.trials, args.out, trial_seconds=args.trial_seconds, storage=args.storage,
+                   study_name=args.study_name, seed=args.seed, device=args.device, prune=not args.no_prune,
+                   progress=not args.no_progress, victim_path=str(Path(args.victim).resolve()), fixed=_params(args.param),
+                   heartbeat_interval=args.heartbeat, grace_period=4 * args.heartbeat)
+    print(json.dumps(summary, indent=2, default=str))
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from exhume.report import write_report
+
+    path = write_report(args.run, out=args.out, against=args.against)
+    print(f"report written to {path}")
+    return 0
+
+
 def _cmd_experiment(args: argparse.Namespace) -> int:
     from exhume.experiments import get_experiment
 
@@ -176,7 +219,7 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"demo": _cmd_demo, "train": _cmd_train, "attack": _cmd_attack, "evaluate": _cmd_evaluate,
-            "experiment": _cmd_experiment}
+            "experiment": _cmd_experiment, "tune": _cmd_tune, "report": _cmd_report}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

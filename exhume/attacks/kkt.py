@@ -99,7 +99,7 @@ class KKTAttack(Attack):
 
     def run(self, view, out: str | Path | None = None, seed: int = 0, device: str = "cpu", resume: bool = False,
             progress: bool = True, callback=None, callback_every: int = 1000, init: torch.Tensor | None = None,
-            init_name: str = "noise") -> Reconstruction:
+            init_name: str = "noise", callback_multipliers: bool = False) -> Reconstruction:
         """Run the attack on ``view`` (an :class:`~exhume.victim.AttackerView`).
 
         ``out``: folder for checkpoints (every ``checkpoint_every`` iterations and at the end);
@@ -108,6 +108,8 @@ class KKTAttack(Attack):
         quality-over-time curves; its time is not counted in ``seconds``). ``init``: starting
         candidates in display space (default: noise); ``init_name`` labels them in the result
         (ground-truth, partition and mix initialisations are oracle tools and marked so).
+        ``callback_multipliers=True`` also passes the current multipliers ``λ = S·u`` as the keyword
+        ``multipliers`` (for attacker-side scoring during a hyperparameter search).
         """
         cfg = self.config
         dtype = DTYPES[cfg["dtype"]]
@@ -177,7 +179,10 @@ class KKTAttack(Attack):
                 if callback is not None and it % callback_every == 0:
                     pause = time.perf_counter()
                     with torch.no_grad():
-                        callback(it, elapsed, (x + mean).float().cpu())
+                        if callback_multipliers:
+                            callback(it, elapsed, (x + mean).float().cpu(), multipliers=(scale * u).float().cpu())
+                        else:
+                            callback(it, elapsed, (x + mean).float().cpu())
                     t0 += time.perf_counter() - pause
                 if cfg["max_seconds"] is not None and elapsed >= cfg["max_seconds"]:
                     break

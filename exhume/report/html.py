@@ -1,0 +1,222 @@
+"""``exhume report RUN``: one self-contained HTML page that a model owner can read offline.
+
+The page is built from an evaluated attack run: ``RUN/reconstruction.json`` (the attack's
+settings) and ``RUN/evaluation/`` (``metrics.json`` and the PNG figures written by
+:func:`exhume.evaluation.run.evaluate`). Figures are embedded as base64 PNG ``data:`` URLs; the
+page loads nothing from outside (no scripts, fonts or style sheets), and every piece of text that
+comes from a file is escaped with :func:`html.escape`.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from exhume.errors import ExhumeError
+
+FIGURES = [
+    ("ssim_sorted.png", "Sorted SSIM curve",
+     "Each training image's best SSIM against the reconstructions (oracle: each training image picks its closest candidate), "
+     "sorted; the dashed lines are the 0.4 and 0.5 thresholds."),
+    ("ssim_vs_margin.png", "SSIM against the training margin",
+     "Training images with small margins sit on the decision boundary and carry large multipliers; they are the ones the attack recovers."),
+    ("best_pairs.png", "Best pairs (oracle-selected)",
+     "Training image | its closest reconstruction | the closest of the unseen images. Chosen by looking at the training set (oracle)."),
+    ("worst_pairs.png", "Worst pairs (oracle-selected)",
+     "The training images the attack recovered least well, with their closest reconstruction and unseen image."),
+    ("candidates.png", "Reconstructions as the attacker sees them",
+     "The attack's candidates, unsorted: this is all an attacker gets, with no training image to compare against."),
+]
+
+CSS = """
+body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;max-width:980px;margin:2em auto;padding:0 1em;color:#1d1d1f;line-height:1.45}
+h1{font-size:1.6em;margin-bottom:.2em}h2{font-size:1.2em;margin-top:1.8em;border-bottom:1px solid #ddd;padding-bottom:.2em}
+.verdict{border-left:6px solid #b00020;background:#fff4f4;padding:.8em 1em;margin:1em 0;font-size:1.08em}
+.verdict.low{border-color:#2e7d32;background:#f3fbf3}
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding:.25em .6em;text-align:left;vertical-align:top}
+th{background:#f5f5f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.oracle{display:inline-block;font-size:.75em;font-weight:600;color:#6a1b9a;border:1px solid #6a1b9a;border-radius:3px;padding:0 .3em;margin-left:.4em}
+figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}figcaption{color:#555;font-size:.92em}
+.note{color:#555;font-size:.92em}code{background:#f5f5f5;padding:0 .2em}
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _fmt(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.{digits}g}"
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, default=str)
+    return str(v)
+
+
+def _rows(rows: list[tuple[str, Any, bool]]) -> str:
+    out = []
+    for label, value, oracle in rows:
+        tag = '<span class="oracle" title="selected by looking at the training set">oracle</span>' if oracle else ""
+        out.append(f"<tr><th>{_e(label)}{tag}</th><td class=\"num\">{_e(_fmt(value))}</td></tr>")
+    return "<table>" + "".join(out) + "</table>"
+
+
+def _img(path: Path, alt: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return f'<img src="data:image/png;base64,{data}" alt="{_e(alt)}">'
+
+
+def verdict(metrics: dict[str, Any]) -> tuple[str, bool]:
+    """The plain-language verdict (text, leaks) from the evaluation metrics.
+
+    The null is the evaluator's held-out control: the same memorisation test run on unseen
+    images (non-members) in place of the training images. Leakage is declared when the training
+    images pass it significantly more often (one-sided Fisher exact test, p < 0.05).
+    """
+    from scipy.stats import fisher_exact
+
+    n = metrics.get("n_train")
+    k = metrics.get("memorised")
+    pool = metrics.get("pool_size")
+    c, nc = metrics.get("memorised_control"), metrics.get("control_size")
+    s04 = metrics.get("ssim>=0.4")
+    pool04 = metrics.get("pool_ssim>=0.4")
+    if k is None:
+        return (f"No memorisation count: the run was evaluated without a pool of unseen images, so it cannot tell a "
+                f"recovered training image from a merely plausible one. {s04} of {n} training images have a reconstruction "
+                f"with SSIM ≥ 0.4, which alone is not proof of leakage. Re-run 'exhume evaluate' with --pool-size > 0.", False)
+    text = (f"{k} of {n} training images can be recovered recognisably from the weights alone: for each of them the attack "
+            f"produced an image that resembles it (SSIM) more closely than any of {pool} unseen images of the same classes does. ")
+    if c is not None and nc:
+        p = float(fisher_exact([[k, n - k], [c, nc - c]], alternative="greater")[1])
+        leaks = p < 0.05 and k > 0
+        text += (f"The same test run on {nc} unseen images that were not in the training set (the control) passes for {c} of them "
+                 f"(one-sided Fisher exact test: p = {p:.2g}). ")
+    else:
+        chance = metrics.get("memorised_if_candidates_were_real_unseen_images")
+        leaks = chance is not None and k > 2 * chance and k >= 2
+        text += "No held-out control was measured for this run, so the comparison with non-members is missing. "
+    if leaks:
+        text += "This model leaks part of its training set. "
+    elif k > 0:
+        text += ("That is not clearly more than for non-members, so this run alone does not prove leakage; inspect the best "
+                 "pairs below (a longer attack may find more). ")
+    else:
+        text += "No evidence of leakage from this run (a stronger attack may still find some). "
+    text += (f"Note that an SSIM ≥ 0.4 is not proof on its own: {s04} of {n} training images have a reconstruction at SSIM ≥ 0.4, "
+             f"but the best unseen image already reaches it for {pool04} of {n}.")
+    return text, leaks
+
+
+def render(run: str | Path) -> str:
+    """The report's HTML for an evaluated run folder."""
+    run = Path(run)
+    ev = run / "evaluation"
+    mpath = ev / "metrics.json"
+    if not mpath.is_file():
+        raise ExhumeError(f"{mpath} is missing; run 'exhume evaluate {run} --against VICTIM' first "
+                          f"(or pass --against VICTIM to 'exhume report' to evaluate on the fly)")
+    try:
+        metrics = json.loads(mpath.read_text())
+    except (json.JSONDecodeError, OSError) as e:
+        raise ExhumeError(f"cannot read {mpath}: {e}; expected the metrics.json written by 'exhume evaluate'") from None
+    if not isinstance(metrics, dict) or "n_train" not in metrics:
+        raise ExhumeError(f"{mpath} has no 'n_train'; expected the metrics.json written by 'exhume evaluate'")
+    attack = metrics.get("attack") or {}
+    rpath = run / "reconstruction.json"
+    if rpath.is_file():
+        try:
+            meta = json.loads(rpath.read_text())
+            attack = {"method": meta.get("method"), "seed": meta.get("seed"), "config": meta.get("config", {}), **meta.get("summary", {})}
+        except (json.JSONDecodeError, OSError):
+            pass
+    victim = metrics.get("victim") or {}
+    n = metrics["n_train"]
+    text, leaks = verdict(metrics)
+
+    parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+             f"<title>exhume audit report: {_e(run.name)}</title><style>{CSS}</style></head><body>"]
+    parts.append(f"<h1>Training-data reconstruction audit</h1><p class=\"note\">Run <code>{_e(run)}</code> · attack "
+                 f"<code>{_e(attack.get('method'))}</code> · generated by exhume</p>")
+    parts.append(f"<h2>Verdict</h2><div class=\"verdict{'' if leaks else ' low'}\" id=\"verdict\">{_e(text)}</div>")
+    parts.append("<p class=\"note\">The attack used only the weights and public facts about the model. Every number below was measured "
+                 "afterwards by the evaluator, who has the training set. Numbers marked <span class=\"oracle\">oracle</span> were "
+                 "selected by looking at the training images (each picks its closest reconstruction), so they are upper bounds on what "
+                 "an attacker could single out unaided; the memorisation count controls for this with unseen images.</p>")
+
+    rows = [
+        ("training images (n)", n, False),
+        ("candidates (reconstructions)", metrics.get("n_candidates"), False),
+        ("MEMORISED: closer to a training image than every unseen image", f"{metrics.get('memorised')} / {n}", True),
+        ("  control: the same count for unseen non-member images",
+         None if metrics.get("memorised_control") is None else f"{metrics['memorised_control']} / {metrics.get('control_size')}", False),
+        ("unseen pool", metrics.get("pool_description") or metrics.get("pool_size"), False),
+        ("SSIM ≥ 0.4, one-to-one (Hungarian)", f"{metrics.get('one_to_one_ssim>=0.4')} / {n}", True),
+        ("SSIM ≥ 0.5, one-to-one (Hungarian)", f"{metrics.get('one_to_one_ssim>=0.5')} / {n}", True),
+        ("SSIM ≥ 0.4, nearest candidate", f"{metrics.get('ssim>=0.4')} / {n}", True),
+        ("SSIM ≥ 0.5, nearest candidate", f"{metrics.get('ssim>=0.5')} / {n}", True),
+        ("best unseen image reaches SSIM ≥ 0.4 (baseline)", f"{metrics.get('pool_ssim>=0.4')} / {n}", True),
+        ("best unseen image reaches SSIM ≥ 0.5 (baseline)", f"{metrics.get('pool_ssim>=0.5')} / {n}", True),
+        ("mean SSIM, nearest candidate", metrics.get("ssim_mean"), True),
+        ("Spearman ρ, SSIM vs training margin", metrics.get("margin_spearman_rho"), False),
+        ("SSIM window", metrics.get("ssim_window"), False),
+    ]
+    parts.append("<h2>Counts</h2>" + _rows(rows))
+    if metrics.get("membership_auc") is not None:
+        parts.append("<h2>Membership uncertainty</h2>" + _rows([("membership AUC (0.5 = cannot tell members from non-members)",
+                                                                  metrics["membership_auc"], False)]))
+    else:
+        parts.append("<p class=\"note\" id=\"membership\">Membership uncertainty: not measured for this run.</p>")
+
+    vrows = [("architecture", victim.get("arch"), False), ("task", victim.get("task"), False), ("loss", victim.get("loss"), False),
+             ("weight decay", victim.get("weight_decay"), False), ("train accuracy", victim.get("train_accuracy"), False),
+             ("test accuracy", victim.get("test_accuracy"), False), ("final training loss", victim.get("final_loss"), False),
+             ("relative stationarity residual", victim.get("stationarity_residual"), False), ("epochs", victim.get("epochs"), False),
+             ("data", victim.get("data"), False)]
+    parts.append("<h2>The model (victim)</h2>" + _rows(vrows))
+
+    cfg = dict(attack.get("config") or {})
+    arows = [("method", attack.get("method"), False), ("seed", attack.get("seed"), False),
+             ("iterations run", attack.get("iterations"), False), ("seconds", attack.get("seconds"), False),
+             ("final relative stationarity residual", attack.get("final_relative_stationarity"), False)]
+    arows += [(k, v, False) for k, v in sorted(cfg.items())]
+    parts.append("<h2>Attack settings</h2>" + _rows(arows))
+    if cfg.get("oracle_init"):
+        parts.append(f"<p class=\"verdict\">This run started from an oracle initialisation ({_e(cfg.get('init'))}) built from real data: "
+                     "its numbers do not describe an attacker who has the weights only.</p>")
+
+    parts.append("<h2>Figures</h2>")
+    for fname, title, caption in FIGURES:
+        p = ev / fname
+        if p.is_file():
+            parts.append(f"<figure>{_img(p, title)}<figcaption><b>{_e(title)}</b>. {_e(caption)}</figcaption></figure>")
+        else:
+            parts.append(f"<p class=\"note\">{_e(title)}: figure {_e(fname)} not found in {_e(ev)}.</p>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_report(run: str | Path, out: str | Path | None = None, against: str | Path | None = None,
+                 pool_size: int = 1000) -> Path:
+    """Write ``RUN/report.html`` (or ``out``); with ``against``, evaluate the run first if needed."""
+    run = Path(run)
+    if not run.is_dir():
+        raise ExhumeError(f"{run} is not a folder; expected an attack run folder written by 'exhume attack'")
+    if not (run / "evaluation" / "metrics.json").is_file() and against is not None:
+        import exhume
+
+        recon = exhume.load_reconstruction(run)
+        victim = exhume.load_victim(against)
+        exhume.evaluate(recon, victim, pool_size=pool_size, out=run / "evaluation")
+    page = render(run)
+    out = Path(out) if out is not None else run / "report.html"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page, encoding="utf-8")
+    return out

@@ -1,0 +1,123 @@
+"""An attacker-side score for a reconstruction: computed from the weights and the candidates only.
+
+A real attacker cannot count how many training images a run recovered, so a hyperparameter search
+must rank runs by what the attacker can see. The score here is the product of two shares, both
+in [0, 1] (higher is better)::
+
+    score = explained × plausible
+
+**explained** ``= 1 − min(r, 1)`` with ``r = ‖θ − Σ_j λ_j ∇_θ margin(x̂_j)‖² / ‖θ‖²``, the relative
+stationarity residual with the *exact* ReLU derivative (not the attack's surrogate): the share of
+the weights that the candidates and their multipliers explain as a KKT point.
+
+**plausible** is the mean over candidates of a per-candidate plausibility in [0, 1], the product of
+
+* *distinct*: 0 when an earlier candidate has cosine similarity ≥ 0.95 with it (centred space), so
+  collapsed duplicates count once;
+* *non-degenerate*: 0 when no pixel differs from the data mean by 0.25 or more (the largest
+  ``|x̂ − mean|`` in display units) — a candidate shrunk to the data mean is no image;
+* *in range*: the share of its pixels within [−0.05, 1.05] (the pixel prior);
+* *margin-consistent*: a training point's multiplier fixes its margin. With weight decay ``w`` and
+  the logistic loss, ``λ_i = σ(−margin_i)/(n·w)`` (Buzaglo et al.), so ``λ_j`` implies a margin
+  ``m_j = log(1/(λ_j·n·w) − 1)``; without weight decay (Haim et al.) a point with an active
+  multiplier sits on the margin, ``m_j = 1``. The term is ``exp(−|log(margin_j / m_j)|)`` when the
+  candidate's actual margin ``y_j Φ(x̂_j)`` is positive, else 0. A candidate whose multiplier
+  implies no finite margin (``λ_j·n·w ≥ 1``) gets 0; an inactive multiplier (below 1e-3 of the
+  median) gets 0.
+
+The components are returned too, so that ``exhume experiment selection`` can measure how each one
+correlates with the oracle counts. Nothing here reads a training image: the inputs are an
+:class:`~exhume.victim.AttackerView`, the candidates (display space), their labels and multipliers.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import torch
+
+from exhume.attacks.stationarity import stationarity_residual
+from exhume.errors import ConfigError
+from exhume.losses import margin as margin_fn
+
+DUPLICATE_COSINE = 0.95
+MIN_DEVIATION = 0.25
+PIXEL_SLACK = 0.05
+
+
+def attacker_score(view, candidates: torch.Tensor, labels: torch.Tensor, multipliers: torch.Tensor,
+                   n_guess: int | None = None) -> dict[str, Any]:
+    """Score ``candidates`` (display space, shape ``(m, *input_shape)``) for ``view``.
+
+    Returns ``{"score", "explained", "plausible", "relative_stationarity", "distinct",
+    "non_degenerate", "in_range", "margin_consistent"}`` (shares are means over candidates).
+    """
+    from exhume.victim import AttackerView
+
+    if not isinstance(view, AttackerView):
+        raise ConfigError(f"attacker_score needs an AttackerView (never the victim's training set), got {type(view).__name__}")
+    if view.task != "binary":
+        raise ConfigError(f"attacker_score handles binary tasks; the victim's task is {view.task!r}")
+    dtype = torch.float64
+    model = copy.deepcopy(view.model).to(dtype=dtype).eval()
+    params = {k: v.detach().to(dtype) for k, v in model.named_parameters()}
+    theta2 = sum((p ** 2).sum() for p in params.values())
+    mean = view.mean.to(dtype)
+    x = candidates.to(dtype) - mean
+    y = labels.to(dtype)
+    lam = multipliers.to(dtype)
+    m = x.shape[0]
+    with torch.no_grad():
+        r = float(stationarity_residual(model, params, x, y, lam, None) / theta2)
+        if not math.isfinite(r):
+            r = float("inf")
+        out = model(x)
+        margins = margin_fn(out, y).reshape(-1)
+    flat = x.reshape(m, -1)
+    disp = candidates.to(dtype).reshape(m, -1)
+
+    # distinct: greedy, an earlier near-duplicate makes a later one count zero
+    norms = flat.norm(dim=1).clamp_min(1e-12)
+    cos = (flat @ flat.T) / (norms[:, None] * norms[None, :])
+    earlier = torch.tril(cos >= DUPLICATE_COSINE, diagonal=-1).any(dim=1)
+    distinct = (~earlier).to(dtype)
+    non_degenerate = (flat.abs().max(dim=1).values >= MIN_DEVIATION).to(dtype)
+    in_range = ((disp >= -PIXEL_SLACK) & (disp <= 1 + PIXEL_SLACK)).to(dtype).mean(dim=1)
+
+    n = n_guess or view.n_train_hint or max(1, m // 2)
+    wd = view.weight_decay or 0.0
+    active = lam > 1e-3 * lam.abs().median().clamp_min(1e-30)
+    if wd > 0 and view.loss in (None, "logistic"):
+        s = lam * n * wd
+        ok = active & (s > 0) & (s < 1)
+        target = torch.where(ok, torch.log((1.0 / s.clamp(1e-300, 1 - 1e-12)) - 1.0), torch.ones_like(s))
+        ok = ok & (target > 0)
+    else:
+        ok = active
+        target = torch.ones_like(lam)
+    pos = margins > 0
+    ratio = torch.where(pos & ok, margins.clamp_min(1e-12) / target.clamp_min(1e-12), torch.ones_like(margins))
+    consistent = torch.where(pos & ok, torch.exp(-ratio.log().abs()), torch.zeros_like(margins))
+
+    per = distinct * non_degenerate * in_range * consistent
+    explained = max(0.0, 1.0 - min(r, 1.0))
+    plausible = float(per.mean())
+    return {
+        "score": explained * plausible,
+        "explained": explained,
+        "plausible": plausible,
+        "relative_stationarity": r,
+        "distinct": float(distinct.mean()),
+        "non_degenerate": float(non_degenerate.mean()),
+        "in_range": float(in_range.mean()),
+        "margin_consistent": float(consistent.mean()),
+    }
+
+
+def score_reconstruction(view, recon) -> dict[str, Any]:
+    """:func:`attacker_score` of a saved :class:`~exhume.attacks.Reconstruction` (its ``scores`` are the λ)."""
+    if recon.scores is None:
+        raise ConfigError(f"the reconstruction from {recon.method!r} has no multipliers (scores); the attacker-side score needs them")
+    return attacker_score(view, recon.candidates, recon.labels, recon.scores, recon.config.get("n_guess"))

@@ -1,0 +1,247 @@
+"""``exhume tune``: an Optuna search over the kkt attack's hyperparameters, scored attacker-side.
+
+Each trial runs the kkt attack for a fixed wall-clock budget with suggested ``lr``, ``lr_lambda``,
+``lambda_min``, ``alpha`` and ``init_scale`` (log-uniform around the measured defaults, see
+:data:`SEARCH_SPACE`), and is scored by :func:`exhume.tune.score.attacker_score` — the weights and
+the candidates only, never the training set (the objective receives an
+:class:`~exhume.victim.AttackerView`). The first trial of a new study is the default settings, so
+the selected run is never worse *by the attacker's score* than the defaults.
+
+Storage: an SQLite file ``OUT/tune.db`` by default; ``storage="postgresql://…"`` lets several
+workers (processes or machines) share one study. Every worker keeps a heartbeat; a trial whose
+worker died (no heartbeat for ``grace_period`` seconds) is marked FAIL and queued again with the
+same parameters (Optuna's ``RetryHeartbeatStaleTrialCallback``), so a killed worker loses only
+the work of its running trial. ``trials`` is the study's target number of finished
+(complete or pruned) trials; workers stop when it is reached.
+
+Each trial's reconstruction is saved under ``OUT/trials/trial-NNNN`` on the worker that ran it;
+when the study is done, the best trial's folder is copied to ``OUT/best`` (if it is on this
+worker's disk; otherwise the study's trial attributes say which host holds it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from exhume.errors import ConfigError
+
+# name: (low, high, log) — ranges around the defaults measured in exhume/attacks/kkt.py
+SEARCH_SPACE: dict[str, tuple[float, float, bool]] = {
+    "lr": (2e-3, 5e-2, True),
+    "lr_lambda": (2e-3, 5e-2, True),
+    "lambda_min": (0.1, 1.5, True),
+    "alpha": (5.0, 60.0, True),
+    "init_scale": (3e-4, 1e-2, True),
+}
+DEFAULTS = {"lr": 1e-2, "lr_lambda": 1e-2, "lambda_min": 0.42, "alpha": 19.0, "init_scale": 1.7e-3}
+HEARTBEAT_INTERVAL = 5
+GRACE_PERIOD = 20
+
+
+def _optuna():
+    try:
+        import optuna
+    except ImportError:
+        raise ConfigError("exhume tune needs Optuna: pip install 'exhume[tune]'") from None
+    return optuna
+
+
+def make_storage(storage: str | None, out: Path, heartbeat_interval: int = HEARTBEAT_INTERVAL,
+                 grace_period: int = GRACE_PERIOD):
+    """An Optuna RDB storage with heartbeats and retry of stale trials (SQLite in ``out`` by default)."""
+    optuna = _optuna()
+    if storage is None:
+        out.mkdir(parents=True, exist_ok=True)
+        url = f"sqlite:///{(out / 'tune.db').resolve()}"
+    else:
+        url = storage
+        if not any(url.startswith(p) for p in ("sqlite:///", "postgresql://", "postgresql+psycopg2://", "mysql://", "mysql+pymysql://")):
+            raise ConfigError(f"--storage must be an SQLAlchemy URL such as postgresql://user:pass@host/db or sqlite:///path.db, got {storage!r}")
+    if url.startswith("postgresql://"):
+        import importlib.util
+
+        if importlib.util.find_spec("psycopg") is None:  # SQLAlchemy 2.1 defaults to psycopg 3; the tune extra ships psycopg2
+            url = "postgresql+psycopg2://" + url[len("postgresql://"):]
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # heartbeat arguments are marked experimental
+        try:
+            return optuna.storages.RDBStorage(
+                url, heartbeat_interval=heartbeat_interval, grace_period=grace_period,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3),
+                engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
+            )
+        except ImportError as e:
+            raise ConfigError(f"the storage {url.split('://')[0]!r} needs a database driver ({e}); pip install 'exhume[tune]'") from None
+        except Exception as e:  # sqlalchemy's OperationalError and friends: a wrong URL, host or password
+            raise ConfigError(f"cannot open the study storage {_redact(url)}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+
+
+def _redact(url: str) -> str:
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url
+
+
+def suggest(trial) -> dict[str, float]:
+    return {name: trial.suggest_float(name, lo, hi, log=log) for name, (lo, hi, log) in SEARCH_SPACE.items()}
+
+
+def _counts(study) -> dict[str, int]:
+    optuna = _optuna()
+    S = optuna.trial.TrialState
+    trials = study.get_trials(deepcopy=False)
+    return {s.name.lower(): sum(t.state == s for t in trials) for s in (S.COMPLETE, S.PRUNED, S.RUNNING, S.WAITING, S.FAIL)}
+
+
+def tune(view, trials: int, out: str | Path, trial_seconds: float = 60.0, storage: str | None = None,
+         study_name: str = "exhume-kkt", seed: int = 0, device: str = "cpu", prune: bool = True,
+         progress: bool = True, report_every: int = 500, victim_path: str | None = None,
+         heartbeat_interval: int = HEARTBEAT_INTERVAL, grace_period: int = GRACE_PERIOD,
+         fixed: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Search the kkt attack's hyperparameters on ``view`` (an :class:`~exhume.victim.AttackerView`).
+
+    Returns a summary: the best trial's number, score, parameters and folder, and the study's
+    counts. ``fixed``: further kkt keyword arguments shared by all trials (e.g. ``m``).
+    """
+    from exhume.victim import AttackerView
+
+    if not isinstance(view, AttackerView):
+        raise ConfigError(f"tune() needs an AttackerView (the attacker never sees the training set), got {type(view).__name__}")
+    if trials < 1:
+        raise ConfigError(f"--trials must be at least 1, got {trials}")
+    if not trial_seconds > 0:
+        raise ConfigError(f"--trial-seconds must be positive, got {trial_seconds}")
+    fixed = dict(fixed or {})
+    clash = sorted(set(fixed) & (set(SEARCH_SPACE) | {"iterations", "max_seconds"}))
+    if clash:
+        raise ConfigError(f"-p {', '.join(clash)}: these are searched or set by the tuner; fix only other kkt parameters (e.g. m, dtype)")
+    optuna = _optuna()
+    from tqdm.auto import tqdm
+
+    from exhume.attacks import get_attack
+    from exhume.tune.score import attacker_score, score_reconstruction
+
+    get_attack("kkt", **fixed)  # unknown or invalid fixed parameters fail here, before any study is touched
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    import warnings
+
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rdb = make_storage(storage, out, heartbeat_interval, grace_period)
+    pruner = (optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=2 * report_every, interval_steps=report_every)
+              if prune else optuna.pruners.NopPruner())
+    sampler = optuna.samplers.TPESampler(seed=seed + (os.getpid() if storage is not None else 0), n_startup_trials=6)
+    try:  # only the worker that creates the study seeds it (no race between workers starting together)
+        study = optuna.create_study(study_name=study_name, storage=rdb, direction="maximize", sampler=sampler, pruner=pruner)
+        created = True
+    except optuna.exceptions.DuplicatedStudyError:
+        study = optuna.load_study(study_name=study_name, storage=rdb, sampler=sampler, pruner=pruner)
+        created = False
+    if created:
+        study.set_user_attr("target_trials", trials)
+        study.set_user_attr("trial_seconds", trial_seconds)
+        study.set_user_attr("victim", victim_path)
+        study.set_user_attr("score", "attacker-side: (1 - relative stationarity residual) x plausible-candidate share")
+        study.enqueue_trial(dict(DEFAULTS), user_attrs={"is_default": True})
+    host = socket.gethostname()
+
+    def objective(trial) -> float:
+        params = suggest(trial)
+        folder = out / "trials" / f"trial-{trial.number:04d}"
+        trial.set_user_attr("host", host)
+        trial.set_user_attr("pid", os.getpid())
+        trial.set_user_attr("folder", str(folder.resolve()))
+        atk = get_attack("kkt", **{**fixed, **params, "iterations": 10_000_000, "max_seconds": float(trial_seconds)})
+
+        def on_step(it: int, seconds: float, candidates, multipliers=None) -> None:
+            labels = _labels(candidates.shape[0])
+            value = attacker_score(view, candidates, labels, multipliers)["score"]
+            trial.report(value, it)
+            if trial.should_prune():
+                trial.set_user_attr("pruned_at_seconds", round(seconds, 1))
+                raise optuna.TrialPruned(f"score {value:.4f} at iteration {it}")
+
+        try:
+            recon = atk.run(view, seed=seed, device=device, progress=False, callback=on_step,
+                            callback_every=report_every, callback_multipliers=True)
+        except ConfigError as e:  # divergence: a legitimate, very bad outcome
+            trial.set_user_attr("diverged", str(e))
+            return 0.0
+        recon.save(folder)
+        parts = score_reconstruction(view, recon)
+        for k, v in parts.items():
+            trial.set_user_attr(k, v)
+        trial.set_user_attr("iterations", recon.summary["iterations"])
+        return parts["score"]
+
+    def _labels(m: int):
+        from exhume.attacks.formulation import binary_labels
+        import torch
+
+        return binary_labels(m, torch.float32)
+
+    t0 = time.perf_counter()
+    bar = tqdm(total=trials, desc=f"tune {study_name}", unit="trial", disable=not progress)
+    while True:
+        optuna.storages.fail_stale_trials(study)
+        c = _counts(study)
+        finished = c["complete"] + c["pruned"]
+        bar.n = min(finished, trials)
+        best = _best(study)
+        bar.set_postfix({"best": f"{best.value:.4f}" if best else "-", "running": c["running"], "pruned": c["pruned"]}, refresh=True)
+        if finished >= trials:
+            break
+        if finished + c["running"] + c["waiting"] >= trials and c["waiting"] == 0:
+            time.sleep(min(heartbeat_interval, 2))  # the last trials run elsewhere: wait for them or their heartbeat to lapse
+            continue
+        study.optimize(objective, n_trials=1, catch=())
+    bar.close()
+    best = _best(study)
+    summary: dict[str, Any] = {
+        "study": study_name,
+        "storage": "sqlite: " + str(out / "tune.db") if storage is None else _redact(storage),
+        "counts": _counts(study),
+        "seconds": round(time.perf_counter() - t0, 1),
+        "score_note": "attacker-side (weights and candidates only): (1 - relative stationarity residual) x plausible share",
+    }
+    if best is not None:
+        summary.update(best_trial=best.number, best_score=best.value, best_params=best.params,
+                       best_is_default=bool(best.user_attrs.get("is_default")), best_folder=best.user_attrs.get("folder"),
+                       best_host=best.user_attrs.get("host"))
+        src = Path(best.user_attrs.get("folder", ""))
+        if best.user_attrs.get("host") == host and src.is_dir():
+            dst = out / "best"
+            if dst.exists():
+                shutil.rmtree(dst)
+            shutil.copytree(src, dst)
+            summary["best_copied_to"] = str(dst)
+    return summary
+
+
+def _best(study):
+    optuna = _optuna()
+    done = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))]
+    return max(done, key=lambda t: t.value) if done else None
+
+
+def load_study(storage: str | None, out: str | Path, study_name: str = "exhume-kkt"):
+    """Open an existing study (read-only use)."""
+    optuna = _optuna()
+    out = Path(out)
+    if storage is None and not (out / "tune.db").is_file():
+        raise ConfigError(f"{out / 'tune.db'} is missing; expected a folder written by 'exhume tune' (or pass --storage)")
+    rdb = make_storage(storage, out)
+    try:
+        return optuna.load_study(study_name=study_name, storage=rdb)
+    except KeyError:
+        names = [s.study_name for s in optuna.get_all_study_summaries(rdb)]
+        raise ConfigError(f"no study named {study_name!r} in the storage; found: {', '.join(names) or 'none'}") from None

@@ -1,0 +1,195 @@
+"""exhume tune: the attacker-side score, an SQLite study, a shared PostgreSQL study with two workers,
+and a worker killed mid-trial."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+optuna = pytest.importorskip("optuna") if not os.environ.get("CI") else __import__("optuna")
+
+from exhume.cli import main  # noqa: E402
+from exhume.errors import ConfigError  # noqa: E402
+from exhume.tune import DEFAULTS, attacker_score, load_study, tune  # noqa: E402
+from exhume.victim import TrainConfig, Victim, make_victim  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def victim_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("tune") / "victim"
+    cfg = TrainConfig(loss="logistic", optimizer="gd", lr=0.2, weight_decay=5e-3, max_epochs=300, max_seconds=10)
+    make_victim("mnist", "odd-even", 16, "mlp:32;bias=none;init=1e-3", cfg, seed=0, progress=False, test_size=50).save(folder)
+    return folder
+
+
+def _view(victim_dir):
+    from exhume.victim import load_victim
+
+    return load_victim(victim_dir).attacker_view()
+
+
+def test_tune_sqlite_never_reads_the_training_set(victim_dir, tmp_path, monkeypatch):
+    view = _view(victim_dir)
+
+    def forbidden(*a, **k):
+        raise AssertionError("the tuner touched the training data")
+
+    # every road to the training images is closed while tuning
+    monkeypatch.setattr(Victim, "train_set", property(forbidden))
+    monkeypatch.setattr("exhume.data.load_dataset", forbidden)
+    monkeypatch.setattr("exhume.data.make_task", forbidden)
+    monkeypatch.setattr("exhume.data.rebuild_task", forbidden)
+    out = tmp_path / "tune"
+    summary = tune(view, 3, out, trial_seconds=1.0, progress=False, report_every=50)
+    assert summary["counts"]["complete"] == 3 and summary["counts"]["fail"] == 0
+    study = load_study(None, out)
+    first = study.trials[0]
+    assert first.params == pytest.approx(DEFAULTS) and first.user_attrs["is_default"]
+    for t in study.trials:
+        assert 0.0 <= t.value <= 1.0 and t.value == pytest.approx(t.user_attrs["explained"] * t.user_attrs["plausible"])
+        assert Path(t.user_attrs["folder"], "reconstruction.safetensors").is_file()
+        # the kkt callback handed over the multipliers, so the score was reported during the run (for pruning)
+        assert t.intermediate_values and all(0.0 <= v <= 1.0 for v in t.intermediate_values.values())
+    assert summary["best_score"] == max(t.value for t in study.trials)
+    assert (out / "best" / "reconstruction.json").is_file() and (out / "tune.db").is_file()
+    # re-running with the same target finds the study finished and runs nothing more
+    again = tune(view, 3, out, trial_seconds=1.0, progress=False)
+    assert again["counts"]["complete"] == 3
+
+    # the honesty check (oracle side, so the training set is allowed again)
+    monkeypatch.undo()
+    exp = tmp_path / "selection"
+    assert main(["experiment", "selection", "--study-dir", str(out), "--against", str(victim_dir), "--pool-size", "50",
+                 "-o", str(exp), "--no-progress"]) == 0
+    import json
+
+    res = json.loads((exp / "selection.json").read_text())
+    assert res["n_trials_judged"] == 3 and (exp / "score_vs_oracle.png").is_file()
+    assert res["attacker_selected"]["trial"] == summary["best_trial"]
+    assert res["oracle_best_by_memorised"]["oracle_memorised"] == max(r["oracle_memorised"] for r in res["trials"])
+    assert set(res["spearman_attacker_score_vs_oracle"]) == {"vs_oracle_one_to_one_ssim>=0.4", "vs_oracle_memorised"}
+
+
+def test_tune_refuses_a_victim_with_training_data(victim_dir, tmp_path):
+    from exhume.victim import load_victim
+
+    with pytest.raises(ConfigError, match="AttackerView"):
+        tune(load_victim(victim_dir), 1, tmp_path / "t", trial_seconds=1.0, progress=False)
+
+
+def test_score_counts_duplicates_and_degenerate_candidates(victim_dir):
+    view = _view(victim_dir)
+    g = torch.Generator().manual_seed(0)
+    m = 8
+    labels = torch.tensor([1.0] * 4 + [-1.0] * 4)
+    lam = torch.full((m,), 0.5)
+    noise = (view.mean + 0.3 * torch.randn((m, *view.input_shape), generator=g)).clamp(0, 1)
+    distinct = attacker_score(view, noise, labels, lam)
+    dup = attacker_score(view, noise[:1].repeat(m, 1, 1, 1), labels, lam)
+    assert distinct["distinct"] == 1.0 and dup["distinct"] == pytest.approx(1 / m)
+    flat = attacker_score(view, view.mean.expand(m, *view.input_shape).clone(), labels, lam)
+    assert flat["non_degenerate"] == 0.0 and flat["plausible"] == 0.0
+    out_of_range = attacker_score(view, noise * 5 - 2, labels, lam)
+    assert out_of_range["in_range"] < 0.6
+    with pytest.raises(ConfigError, match="AttackerView"):
+        attacker_score(object(), noise, labels, lam)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--trials", "0"], "--trials must be at least 1"),
+    (["--trials", "2", "--trial-seconds", "0"], "--trial-seconds must be positive"),
+    (["--trials", "2", "--heartbeat", "0"], "--heartbeat must be at least 1"),
+    (["--trials", "2", "--storage", "redis://localhost"], "--storage must be an SQLAlchemy URL"),
+    (["--trials", "2", "-p", "lr=0.1"], "searched or set by the tuner"),
+    (["--trials", "2", "-p", "banana=1"], "banana"),
+    (["--trials", "2", "--storage", "postgresql://nobody:x@127.0.0.1:1/none"], "cannot open the study storage"),
+])
+def test_tune_cli_errors(victim_dir, tmp_path, capsys, argv, message):
+    assert main(["tune", str(victim_dir), "-o", str(tmp_path / "t"), "--no-progress", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_tune_cli_missing_victim(tmp_path, capsys):
+    assert main(["tune", str(tmp_path / "nope"), "-o", str(tmp_path / "t"), "--trials", "1"]) == 2
+    assert "nope" in capsys.readouterr().err
+
+
+# -- a shared study on a real PostgreSQL server ------------------------------------------------------
+
+def _dsn() -> str:
+    dsn = os.environ.get("EXHUME_TEST_POSTGRES")
+    if dsn:
+        return dsn
+    msg = "EXHUME_TEST_POSTGRES is not set (a postgresql:// URL of a scratch database; .ci/run starts one)"
+    if os.environ.get("CI"):
+        pytest.fail(msg)
+    pytest.skip(msg + "; set CI=1 to make this a failure")
+
+
+def _worker(victim_dir, out, dsn, study, trials, seconds):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "exhume", "tune", str(victim_dir), "-o", str(out), "--trials", str(trials),
+           "--trial-seconds", str(seconds), "--storage", dsn, "--study-name", study, "--no-prune", "--no-progress",
+           "--heartbeat", "1"]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_postgres_two_workers_share_one_study(victim_dir, tmp_path):
+    dsn = _dsn()
+    study = f"test-{uuid.uuid4().hex[:10]}"
+    workers = [_worker(victim_dir, tmp_path / f"w{i}", dsn, study, 4, 2) for i in range(2)]
+    for w in workers:
+        out, err = w.communicate(timeout=180)
+        assert w.returncode == 0, err[-2000:]
+    s = load_study(dsn, tmp_path, study)
+    states = [t.state for t in s.trials]
+    assert states.count(optuna.trial.TrialState.COMPLETE) == 4 and len(states) == 4
+    pids = {t.user_attrs["pid"] for t in s.trials}
+    assert pids == {w.pid for w in workers}, "both workers ran trials"
+    assert [t.number for t in s.trials if t.user_attrs.get("is_default")] == [0]
+
+
+def test_postgres_killed_worker_loses_only_its_running_trial(victim_dir, tmp_path):
+    dsn = _dsn()
+    study = f"test-{uuid.uuid4().hex[:10]}"
+    victim_worker = _worker(victim_dir, tmp_path / "a", dsn, study, 4, 3)
+    # wait until worker A is inside a trial, then kill it without warning
+    deadline = time.time() + 90
+    killed_trial = None
+    while time.time() < deadline and killed_trial is None:
+        time.sleep(0.3)
+        try:
+            s = load_study(dsn, tmp_path, study)
+        except ConfigError:  # not created yet
+            continue
+        running = [t for t in s.get_trials(states=(optuna.trial.TrialState.RUNNING,)) if t.user_attrs.get("pid") == victim_worker.pid]
+        if running:
+            time.sleep(1.0)
+            killed_trial = running[0].number
+    assert killed_trial is not None, "worker A never started a trial"
+    survivor = _worker(victim_dir, tmp_path / "b", dsn, study, 4, 3)
+    os.kill(victim_worker.pid, signal.SIGKILL)
+    victim_worker.wait(timeout=10)
+    out, err = survivor.communicate(timeout=240)
+    assert survivor.returncode == 0, err[-2000:]
+    s = load_study(dsn, tmp_path, study)
+    S = optuna.trial.TrialState
+    by_state = {st: [t for t in s.trials if t.state == st] for st in (S.COMPLETE, S.FAIL, S.RUNNING, S.WAITING)}
+    assert len(by_state[S.COMPLETE]) == 4, [(t.number, t.state) for t in s.trials]
+    assert [t.number for t in by_state[S.FAIL]] == [killed_trial]
+    assert by_state[S.RUNNING] == [] and by_state[S.WAITING] == []
+    # the lost trial was queued again with the same parameters and completed by the survivor
+    retried = [t for t in by_state[S.COMPLETE] if t.system_attrs.get("failed_trial") == killed_trial]
+    assert len(retried) == 1 and retried[0].params == s.trials[killed_trial].params
+    assert retried[0].user_attrs["pid"] == survivor.pid
