@@ -35,7 +35,7 @@ from torch import nn
 from torch.func import functional_call
 
 from exhume.attacks.base import Attack, Param, Reconstruction, init_record, initial_candidates, register
-from exhume.attacks.checkpoint import load_checkpoint, save_checkpoint
+from exhume.attacks.checkpoint import load_checkpoint, resumable_settings, save_checkpoint
 from exhume.attacks.formulation import binary_labels
 from exhume.attacks.kkt import DTYPES
 from exhume.attacks.surrogate import soft_activations
@@ -142,9 +142,6 @@ def implicit_gradient(model: nn.Module, like: dict[str, torch.Tensor], theta: to
     return -mixed.detach(), p.detach(), info
 
 
-def _resumable(cfg: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in cfg.items() if k not in ("iterations", "max_seconds", "checkpoint_every", "log_every")}
-
 
 @register
 class BilevelAttack(Attack):
@@ -224,7 +221,7 @@ class BilevelAttack(Attack):
         ckpt_path = Path(out) / "checkpoint.pt" if out is not None else None
         if resume and ckpt_path is not None and ckpt_path.exists():
             state = load_checkpoint(ckpt_path, {"x": x, "theta": theta, "p": p_adj}, {"opt": opt},
-                                    expect={"config": _resumable(cfg), "seed": seed, "m": m})
+                                    expect={"config": resumable_settings(cfg), "seed": seed, "m": m})
         start_iter, elapsed0 = state["iteration"], state["elapsed"]
         history: list[dict[str, float]] = state["history"]
         t0 = time.perf_counter()
@@ -234,7 +231,7 @@ class BilevelAttack(Attack):
             if ckpt_path is not None:
                 save_checkpoint(ckpt_path, {"x": x, "theta": theta, "p": p_adj}, {"opt": opt},
                                 {"iteration": done, "elapsed": elapsed0 + time.perf_counter() - t0, "history": history,
-                                 "config": _resumable(cfg), "seed": seed, "m": m})
+                                 "config": resumable_settings(cfg), "seed": seed, "m": m})
 
         def project() -> None:
             if cfg["project"]:

@@ -54,3 +54,11 @@ def load_checkpoint(path: Path, tensors: dict[str, torch.Tensor], optimizers: di
     for k, o in optimizers.items():
         o.load_state_dict(payload["optimizers"][k])
     return state
+
+
+BUDGET_SETTINGS = ("iterations", "max_seconds", "checkpoint_every", "log_every")
+
+
+def resumable_settings(cfg: dict[str, Any], budget: tuple[str, ...] = BUDGET_SETTINGS) -> dict[str, Any]:
+    """The settings a resumed run must share with its checkpoint (``budget`` keys may change)."""
+    return {k: v for k, v in cfg.items() if k not in budget}

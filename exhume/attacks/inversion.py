@@ -32,7 +32,7 @@ from torch import nn
 from torch.func import functional_call
 
 from exhume.attacks.base import Attack, Param, Reconstruction, register
-from exhume.attacks.checkpoint import load_checkpoint, save_checkpoint
+from exhume.attacks.checkpoint import load_checkpoint, resumable_settings, save_checkpoint
 from exhume.attacks.generator import CONDITIONINGS, OUTPUTS, ConditionedGenerator
 from exhume.attacks.inversion_losses import (GRAD_MODES, PERTURBATIONS, ce_term, cosine_term, grad_norm_term, kl_term,
                                              ortho_term, perturb, pixel_term, tv_term)
@@ -74,8 +74,7 @@ class FeatureTap:
         self.handle.remove()
 
 
-def _resumable(cfg: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in cfg.items() if k not in ("steps", "max_seconds", "checkpoint_every", "log_every", "samples_per_class")}
+INVERSION_BUDGET = ("steps", "max_seconds", "checkpoint_every", "log_every", "samples_per_class")
 
 
 COMMON_PARAMS: dict[str, Param] = {
@@ -145,7 +144,7 @@ class GeneratorAttack(Attack):
         if resume and ckpt_path is not None and ckpt_path.exists():
             extra = {"rng": rng.get_state(), "torch_rng": torch.get_rng_state()}
             state = load_checkpoint(ckpt_path, {**tensors, **extra}, {"opt": opt},
-                                    expect={"config": _resumable(cfg), "seed": seed, "method": self.name})
+                                    expect={"config": resumable_settings(cfg, INVERSION_BUDGET), "seed": seed, "method": self.name})
             rng.set_state(extra["rng"])
             torch.set_rng_state(extra["torch_rng"])
         start, elapsed0 = state["iteration"], state["elapsed"]
@@ -157,7 +156,7 @@ class GeneratorAttack(Attack):
             if ckpt_path is not None:
                 save_checkpoint(ckpt_path, {**tensors, "rng": rng.get_state(), "torch_rng": torch.get_rng_state()}, {"opt": opt},
                                 {"iteration": done, "elapsed": elapsed0 + time.perf_counter() - t0, "history": history,
-                                 "config": _resumable(cfg), "seed": seed, "method": self.name})
+                                 "config": resumable_settings(cfg, INVERSION_BUDGET), "seed": seed, "method": self.name})
 
         weights = {"kl": cfg["alpha"], "ce": cfg["beta"], "cosine": cfg["gamma"], "ortho": cfg["delta"], **self.extra_weights()}
         bar = Progress(f"{self.name} attack", cfg["steps"], cfg["max_seconds"], start, elapsed0, disable=not progress)

@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from exhume.attacks.base import Attack, Param, Reconstruction, init_record, initial_candidates, register
-from exhume.attacks.checkpoint import load_checkpoint, save_checkpoint
+from exhume.attacks.checkpoint import load_checkpoint, resumable_settings, save_checkpoint
 from exhume.attacks.formulation import FORMULATIONS, resolve
 from exhume.attacks.stationarity import stationarity_residual
 from exhume.errors import ConfigError
@@ -56,10 +56,6 @@ from exhume.progress import Progress
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
-
-def _resumable(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The settings a resumed run must share with its checkpoint (budgets may change)."""
-    return {k: v for k, v in cfg.items() if k not in ("iterations", "max_seconds", "checkpoint_every", "log_every")}
 
 
 @register
@@ -137,7 +133,7 @@ class KKTAttack(Attack):
         state = {"iteration": 0, "elapsed": 0.0, "history": []}
         ckpt_path = Path(out) / "checkpoint.pt" if out is not None else None
         if resume and ckpt_path is not None and ckpt_path.exists():
-            state = load_checkpoint(ckpt_path, {"x": x, "u": u}, {"opt_x": opt_x, "opt_u": opt_u}, expect={"config": _resumable(cfg), "seed": seed, "m": m})
+            state = load_checkpoint(ckpt_path, {"x": x, "u": u}, {"opt_x": opt_x, "opt_u": opt_u}, expect={"config": resumable_settings(cfg), "seed": seed, "m": m})
 
         start_iter, elapsed0 = state["iteration"], state["elapsed"]
         history: list[dict[str, float]] = state["history"]
@@ -148,7 +144,7 @@ class KKTAttack(Attack):
             if ckpt_path is not None:
                 save_checkpoint(ckpt_path, {"x": x, "u": u}, {"opt_x": opt_x, "opt_u": opt_u},
                                 {"iteration": done, "elapsed": elapsed0 + time.perf_counter() - t0, "history": history,
-                                 "config": _resumable(cfg), "seed": seed, "m": m})
+                                 "config": resumable_settings(cfg), "seed": seed, "m": m})
 
         bar = Progress("kkt attack", cfg["iterations"], cfg["max_seconds"], start_iter, elapsed0, disable=not progress)
         try:
