@@ -37,7 +37,9 @@ def run_demo(out: str | Path = "runs/demo", seed: int = 0, device: str = "cpu", 
     check_device(device)
     out = Path(out)
     t0 = time.perf_counter()
-    victim_dir, attack_dir, eval_dir = out / "victim", out / "attack", out / "evaluation"
+    # the same layout as 'exhume attack' + 'exhume evaluate' + 'exhume report': RUN/evaluation, RUN/report.html
+    victim_dir, attack_dir = out / "victim", out / "attack"
+    eval_dir = attack_dir / "evaluation"
     if resume and (victim_dir / "victim.json").exists():
         victim = load_victim(victim_dir)
         print(f"[1/3] reusing the victim in {victim_dir}")
@@ -63,9 +65,13 @@ def run_demo(out: str | Path = "runs/demo", seed: int = 0, device: str = "cpu", 
     wall = time.perf_counter() - t0
     result.metrics["demo_wall_seconds"] = round(wall, 1)
     result.save(eval_dir)
+    from exhume.report import write_report
+
+    report = write_report(attack_dir)
     print()
     print(format_table(summary_rows(result.metrics) + [("total wall time", f"{wall:.0f} s")]))
     print()
     print(f"best pairs (training | reconstruction | best unseen digit): {eval_dir / 'best_pairs.png'}")
     print(f"metrics: {eval_dir / 'metrics.json'}   SSIM vs margin: {eval_dir / 'ssim_vs_margin.png'}")
+    print(f"audit report (one HTML page, opens offline): {report}")
     return result.metrics
