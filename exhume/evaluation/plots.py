@@ -18,7 +18,8 @@ from .ssim import as_images  # noqa: E402
 __all__ = ["plot_sorted_ssim", "plot_ssim_vs_margin", "pairs_grid", "candidates_grid"]
 
 
-def _save(fig, path) -> Path:
+def save_figure(fig, path) -> Path:
+    """Save ``fig`` as a PNG (creating the folder) and close it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -74,7 +75,7 @@ def plot_sorted_ssim(result: EvalResult, path: str | os.PathLike) -> Path:
         title += f", memorised: {result.metrics['memorised']}"
     ax.set_title(title)
     ax.legend(fontsize=7, loc="lower left")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_ssim_vs_margin(result: EvalResult, path: str | os.PathLike) -> Path:
@@ -101,7 +102,7 @@ def plot_ssim_vs_margin(result: EvalResult, path: str | os.PathLike) -> Path:
     if rho is not None:
         ax.set_title(f"Spearman rho = {rho:.3f}", fontsize=9)
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def pairs_grid(candidates, train, pool, result: EvalResult, path: str | os.PathLike,
@@ -144,7 +145,7 @@ def pairs_grid(candidates, train, pool, result: EvalResult, path: str | os.PathL
                   f"pool {float(result.arrays['pool_ssim'][i]):.2f}")
     fig.suptitle(f"{which} {len(order)} training images by SSIM: training | reconstruction"
                  + (" | best unseen image  (* memorised)" if has_pool else ""), fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def candidates_grid(candidates, path: str | os.PathLike, k: int = 100) -> Path:
@@ -161,4 +162,4 @@ def candidates_grid(candidates, path: str | os.PathLike, k: int = 100) -> Path:
         ax = axes.flat[j]
         _show(ax, img)
         ax.axis("off")
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -30,6 +30,7 @@ import torch  # noqa: E402
 from ..errors import DataError  # noqa: E402
 from .matching import l2_matrix  # noqa: E402
 from .metrics import evaluate_images  # noqa: E402
+from .plots import save_figure  # noqa: E402
 from .ssim import as_images, ssim_matrix  # noqa: E402
 
 
@@ -121,10 +122,4 @@ def class_grid(candidates, labels, path: str | Path, per_class: int = 10, title:
         axes[r, 0].set_ylabel(str(c), rotation=0, labelpad=8)
     if title:
         fig.suptitle(title, fontsize=8)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fig.savefig(path, dpi=110, bbox_inches="tight")
-    finally:
-        plt.close(fig)
-    return path
+    return save_figure(fig, path)
