@@ -191,3 +191,26 @@ def test_multiclass_victim_without_class_count_is_refused():
     view = AttackerView(model=UserNet(), task="multiclass", input_shape=(5,), mean=torch.zeros(5))
     with pytest.raises(ConfigError, match="num_classes"):
         get_attack("kkt", iterations=1).run(view, progress=False)
+
+
+def test_shared_loop_checkpoints_on_interrupt_and_excludes_callback_time():
+    import time as _time
+
+    from exhume.attacks.loop import run_loop
+
+    saved, history = [], []
+
+    def step(it, log, clock):
+        if it == 5:
+            raise KeyboardInterrupt
+        if log:
+            history.append(it)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_loop("t", 10, None, 0, 0.0, step, lambda done, el: saved.append(done), log_every=2, checkpoint_every=3,
+                 progress=False)
+    assert saved == [3, 4] and history == [1, 2, 4]  # the periodic checkpoint, then the last completed step
+
+    end = run_loop("t", 4, None, 0, 10.0, lambda it, log, clock: None, lambda d, e: None, log_every=1,
+                   checkpoint_every=100, progress=False, emit=lambda it, el: _time.sleep(0.2), emit_every=1)
+    assert end.done == 4 and 10.0 <= end.elapsed < 10.2  # four 0.2 s callbacks are not attack time

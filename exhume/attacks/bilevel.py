@@ -26,7 +26,6 @@ images (ground truth, partition, mixtures), which are labelled oracle in the res
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,11 +36,11 @@ from torch.func import functional_call
 from exhume.attacks.base import Attack, Param, Reconstruction, init_record, initial_candidates, register
 from exhume.attacks.checkpoint import load_checkpoint, resumable_settings, save_checkpoint
 from exhume.attacks.formulation import binary_labels
+from exhume.attacks.loop import run_loop
 from exhume.attacks.kkt import DTYPES
 from exhume.attacks.surrogate import soft_activations
 from exhume.errors import ConfigError
 from exhume.losses import per_sample_loss
-from exhume.progress import Progress
 
 
 # -- flat parameter vectors ---------------------------------------------------------------------
@@ -224,13 +223,10 @@ class BilevelAttack(Attack):
                                     expect={"config": resumable_settings(cfg), "seed": seed, "m": m})
         start_iter, elapsed0 = state["iteration"], state["elapsed"]
         history: list[dict[str, float]] = state["history"]
-        t0 = time.perf_counter()
-        done = start_iter
-
-        def checkpoint() -> None:
+        def save(done: int, elapsed: float) -> None:
             if ckpt_path is not None:
                 save_checkpoint(ckpt_path, {"x": x, "theta": theta, "p": p_adj}, {"opt": opt},
-                                {"iteration": done, "elapsed": elapsed0 + time.perf_counter() - t0, "history": history,
+                                {"iteration": done, "elapsed": elapsed, "history": history,
                                  "config": resumable_settings(cfg), "seed": seed, "m": m})
 
         def project() -> None:
@@ -240,50 +236,39 @@ class BilevelAttack(Attack):
 
         project()
         theta_sq = float((theta_star**2).sum())
-        bar = Progress("bilevel attack", cfg["iterations"], cfg["max_seconds"], start_iter, elapsed0, disable=not progress)
-        try:
-            for it in range(start_iter + 1, cfg["iterations"] + 1):
-                theta, inner_grad = solve_inner(model, like, theta, x, y, loss, wd, cfg["inner_steps"], cfg["inner_tol"])
-                dist = float(((theta - theta_star) ** 2).sum())
-                if not torch.isfinite(theta).all():
-                    raise ConfigError(f"bilevel inner training diverged at outer step {it}; raise weight_decay or damping")
-                gx, p_adj, cg = implicit_gradient(model, like, theta, theta_star, x, y, loss, wd, cfg["damping"],
-                                                  cfg["cg_iterations"], cfg["cg_tol"], p_adj, cfg["alpha"])
-                if not torch.isfinite(gx).all():
-                    raise ConfigError(f"bilevel implicit gradient is not finite at outer step {it}; raise damping")
-                opt.zero_grad(set_to_none=True)
-                x.grad = gx
-                opt.step()
-                project()
-                done = it
-                elapsed = elapsed0 + time.perf_counter() - t0
-                if it % cfg["log_every"] == 0 or it == 1:
-                    history.append({"iteration": it, "param_distance": dist, "relative_param_distance": dist / theta_sq,
-                                    "inner_grad_norm": inner_grad, "cg_iterations": cg["iterations"],
-                                    "cg_relative_residual": cg["relative_residual"],
-                                    "negative_curvature": cg["negative_curvature"], "seconds": round(elapsed, 3)})
-                    bar.update(it, dist=f"{dist:.3g}")
-                else:
-                    bar.update(it)
-                if it % cfg["checkpoint_every"] == 0:
-                    checkpoint()
-                if callback is not None and it % callback_every == 0:
-                    pause = time.perf_counter()
-                    with torch.no_grad():
-                        callback(it, elapsed, (x + mean).float().cpu())
-                    t0 += time.perf_counter() - pause
-                if cfg["max_seconds"] is not None and elapsed >= cfg["max_seconds"]:
-                    break
-        except KeyboardInterrupt:
-            checkpoint()
-            raise
-        finally:
-            bar.close()
-        checkpoint()
+
+        def step(it: int, log: bool, clock) -> dict[str, str] | None:
+            nonlocal theta, p_adj
+            theta, inner_grad = solve_inner(model, like, theta, x, y, loss, wd, cfg["inner_steps"], cfg["inner_tol"])
+            dist = float(((theta - theta_star) ** 2).sum())
+            if not torch.isfinite(theta).all():
+                raise ConfigError(f"bilevel inner training diverged at outer step {it}; raise weight_decay or damping")
+            gx, p_adj, cg = implicit_gradient(model, like, theta, theta_star, x, y, loss, wd, cfg["damping"],
+                                              cfg["cg_iterations"], cfg["cg_tol"], p_adj, cfg["alpha"])
+            if not torch.isfinite(gx).all():
+                raise ConfigError(f"bilevel implicit gradient is not finite at outer step {it}; raise damping")
+            opt.zero_grad(set_to_none=True)
+            x.grad = gx
+            opt.step()
+            project()
+            if not log:
+                return None
+            history.append({"iteration": it, "param_distance": dist, "relative_param_distance": dist / theta_sq,
+                            "inner_grad_norm": inner_grad, "cg_iterations": cg["iterations"],
+                            "cg_relative_residual": cg["relative_residual"],
+                            "negative_curvature": cg["negative_curvature"], "seconds": round(clock(), 3)})
+            return {"dist": f"{dist:.3g}"}
+
+        def emit(it: int, elapsed: float) -> None:
+            with torch.no_grad():
+                callback(it, elapsed, (x + mean).float().cpu())
+
+        end = run_loop("bilevel attack", cfg["iterations"], cfg["max_seconds"], start_iter, elapsed0, step, save,
+                       log_every=cfg["log_every"], checkpoint_every=cfg["checkpoint_every"], progress=progress,
+                       emit=None if callback is None else emit, emit_every=callback_every)
         # θ after solving: train once more on the final candidates and measure the distance to θ*
         theta_final, inner_grad = solve_inner(model, like, theta, x, y, loss, wd, max(cfg["inner_steps"], 100), cfg["inner_tol"])
         dist = float(((theta_final - theta_star) ** 2).sum())
-        elapsed = elapsed0 + time.perf_counter() - t0
         with torch.no_grad():
             out_final = functional_call(model, unflatten(theta_final, like), (x,))
             candidates = (x + mean).float().cpu()
@@ -296,7 +281,7 @@ class BilevelAttack(Attack):
             config={**cfg, "m": m, "n_guess": n, "weight_decay_used": wd, "loss_used": loss, **init_record(init_name)},
             seed=seed,
             loss_history=history,
-            summary={"iterations": done, "seconds": round(elapsed, 3),
+            summary={"iterations": end.done, "seconds": round(end.elapsed, 3),
                      "param_distance": dist, "relative_param_distance": dist / theta_sq,
                      "param_distance_note": "‖θ* − θ‖² with θ trained on the final candidates (warm-started L-BFGS)",
                      "final_inner_grad_norm": inner_grad,

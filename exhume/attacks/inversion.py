@@ -22,7 +22,6 @@ cross-entropy); with ``warmup=0.3`` it reached 84% class accuracy, with sigmoid 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +32,11 @@ from torch.func import functional_call
 
 from exhume.attacks.base import Attack, Param, Reconstruction, register
 from exhume.attacks.checkpoint import load_checkpoint, resumable_settings, save_checkpoint
+from exhume.attacks.loop import run_loop
 from exhume.attacks.generator import CONDITIONINGS, OUTPUTS, ConditionedGenerator
 from exhume.attacks.inversion_losses import (GRAD_MODES, PERTURBATIONS, ce_term, cosine_term, grad_norm_term, kl_term,
                                              ortho_term, perturb, pixel_term, tv_term)
 from exhume.errors import ConfigError
-from exhume.progress import Progress
 
 
 class FeatureTap:
@@ -149,68 +148,55 @@ class GeneratorAttack(Attack):
             torch.set_rng_state(extra["torch_rng"])
         start, elapsed0 = state["iteration"], state["elapsed"]
         history: list[dict[str, float]] = state["history"]
-        t0 = time.perf_counter()
-        done = start
-
-        def checkpoint() -> None:
+        def save(done: int, elapsed: float) -> None:
             if ckpt_path is not None:
                 save_checkpoint(ckpt_path, {**tensors, "rng": rng.get_state(), "torch_rng": torch.get_rng_state()}, {"opt": opt},
-                                {"iteration": done, "elapsed": elapsed0 + time.perf_counter() - t0, "history": history,
+                                {"iteration": done, "elapsed": elapsed, "history": history,
                                  "config": resumable_settings(cfg, INVERSION_BUDGET), "seed": seed, "method": self.name})
 
         weights = {"kl": cfg["alpha"], "ce": cfg["beta"], "cosine": cfg["gamma"], "ortho": cfg["delta"], **self.extra_weights()}
-        bar = Progress(f"{self.name} attack", cfg["steps"], cfg["max_seconds"], start, elapsed0, disable=not progress)
+
+        def step(it: int, log: bool, clock) -> dict[str, str] | None:
+            gen.train()
+            images, cond = gen.sample(cfg["batch_size"], rng, hot=self.hot)
+            tap.value = None
+            logits = classify(images)
+            feats = tap.value
+            if feats is None:
+                raise ConfigError(f"feature layer {tap.layer!r} was not used in the classifier's forward pass")
+            terms = {"kl": kl_term(cond.target, logits), "ce": ce_term(cond.labels, logits),
+                     "cosine": cosine_term(feats), "ortho": ortho_term(feats, cfg["ortho_normalize"])}
+            tap.active = False
+            try:
+                terms.update(self.extra_terms({"images": images, "cond": cond, "classify": classify, "model": model,
+                                               "grad_params": grad_params, "buffers": buffers, "mean": mean, "rng": rng}))
+            finally:
+                tap.active = True
+            ramp = self.ramp(it)
+            loss = sum(weights[n] * (ramp if n in self.ramped else 1.0) * v for n, v in terms.items() if weights[n] != 0)
+            if not torch.isfinite(loss):
+                raise ConfigError(f"{self.name} attack diverged at step {it}; lower lr (now {cfg['lr']})")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if not log:
+                return None
+            with torch.no_grad():
+                acc = float((logits.argmax(1) == cond.labels).float().mean())
+            rec = {"iteration": it, "loss": float(loss.detach()), "accuracy": acc, "seconds": round(clock(), 3),
+                   **{n: float(v.detach()) for n, v in terms.items()}}
+            history.append(rec)
+            return {"loss": f"{rec['loss']:.3g}", "acc": f"{acc:.2f}"}
+
+        def emit(it: int, elapsed: float) -> None:
+            callback(it, elapsed, self._draw(gen, classify, k, rng)[0])
+
         try:
-            for it in range(start + 1, cfg["steps"] + 1):
-                gen.train()
-                images, cond = gen.sample(cfg["batch_size"], rng, hot=self.hot)
-                tap.value = None
-                logits = classify(images)
-                feats = tap.value
-                if feats is None:
-                    raise ConfigError(f"feature layer {tap.layer!r} was not used in the classifier's forward pass")
-                terms = {"kl": kl_term(cond.target, logits), "ce": ce_term(cond.labels, logits),
-                         "cosine": cosine_term(feats), "ortho": ortho_term(feats, cfg["ortho_normalize"])}
-                tap.active = False
-                try:
-                    terms.update(self.extra_terms({"images": images, "cond": cond, "classify": classify, "model": model,
-                                                   "grad_params": grad_params, "buffers": buffers, "mean": mean, "rng": rng}))
-                finally:
-                    tap.active = True
-                ramp = self.ramp(it)
-                loss = sum(weights[n] * (ramp if n in self.ramped else 1.0) * v for n, v in terms.items() if weights[n] != 0)
-                if not torch.isfinite(loss):
-                    raise ConfigError(f"{self.name} attack diverged at step {it}; lower lr (now {cfg['lr']})")
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                done = it
-                elapsed = elapsed0 + time.perf_counter() - t0
-                if it % cfg["log_every"] == 0 or it == 1:
-                    with torch.no_grad():
-                        acc = float((logits.argmax(1) == cond.labels).float().mean())
-                    rec = {"iteration": it, "loss": float(loss.detach()), "accuracy": acc, "seconds": round(elapsed, 3),
-                           **{n: float(v.detach()) for n, v in terms.items()}}
-                    history.append(rec)
-                    bar.update(it, loss=f"{rec['loss']:.3g}", acc=f"{acc:.2f}")
-                else:
-                    bar.update(it)
-                if it % cfg["checkpoint_every"] == 0:
-                    checkpoint()
-                if callback is not None and it % callback_every == 0:
-                    pause = time.perf_counter()
-                    callback(it, elapsed, self._draw(gen, classify, k, rng)[0])
-                    t0 += time.perf_counter() - pause
-                if cfg["max_seconds"] is not None and elapsed >= cfg["max_seconds"]:
-                    break
-        except KeyboardInterrupt:
-            checkpoint()
-            raise
+            end = run_loop(f"{self.name} attack", cfg["steps"], cfg["max_seconds"], start, elapsed0, step, save,
+                           log_every=cfg["log_every"], checkpoint_every=cfg["checkpoint_every"], progress=progress,
+                           emit=None if callback is None else emit, emit_every=callback_every)
         finally:
-            bar.close()
             tap.remove()
-        checkpoint()
-        elapsed = elapsed0 + time.perf_counter() - t0
         candidates, labels, scores, predicted = self._draw(gen, classify, k, rng)
         per_class = [float((predicted[labels == c] == c).float().mean()) for c in range(k)]
         if out is not None:
@@ -221,7 +207,7 @@ class GeneratorAttack(Attack):
             config={**cfg, "hot_conditioning": self.hot, "features": tap.where, "num_classes": k,
                     "grad_mode_note": self.grad_note()},
             seed=seed, loss_history=history,
-            summary={"iterations": done, "seconds": round(elapsed, 3),
+            summary={"iterations": end.done, "seconds": round(end.elapsed, 3),
                      "classifier_accuracy_on_candidates": float((predicted == labels).float().mean()),
                      "classifier_accuracy_per_class": per_class,
                      "mean_label_probability": float(scores.mean())},

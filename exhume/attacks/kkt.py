@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import copy
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +48,10 @@ import torch
 from exhume.attacks.base import Attack, Param, Reconstruction, init_record, initial_candidates, register
 from exhume.attacks.checkpoint import load_checkpoint, resumable_settings, save_checkpoint
 from exhume.attacks.formulation import FORMULATIONS, resolve
+from exhume.attacks.loop import run_loop
 from exhume.attacks.stationarity import stationarity_residual
 from exhume.errors import ConfigError
 from exhume.losses import LOSSES
-from exhume.progress import Progress
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -137,58 +136,43 @@ class KKTAttack(Attack):
 
         start_iter, elapsed0 = state["iteration"], state["elapsed"]
         history: list[dict[str, float]] = state["history"]
-        t0 = time.perf_counter()
-        done = start_iter  # the last iteration whose update is complete
 
-        def checkpoint() -> None:
+        def save(done: int, elapsed: float) -> None:
             if ckpt_path is not None:
                 save_checkpoint(ckpt_path, {"x": x, "u": u}, {"opt_x": opt_x, "opt_u": opt_u},
-                                {"iteration": done, "elapsed": elapsed0 + time.perf_counter() - t0, "history": history,
+                                {"iteration": done, "elapsed": elapsed, "history": history,
                                  "config": resumable_settings(cfg), "seed": seed, "m": m})
 
-        bar = Progress("kkt attack", cfg["iterations"], cfg["max_seconds"], start_iter, elapsed0, disable=not progress)
-        try:
-            for it in range(start_iter + 1, cfg["iterations"] + 1):
-                stat = stationarity_residual(model, params, x, y, scale * u, cfg["alpha"], objective) / theta2
-                dual = u.new_zeros(()) if form.signed else (torch.relu(cfg["lambda_min"] - u) ** 2).sum()
-                v = x + shift
-                prior = (torch.relu(v - hi) ** 2 + torch.relu(lo - v) ** 2).sum()
-                loss = stat + cfg["dual_weight"] * dual + cfg["prior_weight"] * prior
-                if not torch.isfinite(loss):
-                    raise ConfigError(f"kkt attack diverged at iteration {it} (loss {float(loss.detach())}); lower lr (now {cfg['lr']})")
-                opt_x.zero_grad(set_to_none=True)
-                opt_u.zero_grad(set_to_none=True)
-                loss.backward()
-                opt_x.step()
-                opt_u.step()
-                done = it
-                elapsed = elapsed0 + time.perf_counter() - t0
-                if it % cfg["log_every"] == 0 or it == 1:
-                    rec = {"iteration": it, "loss": float(loss.detach()), "stationarity": float(stat.detach()),
-                           "dual": float(dual.detach()), "prior": float(prior.detach()), "seconds": round(elapsed, 3)}
-                    history.append(rec)
-                    bar.update(it, stat=f"{rec['stationarity']:.3g}")
+        def step(it: int, log: bool, clock) -> dict[str, str] | None:
+            stat = stationarity_residual(model, params, x, y, scale * u, cfg["alpha"], objective) / theta2
+            dual = u.new_zeros(()) if form.signed else (torch.relu(cfg["lambda_min"] - u) ** 2).sum()
+            v = x + shift
+            prior = (torch.relu(v - hi) ** 2 + torch.relu(lo - v) ** 2).sum()
+            loss = stat + cfg["dual_weight"] * dual + cfg["prior_weight"] * prior
+            if not torch.isfinite(loss):
+                raise ConfigError(f"kkt attack diverged at iteration {it} (loss {float(loss.detach())}); lower lr (now {cfg['lr']})")
+            opt_x.zero_grad(set_to_none=True)
+            opt_u.zero_grad(set_to_none=True)
+            loss.backward()
+            opt_x.step()
+            opt_u.step()
+            if not log:
+                return None
+            rec = {"iteration": it, "loss": float(loss.detach()), "stationarity": float(stat.detach()),
+                   "dual": float(dual.detach()), "prior": float(prior.detach()), "seconds": round(clock(), 3)}
+            history.append(rec)
+            return {"stat": f"{rec['stationarity']:.3g}"}
+
+        def emit(it: int, elapsed: float) -> None:
+            with torch.no_grad():
+                if callback_multipliers:
+                    callback(it, elapsed, (x + mean).float().cpu(), multipliers=(scale * u).float().cpu())
                 else:
-                    bar.update(it)
-                if it % cfg["checkpoint_every"] == 0:
-                    checkpoint()
-                if callback is not None and it % callback_every == 0:
-                    pause = time.perf_counter()
-                    with torch.no_grad():
-                        if callback_multipliers:
-                            callback(it, elapsed, (x + mean).float().cpu(), multipliers=(scale * u).float().cpu())
-                        else:
-                            callback(it, elapsed, (x + mean).float().cpu())
-                    t0 += time.perf_counter() - pause
-                if cfg["max_seconds"] is not None and elapsed >= cfg["max_seconds"]:
-                    break
-        except KeyboardInterrupt:
-            checkpoint()  # an interrupted run loses nothing: --resume continues from here
-            raise
-        finally:
-            bar.close()
-        checkpoint()
-        elapsed = elapsed0 + time.perf_counter() - t0
+                    callback(it, elapsed, (x + mean).float().cpu())
+
+        end = run_loop("kkt attack", cfg["iterations"], cfg["max_seconds"], start_iter, elapsed0, step, save,
+                       log_every=cfg["log_every"], checkpoint_every=cfg["checkpoint_every"], progress=progress,
+                       emit=None if callback is None else emit, emit_every=callback_every)
         with torch.no_grad():
             final_stat = float(stationarity_residual(model, params, x, y, scale * u, None, objective) / theta2)
             candidates = (x + mean).float().cpu()
@@ -200,6 +184,6 @@ class KKTAttack(Attack):
             config={**cfg, "m": m, "n_guess": n, "lambda_scale_value": scale, **form.info, **init_record(init_name)},
             seed=seed,
             loss_history=history,
-            summary={"iterations": done, "seconds": round(elapsed, 3), "final_relative_stationarity": final_stat,
+            summary={"iterations": end.done, "seconds": round(end.elapsed, 3), "final_relative_stationarity": final_stat,
                      "final_relative_stationarity_note": "with the exact ReLU derivative"},
         )
