@@ -51,6 +51,9 @@ def _optuna():
     return optuna
 
 
+SCHEMA_RACE_RETRIES = 5
+
+
 def make_storage(storage: str | None, out: Path, heartbeat_interval: int = HEARTBEAT_INTERVAL,
                  grace_period: int = GRACE_PERIOD):
     """An Optuna RDB storage with heartbeats and retry of stale trials (SQLite in ``out`` by default)."""
@@ -69,18 +72,26 @@ def make_storage(storage: str | None, out: Path, heartbeat_interval: int = HEART
             url = "postgresql+psycopg2://" + url[len("postgresql://"):]
     import warnings
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # heartbeat arguments are marked experimental
-        try:
-            return optuna.storages.RDBStorage(
-                url, heartbeat_interval=heartbeat_interval, grace_period=grace_period,
-                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3),
-                engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
-            )
-        except ImportError as e:
-            raise ConfigError(f"the storage {url.split('://')[0]!r} needs a database driver ({e}); pip install 'exhume[tune]'") from None
-        except Exception as e:  # sqlalchemy's OperationalError and friends: a wrong URL, host or password
-            raise ConfigError(f"cannot open the study storage {_redact(url)}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    import random
+
+    for attempt in range(SCHEMA_RACE_RETRIES + 1):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # heartbeat arguments are marked experimental
+            try:
+                return optuna.storages.RDBStorage(
+                    url, heartbeat_interval=heartbeat_interval, grace_period=grace_period,
+                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3),
+                    engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
+                )
+            except ImportError as e:
+                raise ConfigError(f"the storage {url.split('://')[0]!r} needs a database driver ({e}); pip install 'exhume[tune]'") from None
+            except Exception as e:  # sqlalchemy's OperationalError and friends: a wrong URL, host or password
+                # Workers started together on an empty database race to create Optuna's tables; the
+                # loser sees a unique-constraint violation and only needs to open the storage again.
+                if type(e).__name__ == "IntegrityError" and attempt < SCHEMA_RACE_RETRIES:
+                    time.sleep(0.2 + random.random())
+                    continue
+                raise ConfigError(f"cannot open the study storage {_redact(url)}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
 
 
 def _redact(url: str) -> str:
