@@ -175,6 +175,7 @@ def test_repr_shows_the_arguments():
         ({"lambda_scale": -2}, "lambda_scale"),
         ({"momentum": 1.5}, "momentum must be <= 1"),
         ({"m": 0}, "m must be >= 1"),
+        ({"tv_weight": -1e-4}, "tv_weight must be >= 0"),
     ],
 )
 def test_bad_arguments_are_refused_by_name(kwargs, message):

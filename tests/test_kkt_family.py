@@ -172,6 +172,26 @@ def test_kkt_attack_runs_on_exhume_cnn_victims_and_lowers_the_residual():
     assert recon.candidates.shape == (12, 1, 12, 12) and hist[-1] < hist[0]
 
 
+def _total_variation(images: torch.Tensor) -> float:
+    return float(((images[..., 1:, :] - images[..., :-1, :]) ** 2).sum() + ((images[..., :, 1:] - images[..., :, :-1]) ** 2).sum())
+
+
+def test_tv_prior_smooths_cnn_candidates_and_needs_images():
+    # a CNN's 3x3 filters and pooling barely see pixel noise: the TV prior is what removes it
+    torch.manual_seed(0)
+    model = build_model("cnn:4;fc=16;pool=max", (1, 12, 12), 1)
+    view = AttackerView(model=model, task="binary", input_shape=(1, 12, 12), mean=torch.full((1, 12, 12), 0.2),
+                        n_train_hint=4, loss="logistic", weight_decay=5e-3)
+    noisy = torch.rand(8, 1, 12, 12, generator=torch.Generator().manual_seed(1))
+    runs = {w: get_attack("kkt", iterations=150, tv_weight=w, lr=0.01).run(view, progress=False, init=noisy)
+            for w in (0.0, 1e-2)}
+    assert _total_variation(runs[1e-2].candidates) < 0.5 * _total_variation(runs[0.0].candidates)
+    assert runs[1e-2].config["tv_weight"] == 1e-2
+    flat = AttackerView(model=MLP(4, [8], 1), task="binary", input_shape=(4,), mean=torch.zeros(4), n_train_hint=2)
+    with pytest.raises(ConfigError, match=r"tv_weight needs image inputs \(C, H, W\); this victim's input shape is \(4,\)"):
+        get_attack("kkt", iterations=1, tv_weight=1e-4).run(flat, progress=False)
+
+
 @pytest.mark.parametrize(
     "view_kwargs, attack_kwargs, message",
     [
@@ -205,3 +225,19 @@ def test_experiment_writes_figure_table_and_the_seed_comparison(tmp_path, capsys
     assert [r["task"] for r in summary["rows"]] == ["odd-even", "multiclass"]
     assert (out / "multiclass.png").stat().st_size > 1000 and (out / "multiclass.csv").read_text().startswith("case,")
     assert "seed found" in capsys.readouterr().out
+
+
+def test_cnn_experiment_trains_one_victim_and_attacks_it_with_and_without_the_tv_prior(tmp_path):
+    from exhume.cli import main
+
+    out = tmp_path / "cnn"
+    assert main(["experiment", "cnn", "-o", str(out), "--iterations", "15", "--epochs", "20", "--no-progress"]) == 0
+    summary = json.loads((out / "cnn.json").read_text())
+    rows = summary["rows"]
+    assert [json.loads(r["attack_params"]) for r in rows] == [{}, {"tv_weight": 1e-4}]
+    assert all(r["arch"] == "cnn:16;fc=256;pool=max" and r["epochs"] == 20 for r in rows)
+    # the second case reuses the first case's victim instead of training it again
+    assert sorted(p.parent.parent.name for p in out.glob("*/victim/victim.json")) == ["no_image_prior"]
+    recon_cfg = json.loads((out / "tv_prior_1e-4" / "attack" / "reconstruction.json").read_text())["config"]
+    assert recon_cfg["tv_weight"] == 1e-4
+    assert (out / "tv_prior_1e-4" / "evaluation" / "best_pairs.png").exists()
