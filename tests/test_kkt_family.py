@@ -235,9 +235,27 @@ def test_cnn_experiment_trains_one_victim_and_attacks_it_with_and_without_the_tv
     summary = json.loads((out / "cnn.json").read_text())
     rows = summary["rows"]
     assert [json.loads(r["attack_params"]) for r in rows] == [{}, {"tv_weight": 1e-4}]
-    assert all(r["arch"] == "cnn:16;fc=256;pool=max" and r["epochs"] == 20 for r in rows)
+    assert all(r["arch"] == "cnn:16;fc=256;pool=avg" and r["epochs"] == 20 for r in rows)
     # the second case reuses the first case's victim instead of training it again
     assert sorted(p.parent.parent.name for p in out.glob("*/victim/victim.json")) == ["no_image_prior"]
     recon_cfg = json.loads((out / "tv_prior_1e-4" / "attack" / "reconstruction.json").read_text())["config"]
     assert recon_cfg["tv_weight"] == 1e-4
     assert (out / "tv_prior_1e-4" / "evaluation" / "best_pairs.png").exists()
+
+
+def test_cnn_victim_on_real_digits_leaks_memorised_training_images():
+    """A small CNN trained on 10 real 8×8 digits (scikit-learn's): the attack, from the weights alone,
+    finds training digits better than any of 300 unseen digits does, and beats the held-out control."""
+    import exhume
+    from exhume.victim import make_victim
+
+    torch.manual_seed(0)
+    victim = make_victim("digits", "odd-even", 10, "cnn:8;fc=128;pool=none",
+                         TrainConfig(loss="logistic", lr=0.2, weight_decay=5e-3, max_epochs=3000), seed=0, progress=False,
+                         test_size=200)
+    assert victim.metrics["train_accuracy"] == 1.0
+    recon = exhume.attack(victim, "kkt", seed=0, progress=False, iterations=2500, tv_weight=1e-4)
+    m = exhume.evaluate(recon, victim, pool_size=300, figures=False).metrics
+    # measured: memorised 2-4 of 10 over attack seeds 0-3, control 0, membership AUC 0.73-0.83
+    assert m["memorised"] >= 2 and m["memorised"] > m["memorised_control"]
+    assert m["membership_auc"] > 0.65

@@ -262,7 +262,7 @@ CNN_BUDGET = "CPU default: one CNN victim (12,000 epochs, ~3 min) attacked twice
 def cnn_experiment(args: argparse.Namespace) -> dict[str, Any]:
     out, iterations, _, progress = _setup(args)
     n = 500 if args.full else 100
-    arch = "cnn:32;fc=1000;pool=max" if args.full else "cnn:16;fc=256;pool=max"
+    arch = "cnn:32;fc=1000;pool=avg" if args.full else "cnn:16;fc=256;pool=avg"
     epochs = args.epochs or (100_000 if args.full else 12_000)
     cases = [Case("no image prior", n=n, arch=arch), Case("tv prior 1e-4", n=n, arch=arch, attack=(("tv_weight", 1e-4),))]
     rows, _ = _run_all(cases, args, epochs, iterations, out, progress, figures=True)
