@@ -215,3 +215,20 @@ def test_shared_loop_checkpoints_on_interrupt_and_excludes_callback_time():
     end = run_loop("t", 4, None, 0, 10.0, lambda it, log, clock: None, lambda d, e: None, log_every=1,
                    checkpoint_every=100, progress=False, emit=lambda it, el: _time.sleep(0.2), emit_every=1)
     assert end.done == 4 and 10.0 <= end.elapsed < 10.2  # four 0.2 s callbacks are not attack time
+
+
+@pytest.mark.parametrize("method, arch, task, classes", [
+    ("kkt", "convnet:4;fc=8", "multiclass", 3),  # BatchNorm buffers: the λ scale's Euler check runs on the float64 copy
+    ("bilevel", "mlp:8;bias=all", "binary", 1),
+])
+def test_attacks_leave_the_callers_module_as_it_is_in_float64(method, arch, task, classes):
+    from exhume.models import build_model
+
+    model = build_model(arch, (1, 8, 8), classes).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    view = AttackerView(model=model, task=task, input_shape=(1, 8, 8), mean=torch.zeros(1, 8, 8),
+                        num_classes=classes if task == "multiclass" else None, n_train_hint=3,
+                        loss="cross-entropy" if task == "multiclass" else "logistic", weight_decay=1e-2)
+    recon = get_attack(method, iterations=2, dtype="float64").run(view, progress=False)
+    assert recon.candidates.shape[1:] == (1, 8, 8)
+    assert all(v.dtype == before[k].dtype and torch.equal(v, before[k]) for k, v in model.state_dict().items())

@@ -264,3 +264,12 @@ def test_experiment_is_registered_and_checks_sizes():
     assert _parse_sizes("1000, 2000") == [1000, 2000]
     with pytest.raises(ConfigError, match="sizes"):
         _parse_sizes("1k,2k")
+
+
+def test_generator_attacks_refuse_an_init_by_name():
+    import exhume
+
+    view = AttackerView(model=build_model("convnet:4;fc=7", (1, 8, 8), 3).eval(), task="multiclass", input_shape=(1, 8, 8),
+                        mean=torch.zeros(1, 8, 8), num_classes=3)
+    with pytest.raises(ConfigError, match="'inversion' attack draws its candidates from a generator and takes no init"):
+        exhume.attack(view, "inversion", init=torch.rand(3, 1, 8, 8), progress=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,7 @@ class Attack:
 
     name: ClassVar[str] = ""
     params: ClassVar[dict[str, Param]] = {}
+    takes_init: ClassVar[bool] = True  # run() accepts starting candidates (init=, init_name=)
 
     def __init__(self, **kwargs: Any) -> None:
         unknown = sorted(set(kwargs) - set(self.params))
@@ -87,6 +89,18 @@ class Attack:
 
 
 ORACLE_INITS = ("ground-truth", "partition", "mix")
+
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def attack_model(model: torch.nn.Module, device: str | torch.device, dtype: torch.dtype) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """A copy of the victim's module on ``device`` in ``dtype`` (eval mode) and its detached parameters.
+
+    Every attack works on this copy, so the caller's module keeps its device, dtype and hooks.
+    """
+    work = copy.deepcopy(model).to(device=torch.device(device), dtype=dtype).eval()
+    return work, {k: v.detach() for k, v in work.named_parameters()}
 
 
 def initial_candidates(init: torch.Tensor | None, m: int | None, input_shape: tuple[int, ...], mean: torch.Tensor,

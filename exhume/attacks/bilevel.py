@@ -33,11 +33,10 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from exhume.attacks.base import Attack, Param, Reconstruction, init_record, initial_candidates, register
+from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_model, init_record, initial_candidates, register
 from exhume.attacks.checkpoint import load_checkpoint, resumable_settings, save_checkpoint
 from exhume.attacks.formulation import binary_labels
 from exhume.attacks.loop import run_loop
-from exhume.attacks.kkt import DTYPES
 from exhume.attacks.surrogate import soft_activations
 from exhume.errors import ConfigError
 from exhume.losses import per_sample_loss
@@ -192,8 +191,7 @@ class BilevelAttack(Attack):
         loss = view.loss or "logistic"
         dtype = DTYPES[cfg["dtype"]]
         dev = torch.device(device)
-        model = view.model.to(device=dev, dtype=dtype).eval()
-        like = {k: v.detach().to(dev, dtype) for k, v in model.named_parameters()}
+        model, like = attack_model(view.model, dev, dtype)
         theta_star = flatten(like)
         n = cfg["n_guess"] or view.n_train_hint or 100
         m = cfg["m"] or (init.shape[0] if init is not None else n)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 
 from exhume.attacks.stationarity import Objective, homogeneity_degree, negative_loss_objective, output_objective
 from exhume.errors import ConfigError
@@ -100,9 +101,10 @@ def lambda_scale(form: str, loss: str | None, wd: float, model, params, input_sh
     }
 
 
-def resolve(view, form: str, loss: str | None, weight_decay: float | None, scale: Any, params, n: int, m: int,
+def resolve(view, model: nn.Module, form: str, loss: str | None, weight_decay: float | None, scale: Any, params, n: int, m: int,
             dtype: torch.dtype) -> Formulation:
-    """Pick the equation for ``view`` (an AttackerView) and the attack's settings."""
+    """Pick the equation for ``view`` (an AttackerView) and the attack's settings; ``model`` and
+    ``params`` are the attack's working copy (its device and dtype)."""
     if form not in FORMULATIONS:
         raise ConfigError(f"unknown formulation {form!r}; known: {', '.join(FORMULATIONS)}")
     if form == "auto":
@@ -124,7 +126,7 @@ def resolve(view, form: str, loss: str | None, weight_decay: float | None, scale
         objective = negative_loss_objective(loss)
     labels = candidate_labels(view.task, m, view.num_classes, dtype)
     if scale == "auto":
-        s, info = lambda_scale(form, loss, wd, view.model, params, view.input_shape, n, dtype)
+        s, info = lambda_scale(form, loss, wd, model, params, view.input_shape, n, dtype)
     else:
         s, info = float(scale), {"lambda_scale_rule": "given"}
     return Formulation(name=form, objective=objective, signed=form == "output", labels=labels, scale=s,

@@ -30,7 +30,7 @@ from safetensors.torch import save_file
 from torch import nn
 from torch.func import functional_call
 
-from exhume.attacks.base import Attack, Param, Reconstruction, register
+from exhume.attacks.base import Attack, Param, Reconstruction, attack_model, register
 from exhume.attacks.checkpoint import load_checkpoint, resumable_settings, save_checkpoint
 from exhume.attacks.loop import run_loop
 from exhume.attacks.generator import CONDITIONINGS, OUTPUTS, ConditionedGenerator
@@ -102,6 +102,8 @@ COMMON_PARAMS: dict[str, Param] = {
 class GeneratorAttack(Attack):
     """Shared machinery: generator training loop, checkpoints, candidate drawing."""
 
+    takes_init = False  # candidates come from the generator, not from starting images
+
     hot: bool = False
 
     def extra_terms(self, ctx: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -121,10 +123,9 @@ class GeneratorAttack(Attack):
         if len(view.input_shape) != 3:
             raise ConfigError(f"the {self.name} attack needs image inputs (C, H, W); the victim's input shape is {view.input_shape}")
         dev = torch.device(device)
-        model = view.model.to(dev).float().eval()
+        model, params = attack_model(view.model, dev, torch.float32)
         k = int(view.num_classes)
         mean = view.mean.to(dev).float()
-        params = {n: p.detach() for n, p in model.named_parameters()}
         buffers = {n: b.detach() for n, b in model.named_buffers()}
         grad_params = {n: p.detach().clone().requires_grad_(True) for n, p in model.named_parameters()}
         tap = FeatureTap(model, cfg["feature_layer"])

@@ -43,14 +43,13 @@ memorised, SGD with momentum (lr 1.65 on the relative loss, the largest that did
 
 from __future__ import annotations
 
-import copy
 import math
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from exhume.attacks.base import Attack, Param, Reconstruction, init_record, initial_candidates, register
+from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_model, init_record, initial_candidates, register
 from exhume.attacks.checkpoint import load_checkpoint, resumable_settings, save_checkpoint
 from exhume.attacks.formulation import FORMULATIONS, resolve
 from exhume.attacks.inversion_losses import tv_term
@@ -59,7 +58,6 @@ from exhume.attacks.stationarity import stationarity_residual
 from exhume.errors import ConfigError
 from exhume.losses import LOSSES
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 
@@ -117,12 +115,11 @@ class KKTAttack(Attack):
         cfg = self.config
         dtype = DTYPES[cfg["dtype"]]
         dev = torch.device(device)
-        model = copy.deepcopy(view.model).to(device=dev, dtype=dtype).eval()  # the user's module stays as it is
-        params = {k: v.detach().to(dev, dtype) for k, v in model.named_parameters()}
+        model, params = attack_model(view.model, dev, dtype)  # the user's module stays as it is
         theta2 = sum((p**2).sum() for p in params.values())
         n = cfg["n_guess"] or view.n_train_hint or 100
         m = cfg["m"] or (init.shape[0] if init is not None else 2 * n)
-        form = resolve(view, cfg["formulation"], cfg["loss"], cfg["weight_decay"], cfg["lambda_scale"], params, n, m, dtype)
+        form = resolve(view, model, cfg["formulation"], cfg["loss"], cfg["weight_decay"], cfg["lambda_scale"], params, n, m, dtype)
         scale, objective = form.scale, form.objective
         mean = view.mean.to(dev, dtype)
         y = form.labels.to(dev)

@@ -50,11 +50,6 @@ def weighted_gradient(
         return grad(weighted)(params)
 
 
-def weighted_margin_gradient(model, params, x, y, lam, alpha=None):
-    """``Σ_j λ_j ∇_θ margin_j`` (the KKT form)."""
-    return weighted_gradient(model, params, x, y, lam, alpha, margin)
-
-
 def stationarity_residual(
     model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, lam: torch.Tensor,
     alpha: float | None = None, objective: Objective = margin,
@@ -71,7 +66,8 @@ def homogeneity_degree(model: nn.Module, params: dict[str, torch.Tensor], input_
     networks that are not homogeneous it is an average, used only to set a scale.
     """
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(16, *input_shape, generator=gen, dtype=dtype)
+    device = next(iter(params.values())).device
+    x = torch.randn(16, *input_shape, generator=gen, dtype=dtype).to(device)
 
     def total(p):
         out = functional_call(model, p, (x,))

@@ -32,12 +32,12 @@ correlates with the oracle counts. Nothing here reads a training image: the inpu
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import Any
 
 import torch
 
+from exhume.attacks.base import attack_model
 from exhume.attacks.stationarity import stationarity_residual
 from exhume.errors import ConfigError
 from exhume.losses import margin as margin_fn
@@ -61,8 +61,7 @@ def attacker_score(view, candidates: torch.Tensor, labels: torch.Tensor, multipl
     if view.task != "binary":
         raise ConfigError(f"attacker_score handles binary tasks; the victim's task is {view.task!r}")
     dtype = torch.float64
-    model = copy.deepcopy(view.model).to(dtype=dtype).eval()
-    params = {k: v.detach().to(dtype) for k, v in model.named_parameters()}
+    model, params = attack_model(view.model, next(view.model.parameters()).device, dtype)
     theta2 = sum((p ** 2).sum() for p in params.values())
     mean = view.mean.to(dtype)
     x = candidates.to(dtype) - mean
