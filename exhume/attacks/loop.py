@@ -32,7 +32,7 @@ def run_loop(desc: str, total: int, max_seconds: float | None, start: int, elaps
     def clock() -> float:
         return elapsed0 + time.perf_counter() - t0 - paused
 
-    done = start
+    done = last_saved = start
     bar = Progress(desc, total, max_seconds, start, elapsed0, disable=not progress)
     try:
         for it in range(start + 1, total + 1):
@@ -42,7 +42,8 @@ def run_loop(desc: str, total: int, max_seconds: float | None, start: int, elaps
             elapsed = clock()
             bar.update(it, **(postfix or {}))
             if it % checkpoint_every == 0:
-                save(done, clock())
+                save(done, elapsed)
+                last_saved = done
             if emit is not None and it % emit_every == 0:
                 pause = time.perf_counter()
                 emit(it, elapsed)
@@ -54,5 +55,6 @@ def run_loop(desc: str, total: int, max_seconds: float | None, start: int, elaps
         raise
     finally:
         bar.close()
-    save(done, clock())
+    if done != last_saved:  # the last periodic checkpoint may already be the final one
+        save(done, clock())
     return LoopEnd(done=done, elapsed=clock())

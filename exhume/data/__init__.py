@@ -16,11 +16,11 @@ from exhume.data.datasets import (
     load_mnist_idx,
     load_sklearn_digits,
 )
-from exhume.data.tasks import PRESETS, TaskData, make_pool, make_task, parse_task, rebuild_task
+from exhume.data.tasks import PRESETS, TaskData, dataset_of, make_pool, make_task, parse_task, rebuild_task
 
 __all__ = [
     "CIFAR10_CLASSES", "DATASET_NAMES", "DEBIAN_FASHION_MNIST", "FASHION_CLASSES", "MNIST_CLASSES",
     "ImageDataset", "load_bundled_mnist", "load_cifar10", "load_dataset", "load_fashion_mnist",
     "load_idx", "load_image_folder", "load_mnist_idx", "load_sklearn_digits",
-    "PRESETS", "TaskData", "make_pool", "make_task", "parse_task", "rebuild_task",
+    "PRESETS", "TaskData", "dataset_of", "make_pool", "make_task", "parse_task", "rebuild_task",
 ]

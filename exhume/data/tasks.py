@@ -193,12 +193,18 @@ def make_pool(ds: ImageDataset, task: str, size: int, exclude: np.ndarray | None
     return _build(ds, idx, kind, groups, spec)
 
 
-def rebuild_task(spec: dict) -> TaskData:
-    """Rebuild a :class:`TaskData` (training task or pool) from its ``spec`` dict."""
+def dataset_of(spec: dict) -> ImageDataset:
+    """The dataset a task ``spec`` was drawn from (load it once and pass it on to avoid re-reading)."""
+    return load_dataset(spec["dataset"], spec.get("root"), spec.get("split", "train"))
+
+
+def rebuild_task(spec: dict, ds: ImageDataset | None = None) -> TaskData:
+    """Rebuild a :class:`TaskData` (training task or pool) from its ``spec`` dict; ``ds``: the
+    already-loaded :func:`dataset_of` ``spec``."""
     missing = [k for k in ("dataset", "task", "n") if k not in spec]
     if missing:
         raise ConfigError(f"task spec lacks keys {missing}; expected dataset, root, split, task, n, seed")
-    ds = load_dataset(spec["dataset"], spec.get("root"), spec.get("split", "train"))
+    ds = dataset_of(spec) if ds is None else ds
     exclude = np.asarray(spec["exclude"], dtype=np.int64) if spec.get("exclude") else None
     known = {"dataset", "root", "split", "task", "n", "seed", "exclude", "kind", "size"}
     extra = {k: v for k, v in spec.items() if k not in known}

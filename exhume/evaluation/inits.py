@@ -74,11 +74,11 @@ def build_init(victim, kind: str, l1: float | None = None, l2: float | None = No
         l1, l2 = check_lambda("l1", l1), check_lambda("l2", l2)
     if getattr(victim, "task", None) != "binary":
         raise ConfigError(f"initialisations are built for binary victims here; this victim's task is {getattr(victim, 'task', None)!r}")
-    from exhume.data import load_dataset, make_task
+    from exhume.data import dataset_of, make_task
 
-    train = victim.train_set
+    ds = dataset_of(victim.data_spec) if victim.data_spec is not None else None
+    train = victim.load_train_set(ds)
     spec = train.spec
-    ds = load_dataset(spec["dataset"], root=spec.get("root"), split=spec.get("split", "train"))
     part = make_task(ds, spec["task"], len(train), seed=partition_seed, exclude=train.indices)
     gt = train.x[_label_order(train.y)]
     part_x = part.x[_label_order(part.y)]

@@ -23,7 +23,6 @@ from typing import Sequence
 
 import numpy as np
 from scipy.stats import spearmanr
-from torch import Tensor
 
 from ..errors import ConfigError, DataError
 from .matching import MATCH_RULES, l2_matrix, match_downsample

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -38,14 +37,14 @@ def evaluate(recon, victim, pool_size: int = 1000, match: str = "ssim", out: str
     non-members as on the members; candidates that carry training data score on members only.
     ``"memorised_control"`` is that count, the baseline the memorisation count must beat.
     """
-    from exhume.data import load_dataset, make_pool
+    from exhume.data import dataset_of, make_pool
 
     t0 = time.perf_counter()
-    train = victim.train_set
+    ds = dataset_of(victim.data_spec) if victim.data_spec is not None else None  # read once: training set and pool
+    train = victim.load_train_set(ds)
     pool = control = None
     if pool_size > 0:
         spec = train.spec
-        ds = load_dataset(spec["dataset"], root=spec.get("root"), split=spec.get("split", "train"))
         unseen = make_pool(ds, spec["task"], pool_size + len(train), exclude=train.indices, seed=pool_seed)
         order = torch.randperm(len(unseen), generator=torch.Generator().manual_seed(pool_seed))
         n_control = max(0, min(len(train), len(unseen) - 1))
@@ -123,5 +122,3 @@ def format_table(rows: list[tuple[str, str]]) -> str:
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
 
 
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2))

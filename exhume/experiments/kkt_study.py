@@ -40,27 +40,23 @@ class Case:
     attack: tuple[tuple[str, Any], ...] = ()  # extra kkt parameters, e.g. (("tv_weight", 1e-4),)
 
 
-_TRAINED: dict[tuple[Case, int, str], Path] = {}  # victims trained in this process: (case without label and attack, seed, out)
-
-
 def run_case(case: Case, iterations: int, seed: int, out: Path, device: str, progress: bool,
-             figures: bool = False) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+             figures: bool = False, victim=None) -> tuple[dict[str, Any], dict[str, np.ndarray], Any]:
+    """Train (unless ``victim`` is given: one trained for an earlier case), attack, evaluate.
+    Returns the table row, the per-image arrays and the victim."""
     import exhume
-    from exhume.victim import TrainConfig, load_victim, make_victim
+    from exhume.victim import TrainConfig, make_victim
     from exhume.victim.build import DEFAULT_LOSS
 
     t0 = time.perf_counter()
     kind = "multiclass" if case.task == "multiclass" else "regression" if case.task == "regression" else "binary"
     cfg = TrainConfig(loss=DEFAULT_LOSS[kind], lr=case.lr, weight_decay=case.wd, max_epochs=case.epochs)
     folder = out / case.label.replace(" ", "_").replace("/", "-")
-    key = (replace(case, label="", attack=()), seed, str(out.resolve()))
-    if key in _TRAINED:  # cases that differ only in the attack share one victim
-        victim = load_victim(_TRAINED[key])
-        print(f"  reusing the victim trained for an earlier case: {_TRAINED[key]}")
-    else:
+    if victim is None:
         victim = make_victim(case.data, case.task, case.n, case.arch, cfg, seed=seed, progress=progress, test_size=500)
         victim.save(folder / "victim")
-        _TRAINED[key] = folder / "victim"
+    else:
+        print(f"  reusing the victim trained for an earlier case: {victim.path}")
     recon = exhume.attack(victim, "kkt", seed=seed, out=folder / "attack", device=device, progress=progress, iterations=iterations,
                           **dict(case.attack))
     result = exhume.evaluate(recon, victim, out=folder / "evaluation", figures=figures)
@@ -79,7 +75,7 @@ def run_case(case: Case, iterations: int, seed: int, out: Path, device: str, pro
         "case_seconds": round(time.perf_counter() - t0, 1),
     }
     arrays = {"ssim": result.arrays["ssim"], "margin": result.arrays.get("margin"), "memorised": result.arrays.get("memorised")}
-    return row, arrays
+    return row, arrays, victim
 
 
 def write_table(rows: list[dict[str, Any]], out: Path, name: str) -> None:
@@ -100,26 +96,35 @@ def finish(out: Path, name: str, rows: list[dict[str, Any]], seed_finding: str, 
     return {k: summary[k] for k in ("experiment", "seed_finding", "this_run", "agrees_with_seed", "figure", "table")}
 
 
-def _args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--iterations", type=int, default=None, help="attack iterations per case (default 4000; --full 50000)")
-    p.add_argument("--epochs", type=int, default=None, help="victim training epochs per case (default 6000; --full 100000)")
+def _arguments(default_epochs: int = 6000):
+    def add(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--iterations", type=int, default=None, help="attack iterations per case (default 4000; --full 50000)")
+        p.add_argument("--epochs", type=int, default=None,
+                       help=f"victim training epochs per case (default {default_epochs}; --full 100000)")
+    return add
 
 
-def _setup(args: argparse.Namespace) -> tuple[Path, int, int, bool]:
+_args = _arguments()
+
+
+def _setup(args: argparse.Namespace, default_epochs: int = 6000) -> tuple[Path, int, int, bool]:
     torch.manual_seed(args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     iterations = args.iterations or (50_000 if args.full else 4000)
-    epochs = args.epochs or (100_000 if args.full else 6000)
+    epochs = args.epochs or (100_000 if args.full else default_epochs)
     return out, iterations, epochs, not args.no_progress
 
 
 def _run_all(cases: list[Case], args, epochs: int, iterations: int, out: Path, progress: bool, figures: bool = False):
     rows, arrays = [], []
+    victims: dict[Case, Any] = {}  # cases that differ only in the attack share one victim
     for case in cases:
         case = replace(case, epochs=epochs)
         print(f"case {case.label}: {asdict(case)}")
-        row, arr = run_case(case, iterations, args.seed, out, args.device, progress, figures=figures)
+        key = replace(case, label="", attack=())
+        row, arr, victims[key] = run_case(case, iterations, args.seed, out, args.device, progress, figures=figures,
+                                          victim=victims.get(key))
         print(f"  -> one-to-one SSIM>=0.4 {row['one_to_one_ssim>=0.4']}/{case.n}, memorised {row['memorised']} "
               f"(control {row['memorised_control']}), {row['case_seconds']} s")
         rows.append(row)
@@ -254,22 +259,16 @@ def _bars(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def _cnn_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--iterations", type=int, default=None, help="attack iterations per case (default 4000; --full 50000)")
-    p.add_argument("--epochs", type=int, default=None, help="victim training epochs (default 12000; --full 100000)")
-
-
 CNN_BUDGET = ("CPU default: one CNN victim (12,000 epochs, ~3 min) attacked twice, 4000 iterations each (~4 min each): "
               "12 min on 2 cores")
 
 
 @register_experiment("cnn", "A convolutional victim leaks its training images through the same stationarity equation (Buzaglo), "
-                     f"attacked without and with a total-variation image prior. {CNN_BUDGET}.", _cnn_args)
+                     f"attacked without and with a total-variation image prior. {CNN_BUDGET}.", _arguments(12_000))
 def cnn_experiment(args: argparse.Namespace) -> dict[str, Any]:
-    out, iterations, _, progress = _setup(args)
+    out, iterations, epochs, progress = _setup(args, default_epochs=12_000)
     n = 500 if args.full else 100
     arch = "cnn:32;fc=1000;pool=avg" if args.full else "cnn:16;fc=256;pool=avg"
-    epochs = args.epochs or (100_000 if args.full else 12_000)
     cases = [Case("no image prior", n=n, arch=arch), Case("tv prior 1e-4", n=n, arch=arch, attack=(("tv_weight", 1e-4),))]
     rows, _ = _run_all(cases, args, epochs, iterations, out, progress, figures=True)
     _bars(rows, out / "cnn.png", f"CNN victim {arch} (n={n})")

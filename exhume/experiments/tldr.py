@@ -62,10 +62,10 @@ def _victim(data, root, arch, n, epochs, wd, seed, progress, folder: Path):
 
 def _heldout(victim, seed: int):
     """Unseen images of the same dataset, as many as the training set (fewer if the dataset runs out)."""
-    from exhume.data import load_dataset, make_pool
+    from exhume.data import dataset_of, make_pool
 
     spec = victim.data_spec
-    ds = load_dataset(spec["dataset"], root=spec.get("root"), split=spec.get("split", "train"))
+    ds = dataset_of(spec)
     return make_pool(ds, "multiclass", int(spec["n"]), exclude=victim.train_indices, seed=seed)
 
 

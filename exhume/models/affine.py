@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import math
-from typing import Sequence
-
 import torch
 from torch import nn
 
@@ -20,7 +17,3 @@ class Affine(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.linear(x.flatten(1))
         return out.squeeze(-1) if out.shape[-1] == 1 else out
-
-
-def affine_in_features(shape: Sequence[int]) -> int:
-    return int(math.prod(shape))

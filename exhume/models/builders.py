@@ -17,7 +17,7 @@ from typing import Any, Callable
 from torch import nn
 
 from exhume.errors import ConfigError
-from exhume.models.affine import Affine, affine_in_features
+from exhume.models.affine import Affine
 from exhume.models.cnn import CNN
 from exhume.models.mlp import MLP
 from exhume.models.convnet import build_convnet, parse_convnet
@@ -63,7 +63,7 @@ def _build_affine(spec: dict[str, Any], input_shape: tuple[int, ...], out_featur
     bias = spec.get("bias", "all")
     if bias not in ("all", "none"):
         raise ConfigError(f"affine bias must be 'all' or 'none', got {bias!r}")
-    return Affine(affine_in_features(input_shape), out_features, bias=bias == "all")
+    return Affine(math.prod(input_shape), out_features, bias=bias == "all")
 
 
 ARCHITECTURES: dict[str, Callable[[dict[str, Any], tuple[int, ...], int], nn.Module]] = {

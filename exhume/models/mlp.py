@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import torch
@@ -48,11 +47,3 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.net(x.flatten(1))
         return out.squeeze(-1) if out.shape[-1] == 1 else out
-
-
-def linear_layers(model: MLP) -> list[nn.Linear]:
-    return [m for m in model.net if isinstance(m, nn.Linear)]
-
-
-def fan_in(shape: Sequence[int]) -> int:
-    return int(math.prod(shape))

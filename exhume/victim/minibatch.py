@@ -11,6 +11,7 @@ model that is saved and attacked.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -20,8 +21,9 @@ import torch
 from torch import nn
 
 from exhume.errors import ConfigError
-from exhume.losses import check_loss, margin, per_sample_loss
+from exhume.losses import margin, per_sample_loss
 from exhume.progress import Progress
+from exhume.victim.train import check_training
 
 MINIBATCH_OPTIMIZERS = ("sgd", "adam")
 
@@ -38,17 +40,11 @@ class MiniBatchConfig:
     max_seconds: float | None = None
 
     def __post_init__(self) -> None:
-        check_loss(self.loss)
-        if self.optimizer not in MINIBATCH_OPTIMIZERS:
-            raise ConfigError(f"unknown mini-batch optimizer {self.optimizer!r}; known: {', '.join(MINIBATCH_OPTIMIZERS)}")
-        if not self.lr > 0:
-            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        check_training(self.loss, self.optimizer, MINIBATCH_OPTIMIZERS, self.lr, self.weight_decay, what="mini-batch optimizer")
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {self.batch_size!r}")
         if not isinstance(self.epochs, int) or self.epochs < 1:
             raise ConfigError(f"epochs must be a positive integer, got {self.epochs!r}")
-        if self.weight_decay < 0:
-            raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"trainer": "minibatch", **asdict(self)}
@@ -83,9 +79,10 @@ def train_minibatch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: 
                 opt.zero_grad(set_to_none=True)
                 obj.backward()
                 opt.step()
-                if not torch.isfinite(loss):
+                value = float(loss.detach())
+                if not math.isfinite(value):
                     raise ConfigError(f"training diverged at epoch {epoch}; lower the learning rate (lr={config.lr})")
-                total += float(loss.detach()) * len(idx)
+                total += value * len(idx)
             history.append((epoch, total / n))
             bar.update(epoch, loss=f"{total / n:.3g}")
             if config.max_seconds is not None and time.perf_counter() - start > config.max_seconds:

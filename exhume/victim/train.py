@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -14,6 +15,17 @@ from exhume.losses import check_loss, per_sample_loss
 from exhume.progress import Progress
 
 OPTIMIZERS = ("gd", "adam")
+
+
+def check_training(loss: str, optimizer: str, known: tuple[str, ...], lr: float, weight_decay: float, what: str = "optimizer") -> None:
+    """The checks every training configuration shares (full-batch and mini-batch)."""
+    check_loss(loss)
+    if optimizer not in known:
+        raise ConfigError(f"unknown {what} {optimizer!r}; known: {', '.join(known)}")
+    if not lr > 0:
+        raise ConfigError(f"lr must be > 0, got {lr}")
+    if weight_decay < 0:
+        raise ConfigError(f"weight_decay must be >= 0, got {weight_decay}")
 
 
 @dataclass
@@ -38,13 +50,7 @@ class TrainConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        check_loss(self.loss)
-        if self.optimizer not in OPTIMIZERS:
-            raise ConfigError(f"unknown optimizer {self.optimizer!r}; known: {', '.join(OPTIMIZERS)}")
-        if not self.lr > 0:
-            raise ConfigError(f"lr must be > 0, got {self.lr}")
-        if self.weight_decay < 0:
-            raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        check_training(self.loss, self.optimizer, OPTIMIZERS, self.lr, self.weight_decay)
         if self.max_epochs < 1:
             raise ConfigError(f"max_epochs must be >= 1, got {self.max_epochs}")
 
@@ -83,7 +89,7 @@ def train_victim(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: Tra
         obj.backward()
         opt.step()
         value = float(data_loss.detach())
-        if not torch.isfinite(data_loss):
+        if not math.isfinite(value):
             bar.close()
             raise ConfigError(f"training diverged at epoch {epoch} (loss {value}); lower the learning rate (lr={config.lr})")
         if epoch % config.log_every == 0 or epoch == 1:

@@ -93,6 +93,10 @@ class Victim:
     @property
     def train_set(self):
         """The training set, rebuilt from the data spec (evaluator-side only)."""
+        return self.load_train_set()
+
+    def load_train_set(self, ds=None):
+        """:attr:`train_set`, from ``ds`` (the already-loaded ``dataset_of(victim.data_spec)``) if given."""
         from exhume.data import rebuild_task
 
         if self.data_spec is None:
@@ -100,9 +104,9 @@ class Victim:
         if self.data_spec.get("target") == "regression":
             from exhume.victim.build import as_regression
 
-            task = as_regression(rebuild_task({**self.data_spec, "task": "multiclass"}), int(self.data_spec["num_classes"]))
+            task = as_regression(rebuild_task({**self.data_spec, "task": "multiclass"}, ds), int(self.data_spec["num_classes"]))
         else:
-            task = rebuild_task(self.data_spec)
+            task = rebuild_task(self.data_spec, ds)
         if self.train_indices is not None and not np.array_equal(np.sort(task.indices), np.sort(self.train_indices)):
             raise VictimError("the rebuilt training set does not match the saved training indices")
         return task
