@@ -45,6 +45,7 @@ def attack(victim: Victim | AttackerView, method: str = "kkt", seed: int = 0, ou
     if not isinstance(view, AttackerView):
         raise ConfigError(f"attack() needs a Victim or AttackerView, got {type(victim).__name__}")
     atk = get_attack(method, **kwargs)
+    atk.check(view)  # an unsupported victim fails here, before any initialisation is built
     if init is not None and not atk.takes_init:
         raise ConfigError(f"the {method!r} attack draws its candidates from a generator and takes no init; leave init unset")
     init_kw: dict[str, Any] = {}

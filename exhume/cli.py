@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from exhume.errors import ConfigError, ExhumeError
+from exhume.errors import ConfigError, DivergenceError, ExhumeError
 
 
 def _parse_value(text: str) -> Any:
@@ -199,6 +199,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                    progress=not args.no_progress, victim_path=str(Path(args.victim).resolve()), fixed=_params(args.param),
                    heartbeat_interval=args.heartbeat, grace_period=4 * args.heartbeat)
     print(json.dumps(summary, indent=2, default=str))
+    if summary.get("best_trial") is None:
+        raise DivergenceError(f"every trial of study {args.study_name!r} diverged; no best setting (see {args.out})")
     return 0
 
 

@@ -20,3 +20,11 @@ class VictimError(ExhumeError):
 
 class ConfigError(ExhumeError):
     """An unknown name or an invalid keyword argument."""
+
+
+class DivergenceError(ExhumeError):
+    """A numerical failure: a loss or gradient became NaN/inf (lower a learning rate, raise a damping).
+
+    Distinct from :class:`ConfigError` (a bad setting): a hyperparameter search counts a diverged
+    run as a very bad outcome, while a bad setting stops the search.
+    """

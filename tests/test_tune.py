@@ -125,6 +125,28 @@ def test_tune_cli_missing_victim(tmp_path, capsys):
     assert "nope" in capsys.readouterr().err
 
 
+def test_tune_refuses_a_multiclass_victim_before_any_trial(tmp_path, capsys):
+    # the attacker-side score judges binary victims only: one line, exit 2, no study written
+    cfg = TrainConfig(loss="cross-entropy", optimizer="gd", lr=0.2, weight_decay=5e-3, max_epochs=20, max_seconds=5)
+    make_victim("mnist", "multiclass", 20, "mlp:16;bias=none;init=1e-3", cfg, seed=0, progress=False, test_size=0).save(tmp_path / "mc")
+    assert main(["tune", str(tmp_path / "mc"), "-o", str(tmp_path / "t"), "--trials", "2", "--trial-seconds", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "binary" in err[0] and "'multiclass'" in err[0]
+    assert not (tmp_path / "t" / "tune.db").exists()
+
+
+def test_tune_names_no_best_when_every_trial_diverged(victim_dir, tmp_path, capsys):
+    # λ = S·u with S = 1e300 overflows float32 at the first step: every trial diverges (scored 0, never "best")
+    out = tmp_path / "t"
+    assert main(["tune", str(victim_dir), "-o", str(out), "--trials", "2", "--trial-seconds", "1", "--no-progress",
+                 "--no-prune", "-p", "lambda_scale=1e300"]) == 2
+    captured = capsys.readouterr()
+    assert "every trial" in captured.err and "diverged" in captured.err
+    study = load_study(None, out)
+    assert len(study.trials) == 2 and all("diverged at iteration 1" in t.user_attrs["diverged"] for t in study.trials)
+    assert '"best_trial": null' in captured.out and not (out / "best").exists()
+
+
 # -- a shared study on a real PostgreSQL server ------------------------------------------------------
 
 def _dsn() -> str:

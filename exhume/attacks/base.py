@@ -84,6 +84,14 @@ class Attack:
         args = ", ".join(f"{k}={v!r}" for k, v in self.config.items())
         return f"{type(self).__name__}({args})"
 
+    def check(self, view) -> None:
+        """Refuse (with a :class:`~exhume.errors.ConfigError`) a victim this attack cannot handle.
+
+        Called by :meth:`run` and by callers (``exhume.attack``, ``exhume tune``) before the first
+        step, so that a task or input shape the attack does not support fails at once with one line.
+        The default accepts every victim.
+        """
+
     def run(self, view, **kwargs) -> "Reconstruction":  # pragma: no cover - abstract
         raise NotImplementedError
 

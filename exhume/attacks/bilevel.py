@@ -38,7 +38,7 @@ from exhume.attacks.checkpoint import load_checkpoint, resumable_settings, save_
 from exhume.attacks.formulation import binary_labels
 from exhume.attacks.loop import run_loop
 from exhume.attacks.surrogate import soft_activations
-from exhume.errors import ConfigError
+from exhume.errors import ConfigError, DivergenceError
 from exhume.losses import per_sample_loss
 
 
@@ -171,6 +171,14 @@ class BilevelAttack(Attack):
         "log_every": Param(5, int, "outer steps between loss-history entries", low=1),
     }
 
+    def check(self, view) -> None:
+        if view.task != "binary":
+            raise ConfigError(f"the bilevel attack handles binary tasks here; the victim's task is {view.task!r}")
+        wd = self.config["weight_decay"] if self.config["weight_decay"] is not None else view.weight_decay
+        if not wd and self.config["damping"] <= 0:
+            raise ConfigError("the bilevel attack needs weight_decay > 0 (the victim's is unknown or 0) or damping > 0, "
+                              "so that the inner Hessian is invertible; pass -p weight_decay=... or -p damping=...")
+
     def run(self, view, out: str | Path | None = None, seed: int = 0, device: str = "cpu", resume: bool = False,
             progress: bool = True, callback=None, callback_every: int = 10, init: torch.Tensor | None = None,
             init_name: str = "noise") -> Reconstruction:
@@ -180,14 +188,9 @@ class BilevelAttack(Attack):
         ``resume``, ``callback(step, seconds, candidates)`` every ``callback_every`` outer steps,
         ``init`` display-space starting images (default U(0,1) noise, the paper's), ``init_name``.
         """
-        if view.task != "binary":
-            raise ConfigError(f"the bilevel attack handles binary tasks here; the victim's task is {view.task!r}")
+        self.check(view)
         cfg = self.config
-        wd = cfg["weight_decay"] if cfg["weight_decay"] is not None else view.weight_decay
-        if not wd and cfg["damping"] <= 0:
-            raise ConfigError("the bilevel attack needs weight_decay > 0 (the victim's is unknown or 0) or damping > 0, "
-                              "so that the inner Hessian is invertible; pass -p weight_decay=... or -p damping=...")
-        wd = float(wd or 0.0)
+        wd = float((cfg["weight_decay"] if cfg["weight_decay"] is not None else view.weight_decay) or 0.0)
         loss = view.loss or "logistic"
         dtype = DTYPES[cfg["dtype"]]
         dev = torch.device(device)
@@ -240,11 +243,11 @@ class BilevelAttack(Attack):
             theta, inner_grad = solve_inner(model, like, theta, x, y, loss, wd, cfg["inner_steps"], cfg["inner_tol"])
             dist = float(((theta - theta_star) ** 2).sum())
             if not torch.isfinite(theta).all():
-                raise ConfigError(f"bilevel inner training diverged at outer step {it}; raise weight_decay or damping")
+                raise DivergenceError(f"bilevel inner training diverged at outer step {it}; raise weight_decay or damping")
             gx, p_adj, cg = implicit_gradient(model, like, theta, theta_star, x, y, loss, wd, cfg["damping"],
                                               cfg["cg_iterations"], cfg["cg_tol"], p_adj, cfg["alpha"])
             if not torch.isfinite(gx).all():
-                raise ConfigError(f"bilevel implicit gradient is not finite at outer step {it}; raise damping")
+                raise DivergenceError(f"bilevel implicit gradient is not finite at outer step {it}; raise damping")
             opt.zero_grad(set_to_none=True)
             x.grad = gx
             opt.step()

@@ -36,7 +36,7 @@ from exhume.attacks.loop import run_loop
 from exhume.attacks.generator import CONDITIONINGS, OUTPUTS, ConditionedGenerator
 from exhume.attacks.inversion_losses import (GRAD_MODES, PERTURBATIONS, ce_term, cosine_term, grad_norm_term, kl_term,
                                              ortho_term, perturb, pixel_term, tv_term)
-from exhume.errors import ConfigError
+from exhume.errors import ConfigError, DivergenceError
 
 
 class FeatureTap:
@@ -109,6 +109,12 @@ class GeneratorAttack(Attack):
     def extra_terms(self, ctx: dict[str, Any]) -> dict[str, torch.Tensor]:
         return {}
 
+    def check(self, view) -> None:
+        if view.task != "multiclass" or not view.num_classes:
+            raise ConfigError(f"the {self.name} attack needs a multiclass classifier; the victim's task is {view.task!r}")
+        if len(view.input_shape) != 3:
+            raise ConfigError(f"the {self.name} attack needs image inputs (C, H, W); the victim's input shape is {view.input_shape}")
+
     def run(self, view, out: str | Path | None = None, seed: int = 0, device: str = "cpu", resume: bool = False,
             progress: bool = True, callback=None, callback_every: int = 500) -> Reconstruction:
         """Train the generator against ``view``'s classifier and draw candidates.
@@ -117,11 +123,8 @@ class GeneratorAttack(Attack):
         continue from its checkpoint. ``callback(step, seconds, candidates)`` is called every
         ``callback_every`` steps with freshly drawn display-space candidates.
         """
+        self.check(view)
         cfg = self.config
-        if view.task != "multiclass" or not view.num_classes:
-            raise ConfigError(f"the {self.name} attack needs a multiclass classifier; the victim's task is {view.task!r}")
-        if len(view.input_shape) != 3:
-            raise ConfigError(f"the {self.name} attack needs image inputs (C, H, W); the victim's input shape is {view.input_shape}")
         dev = torch.device(device)
         model, params = attack_model(view.model, dev, torch.float32)
         k = int(view.num_classes)
@@ -176,7 +179,7 @@ class GeneratorAttack(Attack):
             ramp = self.ramp(it)
             loss = sum(weights[n] * (ramp if n in self.ramped else 1.0) * v for n, v in terms.items() if weights[n] != 0)
             if not torch.isfinite(loss):
-                raise ConfigError(f"{self.name} attack diverged at step {it}; lower lr (now {cfg['lr']})")
+                raise DivergenceError(f"{self.name} attack diverged at step {it}; lower lr (now {cfg['lr']})")
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -55,7 +55,7 @@ from exhume.attacks.formulation import FORMULATIONS, resolve
 from exhume.attacks.inversion_losses import tv_term
 from exhume.attacks.loop import run_loop
 from exhume.attacks.stationarity import stationarity_residual
-from exhume.errors import ConfigError
+from exhume.errors import ConfigError, DivergenceError
 from exhume.losses import LOSSES
 
 
@@ -98,6 +98,10 @@ class KKTAttack(Attack):
         if not (s == "auto" or (isinstance(s, (int, float)) and not isinstance(s, bool) and s > 0 and math.isfinite(s))):
             raise ConfigError(f"lambda_scale must be 'auto' or a positive number, got {s!r}")
 
+    def check(self, view) -> None:
+        if self.config["tv_weight"] > 0 and len(view.input_shape) != 3:
+            raise ConfigError(f"tv_weight needs image inputs (C, H, W); this victim's input shape is {tuple(view.input_shape)}")
+
     def run(self, view, out: str | Path | None = None, seed: int = 0, device: str = "cpu", resume: bool = False,
             progress: bool = True, callback=None, callback_every: int = 1000, init: torch.Tensor | None = None,
             init_name: str = "noise", callback_multipliers: bool = False) -> Reconstruction:
@@ -112,6 +116,7 @@ class KKTAttack(Attack):
         ``callback_multipliers=True`` also passes the current multipliers ``λ = S·u`` as the keyword
         ``multipliers`` (for attacker-side scoring during a hyperparameter search).
         """
+        self.check(view)
         cfg = self.config
         dtype = DTYPES[cfg["dtype"]]
         dev = torch.device(device)
@@ -133,8 +138,6 @@ class KKTAttack(Attack):
         else:
             opt_x, opt_u = torch.optim.Adam([x], lr=cfg["lr"]), torch.optim.Adam([u], lr=cfg["lr_lambda"])
         use_tv = cfg["tv_weight"] > 0
-        if use_tv and len(view.input_shape) != 3:
-            raise ConfigError(f"tv_weight needs image inputs (C, H, W); this victim's input shape is {tuple(view.input_shape)}")
         lo, hi, shift = (0.0, 1.0, mean) if cfg["prior"] == "display" else (-1.0, 1.0, torch.zeros_like(mean))
 
         state = {"iteration": 0, "elapsed": 0.0, "history": []}
@@ -160,7 +163,7 @@ class KKTAttack(Attack):
             if use_tv:
                 loss = loss + cfg["tv_weight"] * tv_term(v)
             if not torch.isfinite(loss):
-                raise ConfigError(f"kkt attack diverged at iteration {it} (loss {float(loss.detach())}); lower lr (now {cfg['lr']})")
+                raise DivergenceError(f"kkt attack diverged at iteration {it} (loss {float(loss.detach())}); lower lr (now {cfg['lr']})")
             opt_x.zero_grad(set_to_none=True)
             opt_u.zero_grad(set_to_none=True)
             loss.backward()

@@ -47,6 +47,16 @@ MIN_DEVIATION = 0.25
 PIXEL_SLACK = 0.05
 
 
+def check_scorable(view) -> None:
+    """Refuse (ConfigError) a view the attacker-side score cannot judge: it must be an AttackerView of a binary task."""
+    from exhume.victim import AttackerView
+
+    if not isinstance(view, AttackerView):
+        raise ConfigError(f"attacker_score needs an AttackerView (never the victim's training set), got {type(view).__name__}")
+    if view.task != "binary":
+        raise ConfigError(f"the attacker-side score (and so exhume tune) handles binary victims only; this victim's task is {view.task!r}")
+
+
 def attacker_score(view, candidates: torch.Tensor, labels: torch.Tensor, multipliers: torch.Tensor,
                    n_guess: int | None = None) -> dict[str, Any]:
     """Score ``candidates`` (display space, shape ``(m, *input_shape)``) for ``view``.
@@ -54,12 +64,7 @@ def attacker_score(view, candidates: torch.Tensor, labels: torch.Tensor, multipl
     Returns ``{"score", "explained", "plausible", "relative_stationarity", "distinct",
     "non_degenerate", "in_range", "margin_consistent"}`` (shares are means over candidates).
     """
-    from exhume.victim import AttackerView
-
-    if not isinstance(view, AttackerView):
-        raise ConfigError(f"attacker_score needs an AttackerView (never the victim's training set), got {type(view).__name__}")
-    if view.task != "binary":
-        raise ConfigError(f"attacker_score handles binary tasks; the victim's task is {view.task!r}")
+    check_scorable(view)
     dtype = torch.float64
     model, params = attack_model(view.model, next(view.model.parameters()).device, dtype)
     theta2 = sum((p ** 2).sum() for p in params.values())

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from exhume.errors import ConfigError
+from exhume.errors import ConfigError, DivergenceError
 
 # name: (low, high, log) — ranges around the defaults measured in exhume/attacks/kkt.py
 SEARCH_SPACE: dict[str, tuple[float, float, bool]] = {
@@ -138,9 +138,12 @@ def tune(view, trials: int, out: str | Path, trial_seconds: float = 60.0, storag
     from tqdm.auto import tqdm
 
     from exhume.attacks import get_attack
-    from exhume.tune.score import attacker_score, score_reconstruction
+    from exhume.tune.score import attacker_score, check_scorable, score_reconstruction
 
-    get_attack("kkt", **fixed)  # unknown or invalid fixed parameters fail here, before any study is touched
+    # unknown or invalid fixed parameters, and a victim the attack or the score cannot handle, fail
+    # here with one line, before any study is touched
+    get_attack("kkt", **fixed).check(view)
+    check_scorable(view)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     import warnings
 
@@ -184,7 +187,7 @@ def tune(view, trials: int, out: str | Path, trial_seconds: float = 60.0, storag
         try:
             recon = atk.run(view, seed=seed, device=device, progress=False, callback=on_step,
                             callback_every=report_every, callback_multipliers=True)
-        except ConfigError as e:  # divergence: a legitimate, very bad outcome
+        except DivergenceError as e:  # a numerical failure: a legitimate, very bad outcome (a bad setting is not)
             trial.set_user_attr("diverged", str(e))
             return 0.0
         recon.save(folder)
@@ -224,7 +227,9 @@ def tune(view, trials: int, out: str | Path, trial_seconds: float = 60.0, storag
         "seconds": round(time.perf_counter() - t0, 1),
         "score_note": "attacker-side (weights and candidates only): (1 - relative stationarity residual) x plausible share",
     }
-    if best is not None:
+    if best is None:
+        summary.update(best_trial=None, note="no trial finished without diverging: there is no best setting")
+    else:
         summary.update(best_trial=best.number, best_score=best.value, best_params=best.params,
                        best_is_default=bool(best.user_attrs.get("is_default")), best_folder=best.user_attrs.get("folder"),
                        best_host=best.user_attrs.get("host"))
@@ -240,7 +245,8 @@ def tune(view, trials: int, out: str | Path, trial_seconds: float = 60.0, storag
 
 def _best(study):
     optuna = _optuna()
-    done = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))]
+    done = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+            if "diverged" not in t.user_attrs]  # a diverged trial scores 0 but is never "best"
     return max(done, key=lambda t: t.value) if done else None
 
 

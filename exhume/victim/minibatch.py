@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from exhume.errors import ConfigError
+from exhume.errors import ConfigError, DivergenceError
 from exhume.losses import margin, per_sample_loss
 from exhume.progress import Progress
 from exhume.victim.train import check_training
@@ -81,7 +81,7 @@ def train_minibatch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: 
                 opt.step()
                 value = float(loss.detach())
                 if not math.isfinite(value):
-                    raise ConfigError(f"training diverged at epoch {epoch}; lower the learning rate (lr={config.lr})")
+                    raise DivergenceError(f"training diverged at epoch {epoch}; lower the learning rate (lr={config.lr})")
                 total += value * len(idx)
             history.append((epoch, total / n))
             bar.update(epoch, loss=f"{total / n:.3g}")

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from exhume.errors import ConfigError
+from exhume.errors import ConfigError, DivergenceError
 from exhume.losses import check_loss, per_sample_loss
 from exhume.progress import Progress
 
@@ -91,7 +91,7 @@ def train_victim(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: Tra
         value = float(data_loss.detach())
         if not math.isfinite(value):
             bar.close()
-            raise ConfigError(f"training diverged at epoch {epoch} (loss {value}); lower the learning rate (lr={config.lr})")
+            raise DivergenceError(f"training diverged at epoch {epoch} (loss {value}); lower the learning rate (lr={config.lr})")
         if epoch % config.log_every == 0 or epoch == 1:
             history.append((epoch, value))
             bar.update(epoch, loss=f"{value:.3g}")
