@@ -1,4 +1,4 @@
-# One command for the demo, one for the tests; each sets everything up first.
+# One command for the demo, one for the tests (the linter, then pytest); each sets everything up first.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -20,6 +20,7 @@ demo: $(STAMP)
 	$(BIN)/exhume demo -o runs/demo
 
 test: $(STAMP)
+	$(BIN)/python -m ruff check .
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

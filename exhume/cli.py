@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from exhume.errors import ConfigError, DivergenceError, ExhumeError
 
@@ -96,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--storage", default=None, help="Optuna storage URL shared by workers, e.g. postgresql://user:pass@host/db (default: OUT/tune.db)")
     p.add_argument("--study-name", default="exhume-kkt", help="study name in the storage (default exhume-kkt)")
     p.add_argument("--no-prune", action="store_true", help="run every trial to its budget (no median pruning)")
-    p.add_argument("--heartbeat", type=int, default=5, help="seconds between a worker's heartbeats; a trial silent for 4x this is failed and retried (default 5)")
+    p.add_argument("--heartbeat", type=int, default=5, help="seconds between a worker's heartbeats; a trial silent for 4x this is failed and retried "
+                   "(default 5)")
     p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE", help="a kkt parameter fixed for all trials, e.g. -p m=200")
 
     p = sub.add_parser("report", help="write a self-contained HTML audit report for an evaluated attack run")
@@ -129,9 +131,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     import torch
 
-    from exhume.victim import TrainConfig, make_victim
-
     from exhume.data import parse_task
+    from exhume.victim import TrainConfig, make_victim
     from exhume.victim.build import DEFAULT_LOSS
 
     kind = "regression" if args.task.strip().lower() == "regression" else parse_task(args.task)[0]

@@ -1,6 +1,6 @@
 """``exhume demo``: train a small victim on the bundled MNIST digits, attack it, evaluate.
 
-Settings (after METHODS.md §1, "Measured on this machine"): a bias-free MLP 784-256-256-1 (first
+Settings (after docs/METHODS.md §1, "Measured on this machine"): a bias-free MLP 784-256-256-1 (first
 layer N(0,1)·1e-4), 100 digits odd/even, mean subtracted, logistic loss, full-batch GD lr 0.2 with
 weight decay 5e-3 for 6000 epochs; then the ``kkt`` attack with m = 200 for a fixed wall-clock budget; then the
 evaluation against the 100 training digits and a pool of 1000 unseen digits. About 4 minutes on
@@ -29,10 +29,9 @@ def run_demo(out: str | Path = "runs/demo", seed: int = 0, device: str = "cpu", 
              train_seconds: float | None = None, attack_seconds: float | None = None, resume: bool = False,
              progress: bool = True) -> dict[str, Any]:
     import exhume
+    from exhume.api import check_device
     from exhume.evaluation.run import format_table, summary_rows
     from exhume.victim import TrainConfig, load_victim, make_victim
-
-    from exhume.api import check_device
 
     check_device(device)
     out = Path(out)

@@ -12,10 +12,22 @@ import torch
 from scipy.ndimage import gaussian_filter
 
 from exhume.errors import ConfigError, DataError
-from exhume.evaluation import (best_match, candidates_grid, evaluate_images, l2_matrix, match,
-                               ncc_matrix, one_to_one, pairs_grid, plot_sorted_ssim,
-                               plot_ssim_vs_margin, ssim_matrix, ssim_pairs, window_description,
-                               window_for)
+from exhume.evaluation import (
+    best_match,
+    candidates_grid,
+    evaluate_images,
+    l2_matrix,
+    match,
+    ncc_matrix,
+    one_to_one,
+    pairs_grid,
+    plot_sorted_ssim,
+    plot_ssim_vs_margin,
+    ssim_matrix,
+    ssim_pairs,
+    window_description,
+    window_for,
+)
 
 skimage_metrics = pytest.importorskip("skimage.metrics")
 
@@ -270,3 +282,18 @@ def test_metrics_json_and_plots(mnist, tmp_path):
     for p in outs:
         assert p.exists() and p.stat().st_size > 1000
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_importing_exhume_keeps_the_users_matplotlib_backend(tmp_path):
+    # a notebook user's backend survives importing every module that draws, and figures still render to PNG
+    import subprocess
+    import sys
+
+    code = ("import matplotlib; matplotlib.use('svg'); import torch\n"
+            "import exhume, exhume.evaluation.plots, exhume.evaluation.trainlike, exhume.experiments\n"
+            "from exhume.evaluation.plots import candidates_grid\n"
+            f"candidates_grid(torch.rand(4, 1, 8, 8), {str(tmp_path / 'c.png')!r})\n"
+            "import matplotlib.pyplot as plt; print(matplotlib.get_backend(), len(plt.get_fignums()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parents[1])
+    assert out.stdout.split() == ["svg", "0"]
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

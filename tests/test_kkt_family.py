@@ -215,16 +215,16 @@ def test_foreign_model_loss_and_weight_decay_can_be_stated():
     assert recon.config["loss_assumed"] == "logistic" and recon.config["weight_decay_assumed"] == 0.01
 
 
-def test_experiment_writes_figure_table_and_the_seed_comparison(tmp_path, capsys):
+def test_experiment_writes_figure_table_and_the_paper_comparison(tmp_path, capsys):
     from exhume.cli import main
 
     out = tmp_path / "exp"
     assert main(["experiment", "multiclass", "-o", str(out), "--iterations", "20", "--epochs", "30", "--no-progress"]) == 0
     summary = json.loads((out / "multiclass.json").read_text())
-    assert summary["seed_finding"] and summary["this_run"] and summary["agrees_with_seed"] in (True, False)
+    assert summary["paper_finding"] and summary["this_run"] and summary["agrees_with_paper"] in (True, False)
     assert [r["task"] for r in summary["rows"]] == ["odd-even", "multiclass"]
     assert (out / "multiclass.png").stat().st_size > 1000 and (out / "multiclass.csv").read_text().startswith("case,")
-    assert "seed found" in capsys.readouterr().out
+    assert "paper found" in capsys.readouterr().out
 
 
 def test_cnn_experiment_trains_one_victim_and_attacks_it_with_and_without_the_tv_prior(tmp_path):

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import tempfile
-from pathlib import Path
 
 import pytest
 import torch

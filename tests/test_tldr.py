@@ -1,4 +1,4 @@
-"""TLDR (seed 004): convnet victims, the conditioned generator, the inversion and tldr attacks,
+"""TLDR (paper 004): convnet victims, the conditioned generator, the inversion and tldr attacks,
 their loss terms on hand-made inputs, and the train-vs-held-out evaluation."""
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from torch import nn
 from exhume.attacks import get_attack
 from exhume.attacks.generator import CONDITIONINGS, ConditionedGenerator, hot_matrix, sample_conditioning
 from exhume.attacks.inversion import FeatureTap
-from exhume.attacks.inversion_losses import (ce_term, cosine_term, grad_norm_term, kl_term, ortho_term, perturb,
-                                             pixel_term, tv_term)
+from exhume.attacks.inversion_losses import ce_term, cosine_term, grad_norm_term, kl_term, ortho_term, perturb, pixel_term, tv_term
 from exhume.errors import ConfigError
 from exhume.evaluation.trainlike import class_grid, per_class_evaluation
 from exhume.models import build_model, parse_arch

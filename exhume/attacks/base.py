@@ -92,7 +92,7 @@ class Attack:
         The default accepts every victim.
         """
 
-    def run(self, view, **kwargs) -> "Reconstruction":  # pragma: no cover - abstract
+    def run(self, view, **kwargs) -> Reconstruction:  # pragma: no cover - abstract
         raise NotImplementedError
 
 

@@ -1,4 +1,4 @@
-"""Bilevel reconstruction with implicit differentiation (Runkel et al., METHODS.md §2).
+"""Bilevel reconstruction with implicit differentiation (Runkel et al., docs/METHODS.md §2).
 
     min_x̂  l(θ*, θ(x̂)) = ‖θ* − θ(x̂)‖²   s.t.  θ(x̂) ∈ argmin_θ E(x̂, θ),
     E(x̂, θ) = (1/m) Σ_j loss(Φ(x̂_j; θ), ŷ_j) + (w/2)‖θ‖²
@@ -26,8 +26,9 @@ images (ground truth, partition, mixtures), which are labelled oracle in the res
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn

@@ -1,6 +1,6 @@
 """Which stationarity equation a victim satisfies, and the scale of its multipliers.
 
-Three forms of ``θ = Σ_j λ_j ∇_θ h(Φ(θ; x̂_j), ŷ_j)`` (METHODS.md §1):
+Three forms of ``θ = Σ_j λ_j ∇_θ h(Φ(θ; x̂_j), ŷ_j)`` (docs/METHODS.md §1):
 
 - ``margin``: ``h`` = the margin (``y·Φ`` binary, ``Φ_y − max_{k≠y} Φ_k`` multiclass), λ ≥ 0.
   Haim et al.'s KKT conditions of max-margin training and Buzaglo et al.'s multiclass version;

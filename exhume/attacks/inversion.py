@@ -1,4 +1,4 @@
-"""Network inversion (``inversion``) and training-like data reconstruction (``tldr``), seed 004.
+"""Network inversion (``inversion``) and training-like data reconstruction (``tldr``), paper 004 (docs/METHODS.md §3).
 
 Both train a :class:`~exhume.attacks.generator.ConditionedGenerator` against the frozen
 classifier (in ``.eval()`` mode: batch norm on its running statistics, dropout off) and return
@@ -32,10 +32,9 @@ from torch.func import functional_call
 
 from exhume.attacks.base import Attack, Param, Reconstruction, attack_model, register
 from exhume.attacks.checkpoint import load_checkpoint, resumable_settings, save_checkpoint
-from exhume.attacks.loop import run_loop
 from exhume.attacks.generator import CONDITIONINGS, OUTPUTS, ConditionedGenerator
-from exhume.attacks.inversion_losses import (GRAD_MODES, PERTURBATIONS, ce_term, cosine_term, grad_norm_term, kl_term,
-                                             ortho_term, perturb, pixel_term, tv_term)
+from exhume.attacks.inversion_losses import GRAD_MODES, PERTURBATIONS, ce_term, cosine_term, grad_norm_term, kl_term, ortho_term, perturb, pixel_term, tv_term
+from exhume.attacks.loop import run_loop
 from exhume.errors import ConfigError, DivergenceError
 
 
@@ -93,7 +92,8 @@ COMMON_PARAMS: dict[str, Param] = {
     "ortho_normalize": Param(True, bool, "L2-normalise features before the Gram matrix"),
     "feature_layer": Param(None, str, "module whose output are the features (default: input of the last nn.Linear)", allow_none=True),
     "samples_per_class": Param(10, int, "candidates returned per class", low=1),
-    "sample_mode": Param("train", str, "generator mode when drawing candidates (train: dropout and batch statistics as during training)", choices=("train", "eval")),
+    "sample_mode": Param("train", str, "generator mode when drawing candidates (train: dropout and batch statistics as during training)",
+                         choices=("train", "eval")),
     "checkpoint_every": Param(500, int, "steps between checkpoints (with an output folder)", low=1),
     "log_every": Param(50, int, "steps between loss-history entries", low=1),
 }

@@ -1,4 +1,4 @@
-"""The loss terms of TLDR's inversion and reconstruction (seed 004, §3.3–3.4; METHODS.md §3).
+"""The loss terms of TLDR's inversion and reconstruction (paper 004, §3.3–3.4; docs/METHODS.md §3).
 
 All images here are in display space ``(B, C, H, W)`` (pixel range [0, 1]); the classifier is
 fed ``image − mean``. Each term is a plain function so that it can be checked on hand-made
@@ -19,7 +19,7 @@ inputs.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

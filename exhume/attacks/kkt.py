@@ -1,7 +1,7 @@
 """The stationarity (KKT) attack of Haim et al. (2022), with Buzaglo et al.'s weight-decay form.
 
 Unknowns: ``m`` candidates ``x̂_j`` (centred input space) with fixed labels ``ŷ_j`` and
-multipliers ``λ_j = S · u_j``. Loss (METHODS.md §1)::
+multipliers ``λ_j = S · u_j``. Loss (docs/METHODS.md §1)::
 
     ‖θ − Σ_j λ_j ∇_θ h(Φ(θ; x̂_j), ŷ_j)‖² / ‖θ‖²               stationarity (relative)
     + dual_weight · Σ_j relu(λ_min − u_j)²                       dual feasibility, u ≥ λ_min
@@ -17,8 +17,7 @@ with ``v = x̂ + mean ∈ [0, 1]`` (prior="display", the default) or ``v = x̂ �
 (prior="centred", the reference's). The total-variation term is off by default (MLP victims do
 not need it); it helps on convolutional victims: 3×3 filters followed by pooling barely see
 high-frequency patterns, so without it the candidates fit the equation while staying covered in
-pixel noise (on MNIST, ``exhume experiment cnn``: 5 memorised digits with ``tv_weight=1e-4``
-against 3 without). During the attack every ReLU keeps its forward pass and uses
+pixel noise. During the attack every ReLU keeps its forward pass and uses
 ``sigmoid(α·z)`` as its derivative (:mod:`exhume.attacks.surrogate`).
 
 **The multiplier scale S** (details in :mod:`exhume.attacks.formulation`). Without weight decay (Haim's max-margin setting) ``S = 1``, as in the
@@ -30,15 +29,14 @@ large shrinks every candidate towards the data mean. ``lambda_scale="auto"`` est
 ``λ`` from the weights alone: for a network of homogeneity degree ``L`` (Euler:
 ``⟨θ, ∇_θΦ(x)⟩ = L·Φ(x)``) stationarity gives ``Σ_i λ_i margin_i = ‖θ‖²/L``, so with equal margins
 ``m*`` solving ``σ(−m*)·m* = w‖θ‖²/L`` the typical multiplier is ``σ(−m*)/(n·w)``, and
-``S = (5/3) × that`` (``AUTO_SCALE_FACTOR``; on the demo victim, factors 5/3, 5 and 15 gave 36,
-25 and 10 training digits at SSIM ≥ 0.4 one-to-one after 2,500 iterations). ``n`` is the
-attacker's guess of the training-set size (``m/2`` by default).
+``S = (5/3) × that`` (``AUTO_SCALE_FACTOR``). ``n`` is the attacker's guess of the training-set
+size (``m/2`` by default).
 
-**Optimiser.** The reference uses SGD with momentum 0.9 (``optimizer="sgd"``, available). Here
-Adam is the default: on the demo victim (784-256-256-1, 100 MNIST digits, weight decay 5e-3) at
-10,000 iterations, Adam (lr 0.01) gave 31 training digits at SSIM ≥ 0.4 one-to-one and 9
-memorised, SGD with momentum (lr 1.65 on the relative loss, the largest that did not diverge)
-16 and 2; SGD diverges readily because the loss's curvature in ``x̂`` grows with ``λ²``.
+**Optimiser.** The reference uses SGD with momentum 0.9 (``optimizer="sgd"``, available); Adam is
+the default here (SGD diverges readily because the loss's curvature in ``x̂`` grows with ``λ²``).
+
+The measurements behind these defaults (TV weight, the auto-scale factor, Adam against SGD) are
+in ``benchmarks/README.md``, "Measurements behind the kkt defaults".
 """
 
 from __future__ import annotations
@@ -57,8 +55,6 @@ from exhume.attacks.loop import run_loop
 from exhume.attacks.stationarity import stationarity_residual
 from exhume.errors import ConfigError, DivergenceError
 from exhume.losses import LOSSES
-
-
 
 
 @register
@@ -143,7 +139,8 @@ class KKTAttack(Attack):
         state = {"iteration": 0, "elapsed": 0.0, "history": []}
         ckpt_path = Path(out) / "checkpoint.pt" if out is not None else None
         if resume and ckpt_path is not None and ckpt_path.exists():
-            state = load_checkpoint(ckpt_path, {"x": x, "u": u}, {"opt_x": opt_x, "opt_u": opt_u}, expect={"config": resumable_settings(cfg), "seed": seed, "m": m})
+            state = load_checkpoint(ckpt_path, {"x": x, "u": u}, {"opt_x": opt_x, "opt_u": opt_u},
+                                    expect={"config": resumable_settings(cfg), "seed": seed, "m": m})
 
         start_iter, elapsed0 = state["iteration"], state["elapsed"]
         history: list[dict[str, float]] = state["history"]

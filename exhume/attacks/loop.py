@@ -10,8 +10,8 @@ calls the user's callback.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from exhume.progress import Progress
 

@@ -7,11 +7,11 @@ gradients). The residual stays differentiable in ``x̂`` and ``λ`` (double back
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from torch.func import functional_call, grad
-
-from typing import Callable
 
 from exhume.attacks.surrogate import soft_activations
 from exhume.losses import margin, per_sample_loss

@@ -1,8 +1,7 @@
-"""Judging reconstructions: SSIM, matching, the memorisation count, and figures (METHODS.md §4)."""
+"""Judging reconstructions: SSIM, matching, the memorisation count, and figures (docs/METHODS.md §4)."""
 
+from .matching import MATCH_RULES, best_match, l2_matrix, match, match_downsample, ncc_matrix, one_to_one, rule_similarity
 from .membership import membership_uncertainty
-from .matching import (MATCH_RULES, best_match, l2_matrix, match, match_downsample, ncc_matrix,
-                       one_to_one, rule_similarity)
 from .metrics import EvalResult, evaluate_images
 from .plots import candidates_grid, pairs_grid, plot_sorted_ssim, plot_ssim_vs_margin
 from .ssim import as_images, ssim_matrix, ssim_pairs, window_description, window_for

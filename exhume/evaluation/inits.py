@@ -1,4 +1,4 @@
-"""Initialisations for the attacks, built on the evaluator's side (Runkel et al., METHODS.md §2).
+"""Initialisations for the attacks, built on the evaluator's side (Runkel et al., docs/METHODS.md §2).
 
 An attack never reads the training set. These builders do, for the initialisation study: they
 return display-space images that are passed to an attack as ``run(init=..., init_name=...)``.

@@ -1,4 +1,4 @@
-"""Judging a reconstruction (METHODS.md section 4).
+"""Judging a reconstruction (docs/METHODS.md section 4).
 
 :func:`evaluate_images` takes candidates, training images and (ideally) a pool of unseen images
 from the same distribution, all in display space ``(n, C, H, W)`` in [0, 1], and returns an
@@ -17,9 +17,9 @@ import json
 import math
 import os
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 from scipy.stats import spearmanr

@@ -1,31 +1,38 @@
-"""Figures for an evaluation (PNG files, matplotlib's Agg backend; figures are closed after saving)."""
+"""Figures for an evaluation (PNG files drawn with matplotlib's Agg canvas).
+
+Figures are made with :class:`matplotlib.figure.Figure` and :class:`FigureCanvasAgg`, outside
+pyplot: importing exhume never switches the global backend (a notebook keeps its own), and no
+figure is left open in pyplot's registry.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from ..errors import ConfigError, DataError
+from .metrics import EvalResult
+from .ssim import as_images
 
-from ..errors import ConfigError, DataError  # noqa: E402
-from .metrics import EvalResult  # noqa: E402
-from .ssim import as_images  # noqa: E402
+__all__ = ["plot_sorted_ssim", "plot_ssim_vs_margin", "pairs_grid", "candidates_grid", "subplots", "save_figure"]
 
-__all__ = ["plot_sorted_ssim", "plot_ssim_vs_margin", "pairs_grid", "candidates_grid"]
+
+def subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float] | None = None, squeeze: bool = True, **kwargs):
+    """``(figure, axes)`` like ``pyplot.subplots``, on an Agg canvas of its own (no global state)."""
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(nrows, ncols, squeeze=squeeze, **kwargs)
 
 
 def save_figure(fig, path) -> Path:
-    """Save ``fig`` as a PNG (creating the folder) and close it."""
+    """Save ``fig`` as a PNG (creating the folder)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fig.savefig(path, dpi=110, bbox_inches="tight")
-    finally:
-        plt.close(fig)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     return path
 
 
@@ -54,7 +61,7 @@ def _thresholds(metrics: dict) -> list[float]:
 def plot_sorted_ssim(result: EvalResult, path: str | os.PathLike) -> Path:
     """Per-training-image SSIM of the best candidate, sorted (and the pool's, if computed)."""
     s = np.sort(np.asarray(result.arrays["ssim"], dtype=float))[::-1]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = subplots(figsize=(6, 4))
     x = np.arange(1, s.size + 1)
     ax.plot(x, s, lw=2, label=f"best reconstruction (rule: {result.metrics.get('match_rule')})")
     if result.arrays.get("pool_ssim") is not None:
@@ -85,7 +92,7 @@ def plot_ssim_vs_margin(result: EvalResult, path: str | os.PathLike) -> Path:
     mar = np.asarray(result.arrays["margin"], dtype=float)
     s = np.asarray(result.arrays["ssim"], dtype=float)
     mem = result.arrays.get("memorised")
-    fig, ax = plt.subplots(figsize=(5.5, 4))
+    fig, ax = subplots(figsize=(5.5, 4))
     if mem is None:
         ax.scatter(mar, s, s=12, alpha=0.8, label="training image")
     else:
@@ -125,7 +132,7 @@ def pairs_grid(candidates, train, pool, result: EvalResult, path: str | os.PathL
     width = 3 if has_pool else 2
     rows = int(np.ceil(len(order) / per_row))
     cols = per_row * width
-    fig, axes = plt.subplots(rows, cols, figsize=(cols * 1.0, rows * 1.15), squeeze=False)
+    fig, axes = subplots(rows, cols, figsize=(cols * 1.0, rows * 1.15), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
     mem = result.arrays.get("memorised")
@@ -155,7 +162,7 @@ def candidates_grid(candidates, path: str | os.PathLike, k: int = 100) -> Path:
         raise DataError("no candidates to draw")
     cols = int(np.ceil(np.sqrt(cands.shape[0])))
     rows = int(np.ceil(cands.shape[0] / cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(cols * 0.8, rows * 0.8), squeeze=False)
+    fig, axes = subplots(rows, cols, figsize=(cols * 0.8, rows * 0.8), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
     for j, img in enumerate(cands):

@@ -18,7 +18,7 @@ same sigma; :func:`window_for` says which, and :func:`window_description` says i
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

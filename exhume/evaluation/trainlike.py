@@ -1,4 +1,4 @@
-"""Is a class-conditioned reconstruction *training-like*? (TLDR, seed 004; METHODS.md §3–4)
+"""Is a class-conditioned reconstruction *training-like*? (TLDR, paper 004; docs/METHODS.md §3–4)
 
 For class-labelled candidates (e.g. a generator's samples), :func:`per_class_evaluation` compares
 them, class by class, with the training images of that class and with a held-out set of unseen
@@ -20,18 +20,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
+import torch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from ..errors import DataError  # noqa: E402
-from .matching import l2_matrix  # noqa: E402
-from .metrics import evaluate_images  # noqa: E402
-from .plots import save_figure  # noqa: E402
-from .ssim import as_images, ssim_matrix  # noqa: E402
+from ..errors import DataError
+from .matching import l2_matrix
+from .metrics import evaluate_images
+from .plots import save_figure, subplots
+from .ssim import as_images, ssim_matrix
 
 
 def per_class_evaluation(candidates, cand_labels, train_x, train_y, held_x, held_y) -> dict[str, Any]:
@@ -102,7 +98,7 @@ def class_grid(candidates, labels, path: str | Path, per_class: int = 10, title:
     classes = sorted(set(lab.tolist()))
     if not classes:
         raise DataError("class_grid: no candidates to draw")
-    fig, axes = plt.subplots(len(classes), per_class, figsize=(per_class * 0.75, len(classes) * 0.8), squeeze=False)
+    fig, axes = subplots(len(classes), per_class, figsize=(per_class * 0.75, len(classes) * 0.8), squeeze=False)
     for r, c in enumerate(classes):
         idx = np.flatnonzero(lab == c)[:per_class]
         for j in range(per_class):

@@ -164,16 +164,13 @@ def _one_run(attack: str, view, refs, heldout, l1: float, l2: float, s: dict, fo
 
 
 def _heatmaps(rows: list[dict], attack: str, grid: list[float], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from exhume.evaluation.plots import subplots
 
     panels = [("d_train", "to nearest training image"), ("d_partition", "to nearest partition image"),
               ("d_noise", "to nearest noise image")]
     panels.append(("param_distance", "‖θ*−θ‖² after solving") if attack == "bilevel"
                   else ("relative_stationarity", "relative stationarity residual\n(‖θ*−θ‖² undefined for kkt)"))
-    fig, axes = plt.subplots(1, 4, figsize=(17, 4))
+    fig, axes = subplots(1, 4, figsize=(17, 4))
     index = {(r["l1"], r["l2"]): r for r in rows if r["attack"] == attack}
     for ax, (key, title) in zip(axes, panels):
         mat = np.array([[index[(a, b)][key] if (a, b) in index and index[(a, b)][key] is not None else np.nan
@@ -193,17 +190,13 @@ def _heatmaps(rows: list[dict], attack: str, grid: list[float], path: Path) -> N
     fig.suptitle(f"{attack}: mean L2 distance of the reconstructions (ORACLE initialisations; MNIST display space)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _lines(rows: list[dict], attack: str, grid: list[float], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from exhume.evaluation.plots import subplots
 
     index = {(r["l1"], r["l2"]): r for r in rows if r["attack"] == attack}
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (a, b) = subplots(1, 2, figsize=(10, 3.8))
     xs = [g for g in grid if (g, 1.0) in index]
     a.plot(xs, [index[(g, 1.0)]["d_train"] for g in xs], "o-", color="tab:red", label="to training (GT)")
     a.plot(xs, [index[(g, 1.0)]["d_partition"] for g in xs], "o-", color="tab:green", label="to partition")
@@ -219,17 +212,12 @@ def _lines(rows: list[dict], attack: str, grid: list[float], path: Path) -> None
     fig.suptitle(f"{attack}: reconstructions vs interpolated initialisations (ORACLE; cf. Runkel et al. Fig. 11)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _corners_figure(out: Path, attacks: list[str], grid: list[float], refs, k: int = 8) -> Path | None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from exhume.attacks import load_reconstruction
     from exhume.evaluation.inits import mix_images
+    from exhume.evaluation.plots import subplots
 
     corners = [("noise", grid[0], 0.0), ("ground truth", 1.0, 1.0), ("partition", 0.0, 1.0)]
     corners = [(n, a, b) for n, a, b in corners if a in grid and b in grid]
@@ -237,7 +225,7 @@ def _corners_figure(out: Path, attacks: list[str], grid: list[float], refs, k: i
         return None
     rows = len(attacks) * len(corners)
     k = min(k, len(refs["train"]))
-    fig, axes = plt.subplots(rows, 2 * k, figsize=(2 * k * 0.8, rows * 0.95), squeeze=False)
+    fig, axes = subplots(rows, 2 * k, figsize=(2 * k * 0.8, rows * 0.95), squeeze=False)
     r = 0
     for attack in attacks:
         for cname, l1, l2 in corners:
@@ -256,7 +244,6 @@ def _corners_figure(out: Path, attacks: list[str], grid: list[float], refs, k: i
     fig.tight_layout()
     path = out / "corners.png"
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path
 
 
@@ -283,7 +270,8 @@ def _markdown(verdict: list[dict], rows: list[dict], s: dict, victims: dict, sec
              "Victims: " + "; ".join(f"{a}: {v}" for a, v in victims.items()), "",
              f"Total wall time: {seconds:.0f} s (single thread).", "",
              "Mean L2 distance (display space, 784 pixels in [0,1]) of each reconstruction to its nearest image of each set:", "",
-             "| attack | corner | d_train | d_partition | d_noise | nearest set | init's nearest set | follows init | moved | membership AUC | ‖θ*−θ‖² (bilevel) / rel. stationarity (kkt) |",
+             "| attack | corner | d_train | d_partition | d_noise | nearest set | init's nearest set | follows init | moved | membership AUC "
+             "| ‖θ*−θ‖² (bilevel) / rel. stationarity (kkt) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for v in verdict:
         pd = (f"{v['param_distance']:.3g} (relative {v['relative_param_distance']:.2g})" if v["param_distance"] is not None
@@ -359,7 +347,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "experiment": "init-study", "oracle": "every initialisation except pure noise uses the training set or a "
                       "disjoint partition: evaluator tools (ORACLE)",
         "settings": s, "victims": victim_info, "seconds": round(seconds, 1),
-        "seed_finding": "reconstructions follow their initialisation; ||theta*-theta||^2 is small for noise, ground-truth "
+        "paper_finding": "reconstructions follow their initialisation; ||theta*-theta||^2 is small for noise, ground-truth "
                         "and partition starts alike (1e-3..6e-5), so a small parameter distance does not prove recovery",
         "this_run": {"every corner follows its initialisation": holds,
                      "partition corner": [{k: v[k] for k in ("attack", "d_train", "d_partition", "nearest_set", "param_distance",

@@ -2,7 +2,7 @@
 
 Every case trains a victim (full-batch GD, a fixed number of epochs), runs the ``kkt`` attack for
 a fixed number of iterations (so results do not depend on machine load), and evaluates it
-against the training set, a 1000-image unseen pool and a held-out control (METHODS.md §4).
+against the training set, a 1000-image unseen pool and a held-out control (docs/METHODS.md §4).
 Defaults fit a 2-core CPU (each experiment states its budget); ``--full`` uses the papers' scale
 (n = 500, 1000-1000 MLPs, 50,000 iterations) and needs a GPU.
 """
@@ -17,14 +17,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
+import torch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from exhume.experiments.registry import register_experiment  # noqa: E402
+from exhume.evaluation.plots import subplots
+from exhume.experiments.registry import register_experiment
 
 
 @dataclass(frozen=True)
@@ -85,15 +82,15 @@ def write_table(rows: list[dict[str, Any]], out: Path, name: str) -> None:
         w.writerows(rows)
 
 
-def finish(out: Path, name: str, rows: list[dict[str, Any]], seed_finding: str, this_run: str, agrees: bool | None,
+def finish(out: Path, name: str, rows: list[dict[str, Any]], paper_finding: str, this_run: str, agrees: bool | None,
            settings: dict[str, Any]) -> dict[str, Any]:
     write_table(rows, out, name)
-    summary = {"experiment": name, "seed_finding": seed_finding, "this_run": this_run,
-               "agrees_with_seed": agrees, "settings": settings, "rows": rows,
+    summary = {"experiment": name, "paper_finding": paper_finding, "this_run": this_run,
+               "agrees_with_paper": agrees, "settings": settings, "rows": rows,
                "figure": str(out / f"{name}.png"), "table": str(out / f"{name}.csv")}
     (out / f"{name}.json").write_text(json.dumps(summary, indent=2, default=str))
-    print(f"\n{name}: seed found: {seed_finding}\n{name}: this run:   {this_run}  (agrees: {agrees})")
-    return {k: summary[k] for k in ("experiment", "seed_finding", "this_run", "agrees_with_seed", "figure", "table")}
+    print(f"\n{name}: paper found: {paper_finding}\n{name}: this run:   {this_run}  (agrees: {agrees})")
+    return {k: summary[k] for k in ("experiment", "paper_finding", "this_run", "agrees_with_paper", "figure", "table")}
 
 
 def _arguments(default_epochs: int = 6000):
@@ -141,7 +138,7 @@ def margin_experiment(args: argparse.Namespace) -> dict[str, Any]:
     ns = [250, 500, 1000] if args.full else [30, 100]
     arch = "mlp:1000,1000;bias=first;init=1e-4" if args.full else "mlp:256,256;bias=none;init=1e-4"
     rows, arrays = _run_all([Case(f"n={n}", n=n, arch=arch) for n in ns], args, epochs, iterations, out, progress)
-    fig, axes = plt.subplots(1, len(rows), figsize=(4 * len(rows), 3.4), squeeze=False)
+    fig, axes = subplots(1, len(rows), figsize=(4 * len(rows), 3.4), squeeze=False)
     for ax, row, arr in zip(axes[0], rows, arrays):
         mem = arr["memorised"].astype(bool)
         ax.scatter(arr["margin"][~mem], arr["ssim"][~mem], s=10, label="not memorised")
@@ -151,7 +148,6 @@ def margin_experiment(args: argparse.Namespace) -> dict[str, Any]:
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "margin.png", dpi=110)
-    plt.close(fig)
     rhos = [r["margin_spearman_rho"] for r in rows]
     fracs = [r["reconstructed_fraction"] for r in rows]
     agrees = all(r is not None and r < 0 for r in rhos) and fracs[0] >= fracs[-1]
@@ -185,7 +181,7 @@ def weight_decay_experiment(args: argparse.Namespace) -> dict[str, Any]:
     out, iterations, epochs, progress = _setup(args)
     wds = [0.0, 1e-4, 1e-3, 5e-3, 2e-2] if args.full else [0.0, 1e-3, 5e-3, 2e-2]
     rows, _ = _run_all([Case(f"wd={w:g}", wd=w) for w in wds], args, epochs, iterations, out, progress)
-    fig, ax = plt.subplots(figsize=(5, 3.4))
+    fig, ax = subplots(figsize=(5, 3.4))
     xs = np.arange(len(rows))
     ax.plot(xs, [r["one_to_one_ssim>=0.4"] for r in rows], "o-", label="SSIM>=0.4 (one-to-one)")
     ax.plot(xs, [r["memorised"] for r in rows], "s-", label="memorised")
@@ -195,7 +191,6 @@ def weight_decay_experiment(args: argparse.Namespace) -> dict[str, Any]:
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "weight-decay.png", dpi=110)
-    plt.close(fig)
     acc = [r["train_accuracy"] for r in rows]
     mem = [r["memorised"] for r in rows]
     agrees = mem[-1] > mem[0] or max(mem[1:]) > mem[0]
@@ -229,7 +224,7 @@ def width_vs_n_experiment(args: argparse.Namespace) -> dict[str, Any]:
     widths = [64, 256, 1000, 4000] if args.full else [32, 128, 512]
     n = 500 if args.full else 50
     rows, _ = _run_all([Case(f"width {w}", n=n, arch=f"mlp:{w},{w};init=1e-4") for w in widths], args, epochs, iterations, out, progress)
-    fig, ax = plt.subplots(figsize=(5, 3.4))
+    fig, ax = subplots(figsize=(5, 3.4))
     x = [r["params_per_nd"] for r in rows]
     ax.semilogx(x, [r["reconstructed_fraction"] for r in rows], "o-", label="SSIM>=0.4 (one-to-one)")
     ax.semilogx(x, [r["memorised_fraction"] for r in rows], "s-", label="memorised")
@@ -237,7 +232,6 @@ def width_vs_n_experiment(args: argparse.Namespace) -> dict[str, Any]:
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "width-vs-n.png", dpi=110)
-    plt.close(fig)
     fr = [r["reconstructed_fraction"] for r in rows]
     agrees = fr[-1] > fr[0]
     return finish(out, "width-vs-n", rows, "reconstructability grows with the number of parameters relative to n·d",
@@ -246,7 +240,7 @@ def width_vs_n_experiment(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _bars(rows: list[dict[str, Any]], path: Path, title: str) -> None:
-    fig, ax = plt.subplots(figsize=(1.6 * len(rows) + 2, 3.4))
+    fig, ax = subplots(figsize=(1.6 * len(rows) + 2, 3.4))
     xs = np.arange(len(rows))
     ax.bar(xs - 0.27, [r["one_to_one_ssim>=0.4"] for r in rows], 0.27, label="SSIM>=0.4 one-to-one")
     ax.bar(xs, [r["memorised"] for r in rows], 0.27, label="memorised")
@@ -256,7 +250,6 @@ def _bars(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 CNN_BUDGET = ("CPU default: one CNN victim (12,000 epochs, ~3 min) attacked twice, 4000 iterations each (~4 min each): "

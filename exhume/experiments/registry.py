@@ -1,15 +1,16 @@
-"""Named experiments (``exhume experiment NAME``) that reproduce the seeds' findings.
+"""Named experiments (``exhume experiment NAME``) that reproduce the papers' findings.
 
 Each experiment registers a name, a help text that states its CPU budget, an argument hook and
 a run function. It writes its figure(s) and table(s) into its run folder and returns a dict of
-headline numbers, including what the seed found and what this run found, side by side.
+headline numbers, including what the paper found and what this run found, side by side.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from exhume.errors import ConfigError
 

@@ -2,7 +2,7 @@
 
 Across the completed trials of an ``exhume tune`` study, the evaluator (who has the training set)
 counts, for each trial's reconstruction, the training images recovered at SSIM ≥ 0.4 one-to-one
-and the memorised ones (METHODS.md §4) — these are ORACLE numbers, used here only to judge the
+and the memorised ones (docs/METHODS.md §4) — these are ORACLE numbers, used here only to judge the
 selection, never by the tuner. The experiment reports the Spearman rank correlation between the
 attacker-side score (and each of its components) and those counts, and the oracle counts of the
 trial the attacker selects (highest score) against the best trial in hindsight and the default
@@ -96,12 +96,9 @@ def judge(study, victim, pool_size: int = 1000, progress: bool = True) -> dict[s
 
 
 def _plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
+    from exhume.evaluation.plots import subplots
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    fig, axes = subplots(1, 2, figsize=(9, 3.6))
     for ax, key, label in zip(axes, ("oracle_memorised", "oracle_one_to_one_ssim>=0.4"), ("memorised (oracle)", "SSIM ≥ 0.4 one-to-one (oracle)")):
         ax.scatter([r["score"] for r in rows], [r[key] for r in rows], s=18)
         for r in rows:
@@ -111,7 +108,6 @@ def _plot(rows: list[dict], path: Path) -> None:
         ax.set_ylabel(label)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 @register_experiment("selection", HELP, add_arguments)

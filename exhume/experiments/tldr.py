@@ -1,4 +1,4 @@
-"""``exhume experiment tldr``: network inversion vs training-like reconstruction (seed 004).
+"""``exhume experiment tldr``: network inversion vs training-like reconstruction (paper 004).
 
 Part A: one convnet victim (``--n`` images); the ``inversion`` and ``tldr`` attacks on it; each
 judged per class against the training set and against a held-out set of the same size.
@@ -19,11 +19,11 @@ import torch
 from exhume.errors import ConfigError
 from exhume.experiments.registry import register_experiment
 
-HELP = ("TLDR (seed 004): inversion vs tldr reconstruction on a convnet victim, then tldr quality vs training-set size. "
+HELP = ("TLDR (paper 004): inversion vs tldr reconstruction on a convnet victim, then tldr quality vs training-set size. "
         "CPU default (bundled MNIST, sizes 1000,2000,5000, 300 generator steps): about 8 min on 1 thread (measured 7.4 min on a shared 2-core machine). "
         "--full: the paper's scale (Fashion-MNIST 1k/10k/50k, 5000 steps; needs dataset-fashion-mnist and a GPU).")
 
-SEED_CLAIM = ("reconstructions of MNIST / Fashion-MNIST look like training images at 1k training samples and "
+PAPER_CLAIM = ("reconstructions of MNIST / Fashion-MNIST look like training images at 1k training samples and "
               "degrade as the training set grows to 10k and 60k (visual, no number given)")
 
 
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                             "weight_decay": args.wd, "generator_steps": steps,
                                             "samples_per_class": args.samples_per_class, "seed": args.seed,
                                             "threads": torch.get_num_threads(), "held_out": "same size as the training set, disjoint, same classes"},
-                               "seed_claim": SEED_CLAIM, "runs": []}
+                               "paper_claim": PAPER_CLAIM, "runs": []}
     rows = []
     for i, n in enumerate(sizes):
         vdir = out / f"n{n}"
@@ -139,6 +139,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     (out / "table.txt").write_text(table + "\n")
     (out / "results.json").write_text(json.dumps(results, indent=2))
     print(table)
-    return {"out": str(out), "seconds": results["seconds"], "seed_claim": SEED_CLAIM,
+    return {"out": str(out), "seconds": results["seconds"], "paper_claim": PAPER_CLAIM,
             "runs": [{k: r[k] for k in ("label", "classifier_accuracy_on_candidates", "ssim_to_train_mean", "ssim_to_heldout_mean",
                                         "l2_to_train_mean", "l2_to_heldout_mean", "frac_nearer_train_ssim", "grid")} for r in results["runs"]]}

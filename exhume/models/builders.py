@@ -12,15 +12,16 @@ one-hidden-layer ReLU network with biases, ``mlp:W;bias=all`` (they use W = 6144
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from torch import nn
 
 from exhume.errors import ConfigError
 from exhume.models.affine import Affine
 from exhume.models.cnn import CNN
-from exhume.models.mlp import MLP
 from exhume.models.convnet import build_convnet, parse_convnet
+from exhume.models.mlp import MLP
 
 
 def _build_mlp(spec: dict[str, Any], input_shape: tuple[int, ...], out_features: int) -> nn.Module:

@@ -8,7 +8,7 @@ connected hidden layers (``fc=64`` or ``fc=64,32``; optional) and the output lay
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn

@@ -18,7 +18,8 @@ buffers in ``state_dict`` and so travel in ``model.safetensors``).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn

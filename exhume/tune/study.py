@@ -70,9 +70,8 @@ def make_storage(storage: str | None, out: Path, heartbeat_interval: int = HEART
 
         if importlib.util.find_spec("psycopg") is None:  # SQLAlchemy 2.1 defaults to psycopg 3; the tune extra ships psycopg2
             url = "postgresql+psycopg2://" + url[len("postgresql://"):]
-    import warnings
-
     import random
+    import warnings
 
     for attempt in range(SCHEMA_RACE_RETRIES + 1):
         with warnings.catch_warnings():
@@ -198,8 +197,9 @@ def tune(view, trials: int, out: str | Path, trial_seconds: float = 60.0, storag
         return parts["score"]
 
     def _labels(m: int):
-        from exhume.attacks.formulation import binary_labels
         import torch
+
+        from exhume.attacks.formulation import binary_labels
 
         return binary_labels(m, torch.float32)
 
