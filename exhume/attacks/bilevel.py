@@ -27,6 +27,7 @@ images (ground truth, partition, mixtures), which are labelled oracle in the res
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +36,10 @@ from torch import nn
 from torch.func import functional_call
 
 from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_model, init_record, initial_candidates, register
-from exhume.attacks.checkpoint import load_checkpoint, resumable_settings, save_checkpoint
+from exhume.attacks.checkpoint import resumable_settings
 from exhume.attacks.formulation import binary_labels
-from exhume.attacks.loop import run_loop
+from exhume.attacks.loop import CANDIDATE_PARAMS, RunState, attack_loop, budget_params, make_optimizer, open_run
+from exhume.attacks.priors import project_range
 from exhume.attacks.surrogate import soft_activations
 from exhume.errors import ConfigError, DivergenceError
 from exhume.losses import per_sample_loss
@@ -142,6 +144,24 @@ def implicit_gradient(model: nn.Module, like: dict[str, torch.Tensor], theta: to
 
 
 
+@dataclass
+class Problem:
+    """The attack's working copy of the victim, its settings and its unknowns (centred candidates ``x``)."""
+
+    model: nn.Module
+    like: dict[str, torch.Tensor]
+    theta_star: torch.Tensor
+    theta_sq: float
+    wd: float
+    loss: str
+    n: int
+    m: int
+    mean: torch.Tensor
+    y: torch.Tensor
+    x: torch.Tensor
+    state: dict[str, torch.Tensor]  # "theta": the warm-started inner solution, "p": the last adjoint
+
+
 @register
 class BilevelAttack(Attack):
     """Bilevel reconstruction ``min_x̂ ‖θ* − θ(x̂)‖²`` with implicit gradients (binary tasks)."""
@@ -149,13 +169,10 @@ class BilevelAttack(Attack):
     name = "bilevel"
     params = {
         "m": Param(None, int, "number of candidates (default: n_guess, else the init's size)", low=2, allow_none=True),
+        **CANDIDATE_PARAMS,
+        # two candidates at least (one per label) when m defaults to n_guess
         "n_guess": Param(None, int, "attacker's guess of n (default from the victim's metadata, else 100)", low=2, allow_none=True),
-        "iterations": Param(200, int, "outer steps on x̂", low=1),
-        "max_seconds": Param(None, float, "stop after this much wall time (resumable)", low=0.0, allow_none=True),
-        "lr": Param(1e-2, float, "learning rate for x̂", low=0.0),
-        "optimizer": Param("adam", str, "outer optimiser for x̂", choices=("adam", "sgd")),
-        "momentum": Param(0.9, float, "SGD momentum (sgd only)", low=0.0, high=1.0),
-        "weight_decay": Param(None, float, "w in the inner objective (default: the victim's)", low=0.0, allow_none=True),
+        **budget_params(200, checkpoint_every=20, log_every=5, unit="outer steps on x̂"),
         "damping": Param(0.0, float, "δ added to the Hessian in the CG solve (0: exact implicit gradient; "
                          "use e.g. 1e-3 for non-convex victims such as ReLU networks)", low=0.0),
         "inner_steps": Param(50, int, "L-BFGS iterations of inner training per outer step (warm-started)", low=1),
@@ -167,9 +184,6 @@ class BilevelAttack(Attack):
         "project": Param(True, bool, "project x̂ + mean onto [0, 1] after each step"),
         "alpha": Param(None, float, "ReLU surrogate derivative sigmoid(α·z) in H and the mixed term (None: exact)",
                        low=0.0, allow_none=True),
-        "dtype": Param("float32", str, "computation precision", choices=tuple(DTYPES)),
-        "checkpoint_every": Param(20, int, "outer steps between checkpoints (with an output folder)", low=1),
-        "log_every": Param(5, int, "outer steps between loss-history entries", low=1),
     }
 
     def check(self, view) -> None:
@@ -191,100 +205,94 @@ class BilevelAttack(Attack):
         """
         self.check(view)
         cfg = self.config
+        p = self.problem(view, torch.device(device), seed, init)
+        opt = make_optimizer(cfg["optimizer"], [p.x], cfg["lr"], cfg["momentum"])
+        run = open_run(out, resume, {"x": p.x, **p.state}, {"opt": opt},
+                       {"config": resumable_settings(cfg), "seed": seed, "m": p.m}, snapshot=lambda: {"x": p.x, **p.state})
+        self.project(p)
+        step = self.stepper(p, opt, run.history)
+
+        def emit(it: int, elapsed: float) -> None:
+            with torch.no_grad():
+                callback(it, elapsed, (p.x + p.mean).float().cpu())
+
+        end = attack_loop("bilevel attack", cfg, run, step, progress=progress, emit=None if callback is None else emit,
+                          emit_every=callback_every)
+        return self.result(p, end, run, seed, init_name)
+
+    def problem(self, view, dev: torch.device, seed: int, init: torch.Tensor | None) -> Problem:
+        cfg = self.config
         wd = float((cfg["weight_decay"] if cfg["weight_decay"] is not None else view.weight_decay) or 0.0)
-        loss = view.loss or "logistic"
         dtype = DTYPES[cfg["dtype"]]
-        dev = torch.device(device)
         model, like = attack_model(view.model, dev, dtype)
         theta_star = flatten(like)
         n = cfg["n_guess"] or view.n_train_hint or 100
         m = cfg["m"] or (init.shape[0] if init is not None else n)
-        mean = view.mean.to(dev, dtype)
-        y = binary_labels(m, dtype).to(dev)
-
         gen = torch.Generator().manual_seed(seed)
         if init is None:
             x0 = torch.rand(m, *view.input_shape, generator=gen, dtype=dtype) - view.mean.to(dtype)
         else:
             x0 = initial_candidates(init, m, view.input_shape, view.mean, 0.0, gen, dtype)
-        x = x0.to(dev).requires_grad_()
         if cfg["theta_init"] == "victim":
             theta = theta_star.clone()
         else:
             theta = torch.rand(theta_star.shape, generator=gen, dtype=dtype).to(dev)
-        p_adj = torch.zeros_like(theta_star)
-        if cfg["optimizer"] == "sgd":
-            opt: torch.optim.Optimizer = torch.optim.SGD([x], lr=cfg["lr"], momentum=cfg["momentum"])
-        else:
-            opt = torch.optim.Adam([x], lr=cfg["lr"])
+        return Problem(model, like, theta_star, float((theta_star**2).sum()), wd, view.loss or "logistic", n, m,
+                       view.mean.to(dev, dtype), binary_labels(m, dtype).to(dev), x0.to(dev).requires_grad_(),
+                       {"theta": theta, "p": torch.zeros_like(theta_star)})
 
-        state = {"iteration": 0, "elapsed": 0.0, "history": []}
-        ckpt_path = Path(out) / "checkpoint.pt" if out is not None else None
-        if resume and ckpt_path is not None and ckpt_path.exists():
-            state = load_checkpoint(ckpt_path, {"x": x, "theta": theta, "p": p_adj}, {"opt": opt},
-                                    expect={"config": resumable_settings(cfg), "seed": seed, "m": m})
-        start_iter, elapsed0 = state["iteration"], state["elapsed"]
-        history: list[dict[str, float]] = state["history"]
-        def save(done: int, elapsed: float) -> None:
-            if ckpt_path is not None:
-                save_checkpoint(ckpt_path, {"x": x, "theta": theta, "p": p_adj}, {"opt": opt},
-                                {"iteration": done, "elapsed": elapsed, "history": history,
-                                 "config": resumable_settings(cfg), "seed": seed, "m": m})
+    def project(self, p: Problem) -> None:
+        if self.config["project"]:
+            project_range(p.x, -p.mean, 1.0 - p.mean)
 
-        def project() -> None:
-            if cfg["project"]:
-                with torch.no_grad():
-                    x.copy_(torch.minimum(torch.maximum(x, -mean), 1.0 - mean))
-
-        project()
-        theta_sq = float((theta_star**2).sum())
+    def stepper(self, p: Problem, opt: torch.optim.Optimizer, history: list[dict[str, Any]]):
+        """One outer step: inner training, adjoint solve, implicit gradient, optimiser step, projection."""
+        cfg = self.config
 
         def step(it: int, log: bool, clock) -> dict[str, str] | None:
-            nonlocal theta, p_adj
-            theta, inner_grad = solve_inner(model, like, theta, x, y, loss, wd, cfg["inner_steps"], cfg["inner_tol"])
-            dist = float(((theta - theta_star) ** 2).sum())
+            theta, inner_grad = solve_inner(p.model, p.like, p.state["theta"], p.x, p.y, p.loss, p.wd, cfg["inner_steps"], cfg["inner_tol"])
+            p.state["theta"] = theta
+            dist = float(((theta - p.theta_star) ** 2).sum())
             if not torch.isfinite(theta).all():
                 raise DivergenceError(f"bilevel inner training diverged at outer step {it}; raise weight_decay or damping")
-            gx, p_adj, cg = implicit_gradient(model, like, theta, theta_star, x, y, loss, wd, cfg["damping"],
-                                              cfg["cg_iterations"], cfg["cg_tol"], p_adj, cfg["alpha"])
+            gx, p.state["p"], cg = implicit_gradient(p.model, p.like, theta, p.theta_star, p.x, p.y, p.loss, p.wd, cfg["damping"],
+                                                     cfg["cg_iterations"], cfg["cg_tol"], p.state["p"], cfg["alpha"])
             if not torch.isfinite(gx).all():
                 raise DivergenceError(f"bilevel implicit gradient is not finite at outer step {it}; raise damping")
             opt.zero_grad(set_to_none=True)
-            x.grad = gx
+            p.x.grad = gx
             opt.step()
-            project()
+            self.project(p)
             if not log:
                 return None
-            history.append({"iteration": it, "param_distance": dist, "relative_param_distance": dist / theta_sq,
+            history.append({"iteration": it, "param_distance": dist, "relative_param_distance": dist / p.theta_sq,
                             "inner_grad_norm": inner_grad, "cg_iterations": cg["iterations"],
                             "cg_relative_residual": cg["relative_residual"],
                             "negative_curvature": cg["negative_curvature"], "seconds": round(clock(), 3)})
             return {"dist": f"{dist:.3g}"}
 
-        def emit(it: int, elapsed: float) -> None:
-            with torch.no_grad():
-                callback(it, elapsed, (x + mean).float().cpu())
+        return step
 
-        end = run_loop("bilevel attack", cfg["iterations"], cfg["max_seconds"], start_iter, elapsed0, step, save,
-                       log_every=cfg["log_every"], checkpoint_every=cfg["checkpoint_every"], progress=progress,
-                       emit=None if callback is None else emit, emit_every=callback_every)
-        # θ after solving: train once more on the final candidates and measure the distance to θ*
-        theta_final, inner_grad = solve_inner(model, like, theta, x, y, loss, wd, max(cfg["inner_steps"], 100), cfg["inner_tol"])
-        dist = float(((theta_final - theta_star) ** 2).sum())
+    def result(self, p: Problem, end, run: RunState, seed: int, init_name: str) -> Reconstruction:
+        """θ after solving: train once more on the final candidates and measure the distance to θ*."""
+        cfg = self.config
+        theta_final, inner_grad = solve_inner(p.model, p.like, p.state["theta"], p.x, p.y, p.loss, p.wd,
+                                              max(cfg["inner_steps"], 100), cfg["inner_tol"])
+        dist = float(((theta_final - p.theta_star) ** 2).sum())
         with torch.no_grad():
-            out_final = functional_call(model, unflatten(theta_final, like), (x,))
-            candidates = (x + mean).float().cpu()
-        negative = sum(1 for h in history if h.get("negative_curvature"))
+            out_final = functional_call(p.model, unflatten(theta_final, p.like), (p.x,))
+            candidates = (p.x + p.mean).float().cpu()
+        negative = sum(1 for h in run.history if h.get("negative_curvature"))
         return Reconstruction(
             method=self.name,
             candidates=candidates,
-            labels=y.float().cpu(),
-            scores=(y * out_final).detach().float().cpu(),
-            config={**cfg, "m": m, "n_guess": n, "weight_decay_used": wd, "loss_used": loss, **init_record(init_name)},
+            labels=p.y.float().cpu(),
+            scores=(p.y * out_final).detach().float().cpu(),
+            config={**cfg, "m": p.m, "n_guess": p.n, "weight_decay_used": p.wd, "loss_used": p.loss, **init_record(init_name)},
             seed=seed,
-            loss_history=history,
+            loss_history=run.history,
             summary={"iterations": end.done, "seconds": round(end.elapsed, 3),
-                     "param_distance": dist, "relative_param_distance": dist / theta_sq,
+                     "param_distance": dist, "relative_param_distance": dist / p.theta_sq,
                      "param_distance_note": "‖θ* − θ‖² with θ trained on the final candidates (warm-started L-BFGS)",
                      "final_inner_grad_norm": inner_grad,
                      "logged_steps_with_negative_curvature": negative,

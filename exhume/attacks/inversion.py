@@ -22,6 +22,8 @@ cross-entropy); with ``warmup=0.3`` it reached 84% class accuracy, with sigmoid 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +33,11 @@ from torch import nn
 from torch.func import functional_call
 
 from exhume.attacks.base import Attack, Param, Reconstruction, attack_model, register
-from exhume.attacks.checkpoint import load_checkpoint, resumable_settings, save_checkpoint
+from exhume.attacks.checkpoint import resumable_settings
 from exhume.attacks.generator import CONDITIONINGS, OUTPUTS, ConditionedGenerator
-from exhume.attacks.inversion_losses import GRAD_MODES, PERTURBATIONS, ce_term, cosine_term, grad_norm_term, kl_term, ortho_term, perturb, pixel_term, tv_term
-from exhume.attacks.loop import run_loop
+from exhume.attacks.inversion_losses import GRAD_MODES, PERTURBATIONS, ce_term, cosine_term, grad_norm_term, kl_term, ortho_term, perturb
+from exhume.attacks.loop import RunState, attack_loop, budget_params, make_optimizer, open_run
+from exhume.attacks.priors import pixel_term, tv_term
 from exhume.errors import ConfigError, DivergenceError
 
 
@@ -77,8 +80,7 @@ INVERSION_BUDGET = ("steps", "max_seconds", "checkpoint_every", "log_every", "sa
 
 COMMON_PARAMS: dict[str, Param] = {
     "conditioning": Param("vector-matrix", str, "generator conditioning", choices=CONDITIONINGS),
-    "steps": Param(300, int, "generator training steps", low=1),
-    "max_seconds": Param(None, float, "stop after this much wall time (resumable)", low=0.0, allow_none=True),
+    **budget_params(300, checkpoint_every=500, log_every=50, name="steps", unit="generator training steps"),
     "batch_size": Param(64, int, "generated images per step", low=2),
     "lr": Param(3e-3, float, "Adam learning rate of the generator", low=0.0),
     "latent_dim": Param(64, int, "latent vector size", low=1),
@@ -94,9 +96,22 @@ COMMON_PARAMS: dict[str, Param] = {
     "samples_per_class": Param(10, int, "candidates returned per class", low=1),
     "sample_mode": Param("train", str, "generator mode when drawing candidates (train: dropout and batch statistics as during training)",
                          choices=("train", "eval")),
-    "checkpoint_every": Param(500, int, "steps between checkpoints (with an output folder)", low=1),
-    "log_every": Param(50, int, "steps between loss-history entries", low=1),
 }
+
+
+@dataclass
+class GeneratorProblem:
+    """The frozen classifier (a working copy), its feature tap, and the generator being trained."""
+
+    model: nn.Module
+    classify: Callable[[torch.Tensor], torch.Tensor]  # display-space images -> logits
+    buffers: dict[str, torch.Tensor]
+    grad_params: dict[str, torch.Tensor]  # detached weights that require grad (tldr's gradient term)
+    tap: FeatureTap
+    mean: torch.Tensor
+    k: int
+    gen: ConditionedGenerator
+    rng: torch.Generator
 
 
 class GeneratorAttack(Attack):
@@ -125,57 +140,53 @@ class GeneratorAttack(Attack):
         """
         self.check(view)
         cfg = self.config
-        dev = torch.device(device)
+        c = self.problem(view, torch.device(device), seed)
+        opt = make_optimizer("adam", c.gen.parameters(), cfg["lr"], betas=(0.5, 0.999))
+        rngs = {"rng": c.rng.get_state(), "torch_rng": torch.get_rng_state()}
+        tensors = dict(c.gen.state_dict())
+        run = open_run(out, resume, {**tensors, **rngs}, {"opt": opt},
+                       {"config": resumable_settings(cfg, INVERSION_BUDGET), "seed": seed, "method": self.name},
+                       snapshot=lambda: {**tensors, "rng": c.rng.get_state(), "torch_rng": torch.get_rng_state()})
+        c.rng.set_state(rngs["rng"])  # restored in place by a resume, else unchanged
+        torch.set_rng_state(rngs["torch_rng"])
+        step = self.stepper(c, opt, run.history)
+
+        def emit(it: int, elapsed: float) -> None:
+            callback(it, elapsed, self._draw(c.gen, c.classify, c.k, c.rng)[0])
+
+        try:
+            end = attack_loop(f"{self.name} attack", cfg, run, step, progress=progress, emit=None if callback is None else emit,
+                              emit_every=callback_every, total_key="steps")
+        finally:
+            c.tap.remove()
+        return self.result(c, end, run, seed, out)
+
+    def problem(self, view, dev: torch.device, seed: int) -> GeneratorProblem:
+        """The classifier's working copy (frozen, eval mode), its feature tap and the seeded generator."""
+        cfg = self.config
         model, params = attack_model(view.model, dev, torch.float32)
-        k = int(view.num_classes)
         mean = view.mean.to(dev).float()
         buffers = {n: b.detach() for n, b in model.named_buffers()}
-        grad_params = {n: p.detach().clone().requires_grad_(True) for n, p in model.named_parameters()}
-        tap = FeatureTap(model, cfg["feature_layer"])
 
         def classify(images: torch.Tensor) -> torch.Tensor:
             return functional_call(model, (params, buffers), (images - mean,))
 
+        k = int(view.num_classes)
         torch.manual_seed(seed)
         gen = ConditionedGenerator(tuple(view.input_shape), k, cfg["conditioning"], cfg["latent_dim"], cfg["width"],
                                    cfg["dropout"], cfg["output"]).to(dev)
-        opt = torch.optim.Adam(gen.parameters(), lr=cfg["lr"], betas=(0.5, 0.999))
-        rng = torch.Generator().manual_seed(seed)
-        tensors = dict(gen.state_dict())
-        state = {"iteration": 0, "elapsed": 0.0, "history": []}
-        ckpt_path = Path(out) / "checkpoint.pt" if out is not None else None
-        if resume and ckpt_path is not None and ckpt_path.exists():
-            extra = {"rng": rng.get_state(), "torch_rng": torch.get_rng_state()}
-            state = load_checkpoint(ckpt_path, {**tensors, **extra}, {"opt": opt},
-                                    expect={"config": resumable_settings(cfg, INVERSION_BUDGET), "seed": seed, "method": self.name})
-            rng.set_state(extra["rng"])
-            torch.set_rng_state(extra["torch_rng"])
-        start, elapsed0 = state["iteration"], state["elapsed"]
-        history: list[dict[str, float]] = state["history"]
-        def save(done: int, elapsed: float) -> None:
-            if ckpt_path is not None:
-                save_checkpoint(ckpt_path, {**tensors, "rng": rng.get_state(), "torch_rng": torch.get_rng_state()}, {"opt": opt},
-                                {"iteration": done, "elapsed": elapsed, "history": history,
-                                 "config": resumable_settings(cfg, INVERSION_BUDGET), "seed": seed, "method": self.name})
+        return GeneratorProblem(model, classify, buffers, {n: p.detach().clone().requires_grad_(True) for n, p in model.named_parameters()},
+                                FeatureTap(model, cfg["feature_layer"]), mean, k, gen, torch.Generator().manual_seed(seed))
 
+    def stepper(self, c: GeneratorProblem, opt: torch.optim.Optimizer, history: list[dict[str, Any]]):
+        """One generator step on the weighted terms (appends to ``history`` when logging)."""
+        cfg = self.config
         weights = {"kl": cfg["alpha"], "ce": cfg["beta"], "cosine": cfg["gamma"], "ortho": cfg["delta"], **self.extra_weights()}
 
         def step(it: int, log: bool, clock) -> dict[str, str] | None:
-            gen.train()
-            images, cond = gen.sample(cfg["batch_size"], rng, hot=self.hot)
-            tap.value = None
-            logits = classify(images)
-            feats = tap.value
-            if feats is None:
-                raise ConfigError(f"feature layer {tap.layer!r} was not used in the classifier's forward pass")
-            terms = {"kl": kl_term(cond.target, logits), "ce": ce_term(cond.labels, logits),
-                     "cosine": cosine_term(feats), "ortho": ortho_term(feats, cfg["ortho_normalize"])}
-            tap.active = False
-            try:
-                terms.update(self.extra_terms({"images": images, "cond": cond, "classify": classify, "model": model,
-                                               "grad_params": grad_params, "buffers": buffers, "mean": mean, "rng": rng}))
-            finally:
-                tap.active = True
+            c.gen.train()
+            images, cond = c.gen.sample(cfg["batch_size"], c.rng, hot=self.hot)
+            logits, terms = self.terms(c, images, cond)
             ramp = self.ramp(it)
             loss = sum(weights[n] * (ramp if n in self.ramped else 1.0) * v for n, v in terms.items() if weights[n] != 0)
             if not torch.isfinite(loss):
@@ -192,25 +203,36 @@ class GeneratorAttack(Attack):
             history.append(rec)
             return {"loss": f"{rec['loss']:.3g}", "acc": f"{acc:.2f}"}
 
-        def emit(it: int, elapsed: float) -> None:
-            callback(it, elapsed, self._draw(gen, classify, k, rng)[0])
+        return step
 
+    def terms(self, c: GeneratorProblem, images: torch.Tensor, cond) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The classifier's logits on ``images`` and every loss term (unweighted)."""
+        c.tap.value = None
+        logits = c.classify(images)
+        feats = c.tap.value
+        if feats is None:
+            raise ConfigError(f"feature layer {c.tap.layer!r} was not used in the classifier's forward pass")
+        terms = {"kl": kl_term(cond.target, logits), "ce": ce_term(cond.labels, logits),
+                 "cosine": cosine_term(feats), "ortho": ortho_term(feats, self.config["ortho_normalize"])}
+        c.tap.active = False
         try:
-            end = run_loop(f"{self.name} attack", cfg["steps"], cfg["max_seconds"], start, elapsed0, step, save,
-                           log_every=cfg["log_every"], checkpoint_every=cfg["checkpoint_every"], progress=progress,
-                           emit=None if callback is None else emit, emit_every=callback_every)
+            terms.update(self.extra_terms({"images": images, "cond": cond, "classify": c.classify, "model": c.model,
+                                           "grad_params": c.grad_params, "buffers": c.buffers, "mean": c.mean, "rng": c.rng}))
         finally:
-            tap.remove()
-        candidates, labels, scores, predicted = self._draw(gen, classify, k, rng)
-        per_class = [float((predicted[labels == c] == c).float().mean()) for c in range(k)]
+            c.tap.active = True
+        return logits, terms
+
+    def result(self, c: GeneratorProblem, end, run: RunState, seed: int, out: str | Path | None) -> Reconstruction:
+        candidates, labels, scores, predicted = self._draw(c.gen, c.classify, c.k, c.rng)
+        per_class = [float((predicted[labels == k] == k).float().mean()) for k in range(c.k)]
         if out is not None:
             Path(out).mkdir(parents=True, exist_ok=True)
-            save_file({n: t.detach().cpu().contiguous() for n, t in gen.state_dict().items()}, str(Path(out) / "generator.safetensors"))
+            save_file({n: t.detach().cpu().contiguous() for n, t in c.gen.state_dict().items()}, str(Path(out) / "generator.safetensors"))
         return Reconstruction(
             method=self.name, candidates=candidates, labels=labels, scores=scores,
-            config={**cfg, "hot_conditioning": self.hot, "features": tap.where, "num_classes": k,
+            config={**self.config, "hot_conditioning": self.hot, "features": c.tap.where, "num_classes": c.k,
                     "grad_mode_note": self.grad_note()},
-            seed=seed, loss_history=history,
+            seed=seed, loss_history=run.history,
             summary={"iterations": end.done, "seconds": round(end.elapsed, 3),
                      "classifier_accuracy_on_candidates": float((predicted == labels).float().mean()),
                      "classifier_accuracy_per_class": per_class,

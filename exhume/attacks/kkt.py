@@ -42,19 +42,36 @@ in ``benchmarks/README.md``, "Measurements behind the kkt defaults".
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_model, init_record, initial_candidates, register
-from exhume.attacks.checkpoint import load_checkpoint, resumable_settings, save_checkpoint
-from exhume.attacks.formulation import FORMULATIONS, resolve
-from exhume.attacks.inversion_losses import tv_term
-from exhume.attacks.loop import run_loop
+from exhume.attacks.checkpoint import resumable_settings
+from exhume.attacks.formulation import FORMULATIONS, Formulation, resolve
+from exhume.attacks.loop import CANDIDATE_PARAMS, attack_loop, budget_params, make_optimizer, open_run
+from exhume.attacks.priors import range_penalty, tv_term
 from exhume.attacks.stationarity import stationarity_residual
 from exhume.errors import ConfigError, DivergenceError
 from exhume.losses import LOSSES
+
+
+@dataclass
+class Problem:
+    """The attack's working copy of the victim and its unknowns (centred candidates ``x``, ``u``)."""
+
+    model: torch.nn.Module
+    params: dict[str, torch.Tensor]
+    theta2: torch.Tensor
+    n: int
+    m: int
+    form: Formulation
+    mean: torch.Tensor
+    y: torch.Tensor
+    x: torch.Tensor
+    u: torch.Tensor
 
 
 @register
@@ -64,28 +81,20 @@ class KKTAttack(Attack):
     name = "kkt"
     params = {
         "m": Param(None, int, "number of candidates (default 2n, n the training-set size guess)", low=1, allow_none=True),
-        "n_guess": Param(None, int, "attacker's guess of n (default from the victim's metadata, else 100)", low=1, allow_none=True),
-        "iterations": Param(20_000, int, "optimisation steps", low=1),
-        "max_seconds": Param(None, float, "stop after this much wall time (resumable)", low=0.0, allow_none=True),
+        **CANDIDATE_PARAMS,
+        **budget_params(20_000, checkpoint_every=1000, log_every=100),
         "init_scale": Param(1.7e-3, float, "x̂ ~ N(0,1)·init_scale in centred space", low=0.0),
-        "lr": Param(1e-2, float, "learning rate for x̂ (on the relative stationarity loss)", low=0.0),
         "lr_lambda": Param(1e-2, float, "learning rate for u (λ = S·u)", low=0.0),
-        "optimizer": Param("adam", str, "optimiser for x̂ and u", choices=("sgd", "adam")),
-        "momentum": Param(0.9, float, "SGD momentum for both optimisers (sgd only)", low=0.0, high=1.0),
         "lambda_min": Param(0.42, float, "dual-feasibility floor on u = λ/S", low=0.0),
         "lambda_scale": Param("auto", object, "S in λ = S·u: 'auto' or a positive number"),
         "formulation": Param("auto", str, "stationarity equation (see exhume/attacks/formulation.py)", choices=FORMULATIONS),
         "loss": Param(None, str, "the victim's training loss, if its metadata lacks it", choices=LOSSES, allow_none=True),
-        "weight_decay": Param(None, float, "the victim's weight decay, if its metadata lacks it", low=0.0, allow_none=True),
         "alpha": Param(19.0, float, "ReLU surrogate derivative sigmoid(α·z)", low=0.0),
         "prior": Param("display", str, "pixel-range prior space", choices=("display", "centred")),
         "prior_weight": Param(1.0, float, "weight of the pixel-range prior", low=0.0),
         "tv_weight": Param(0.0, float, "weight of the total-variation (smoothness) prior on image candidates; "
                            "0 = off (MLPs), about 1e-4 for CNNs", low=0.0),
         "dual_weight": Param(5.0, float, "weight of the λ ≥ λ_min penalty", low=0.0),
-        "dtype": Param("float32", str, "computation precision", choices=tuple(DTYPES)),
-        "checkpoint_every": Param(1000, int, "iterations between checkpoints (with an output folder)", low=1),
-        "log_every": Param(100, int, "iterations between loss-history entries", low=1),
     }
 
     def __init__(self, **kwargs: Any) -> None:
@@ -114,58 +123,69 @@ class KKTAttack(Attack):
         """
         self.check(view)
         cfg = self.config
+        p = self.problem(view, torch.device(device), seed, init)
+        opt_x = make_optimizer(cfg["optimizer"], [p.x], cfg["lr"], cfg["momentum"])
+        opt_u = make_optimizer(cfg["optimizer"], [p.u], cfg["lr_lambda"], cfg["momentum"])
+        run = open_run(out, resume, {"x": p.x, "u": p.u}, {"opt_x": opt_x, "opt_u": opt_u},
+                       {"config": resumable_settings(cfg), "seed": seed, "m": p.m})
+        step = self.stepper(p, (opt_x, opt_u), run.history)
+
+        def emit(it: int, elapsed: float) -> None:
+            with torch.no_grad():
+                extra = {"multipliers": (p.form.scale * p.u).float().cpu()} if callback_multipliers else {}
+                callback(it, elapsed, (p.x + p.mean).float().cpu(), **extra)
+
+        end = attack_loop("kkt attack", cfg, run, step, progress=progress, emit=None if callback is None else emit,
+                          emit_every=callback_every)
+        with torch.no_grad():
+            final_stat = float(stationarity_residual(p.model, p.params, p.x, p.y, p.form.scale * p.u, None, p.form.objective) / p.theta2)
+            candidates = (p.x + p.mean).float().cpu()
+        return Reconstruction(
+            method=self.name,
+            candidates=candidates,
+            labels=p.y.cpu(),
+            scores=(p.form.scale * p.u).detach().float().cpu(),
+            config={**cfg, "m": p.m, "n_guess": p.n, "lambda_scale_value": p.form.scale, **p.form.info, **init_record(init_name)},
+            seed=seed,
+            loss_history=run.history,
+            summary={"iterations": end.done, "seconds": round(end.elapsed, 3), "final_relative_stationarity": final_stat,
+                     "final_relative_stationarity_note": "with the exact ReLU derivative"},
+        )
+
+    def problem(self, view, dev: torch.device, seed: int, init: torch.Tensor | None) -> Problem:
+        """The working copy of the victim (the user's module stays as it is), the equation, and the starting unknowns."""
+        cfg = self.config
         dtype = DTYPES[cfg["dtype"]]
-        dev = torch.device(device)
-        model, params = attack_model(view.model, dev, dtype)  # the user's module stays as it is
-        theta2 = sum((p**2).sum() for p in params.values())
+        model, params = attack_model(view.model, dev, dtype)
         n = cfg["n_guess"] or view.n_train_hint or 100
         m = cfg["m"] or (init.shape[0] if init is not None else 2 * n)
         form = resolve(view, model, cfg["formulation"], cfg["loss"], cfg["weight_decay"], cfg["lambda_scale"], params, n, m, dtype)
-        scale, objective = form.scale, form.objective
-        mean = view.mean.to(dev, dtype)
-        y = form.labels.to(dev)
-
         gen = torch.Generator().manual_seed(seed)
         x = initial_candidates(init, m, view.input_shape, view.mean, cfg["init_scale"], gen, dtype).to(dev).requires_grad_()
         u = (torch.randn if form.signed else torch.rand)(m, generator=gen, dtype=dtype).to(dev).requires_grad_()
-        if cfg["optimizer"] == "sgd":
-            opt_x: torch.optim.Optimizer = torch.optim.SGD([x], lr=cfg["lr"], momentum=cfg["momentum"])
-            opt_u: torch.optim.Optimizer = torch.optim.SGD([u], lr=cfg["lr_lambda"], momentum=cfg["momentum"])
-        else:
-            opt_x, opt_u = torch.optim.Adam([x], lr=cfg["lr"]), torch.optim.Adam([u], lr=cfg["lr_lambda"])
-        use_tv = cfg["tv_weight"] > 0
-        lo, hi, shift = (0.0, 1.0, mean) if cfg["prior"] == "display" else (-1.0, 1.0, torch.zeros_like(mean))
+        return Problem(model, params, sum((v**2).sum() for v in params.values()), n, m, form,
+                       view.mean.to(dev, dtype), form.labels.to(dev), x, u)
 
-        state = {"iteration": 0, "elapsed": 0.0, "history": []}
-        ckpt_path = Path(out) / "checkpoint.pt" if out is not None else None
-        if resume and ckpt_path is not None and ckpt_path.exists():
-            state = load_checkpoint(ckpt_path, {"x": x, "u": u}, {"opt_x": opt_x, "opt_u": opt_u},
-                                    expect={"config": resumable_settings(cfg), "seed": seed, "m": m})
-
-        start_iter, elapsed0 = state["iteration"], state["elapsed"]
-        history: list[dict[str, float]] = state["history"]
-
-        def save(done: int, elapsed: float) -> None:
-            if ckpt_path is not None:
-                save_checkpoint(ckpt_path, {"x": x, "u": u}, {"opt_x": opt_x, "opt_u": opt_u},
-                                {"iteration": done, "elapsed": elapsed, "history": history,
-                                 "config": resumable_settings(cfg), "seed": seed, "m": m})
+    def stepper(self, p: Problem, opts: tuple[torch.optim.Optimizer, ...], history: list[dict[str, float]]):
+        """One optimisation step on the loss of the module docstring (appends to ``history`` when logging)."""
+        cfg = self.config
+        lo, hi, shift = (0.0, 1.0, p.mean) if cfg["prior"] == "display" else (-1.0, 1.0, torch.zeros_like(p.mean))
 
         def step(it: int, log: bool, clock) -> dict[str, str] | None:
-            stat = stationarity_residual(model, params, x, y, scale * u, cfg["alpha"], objective) / theta2
-            dual = u.new_zeros(()) if form.signed else (torch.relu(cfg["lambda_min"] - u) ** 2).sum()
-            v = x + shift
-            prior = (torch.relu(v - hi) ** 2 + torch.relu(lo - v) ** 2).sum()
+            stat = stationarity_residual(p.model, p.params, p.x, p.y, p.form.scale * p.u, cfg["alpha"], p.form.objective) / p.theta2
+            dual = p.u.new_zeros(()) if p.form.signed else (torch.relu(cfg["lambda_min"] - p.u) ** 2).sum()
+            v = p.x + shift
+            prior = range_penalty(v, lo, hi)
             loss = stat + cfg["dual_weight"] * dual + cfg["prior_weight"] * prior
-            if use_tv:
+            if cfg["tv_weight"] > 0:
                 loss = loss + cfg["tv_weight"] * tv_term(v)
             if not torch.isfinite(loss):
                 raise DivergenceError(f"kkt attack diverged at iteration {it} (loss {float(loss.detach())}); lower lr (now {cfg['lr']})")
-            opt_x.zero_grad(set_to_none=True)
-            opt_u.zero_grad(set_to_none=True)
+            for opt in opts:
+                opt.zero_grad(set_to_none=True)
             loss.backward()
-            opt_x.step()
-            opt_u.step()
+            for opt in opts:
+                opt.step()
             if not log:
                 return None
             rec = {"iteration": it, "loss": float(loss.detach()), "stationarity": float(stat.detach()),
@@ -173,27 +193,4 @@ class KKTAttack(Attack):
             history.append(rec)
             return {"stat": f"{rec['stationarity']:.3g}"}
 
-        def emit(it: int, elapsed: float) -> None:
-            with torch.no_grad():
-                if callback_multipliers:
-                    callback(it, elapsed, (x + mean).float().cpu(), multipliers=(scale * u).float().cpu())
-                else:
-                    callback(it, elapsed, (x + mean).float().cpu())
-
-        end = run_loop("kkt attack", cfg["iterations"], cfg["max_seconds"], start_iter, elapsed0, step, save,
-                       log_every=cfg["log_every"], checkpoint_every=cfg["checkpoint_every"], progress=progress,
-                       emit=None if callback is None else emit, emit_every=callback_every)
-        with torch.no_grad():
-            final_stat = float(stationarity_residual(model, params, x, y, scale * u, None, objective) / theta2)
-            candidates = (x + mean).float().cpu()
-        return Reconstruction(
-            method=self.name,
-            candidates=candidates,
-            labels=y.cpu(),
-            scores=(scale * u).detach().float().cpu(),
-            config={**cfg, "m": m, "n_guess": n, "lambda_scale_value": scale, **form.info, **init_record(init_name)},
-            seed=seed,
-            loss_history=history,
-            summary={"iterations": end.done, "seconds": round(end.elapsed, 3), "final_relative_stationarity": final_stat,
-                     "final_relative_stationarity_note": "with the exact ReLU derivative"},
-        )
+        return step

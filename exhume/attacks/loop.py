@@ -1,5 +1,12 @@
-"""The optimisation loop every attack shares: progress, time budget, logging cadence, checkpoints
-(every K steps, on Ctrl-C and at the end) and a user callback whose time is not counted.
+"""The optimisation-run skeleton every attack shares, so that an attack's ``run()`` is its maths.
+
+* :func:`budget_params`: the run-budget parameters (steps, wall time, checkpoint and logging
+  cadence), one fragment merged into each attack's ``params``;
+* :func:`make_optimizer`: Adam or SGD with momentum, built the same way everywhere;
+* :func:`open_run`: the checkpoint file in ``out``, restored in place on ``resume`` (with the
+  settings a resumed run must share), and saved by :meth:`RunState.save`;
+* :func:`attack_loop` / :func:`run_loop`: progress, time budget, logging cadence, checkpoints
+  (every K steps, on Ctrl-C and at the end) and a user callback whose time is not counted.
 
 An attack supplies ``step(it, log, clock)``, which performs iteration ``it``, appends its own
 history record when ``log`` is true (``clock()`` gives the attack seconds so far) and returns the
@@ -10,10 +17,90 @@ calls the user's callback.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
+import torch
+
+from exhume.attacks.base import DTYPES, Param
+from exhume.attacks.checkpoint import load_checkpoint, save_checkpoint
 from exhume.progress import Progress
+
+OPTIMIZERS = ("adam", "sgd")
+
+# the parameters of the attacks that optimise candidate images directly (kkt, bilevel)
+CANDIDATE_PARAMS: dict[str, Param] = {
+    "n_guess": Param(None, int, "attacker's guess of n (default from the victim's metadata, else 100)", low=1, allow_none=True),
+    "lr": Param(1e-2, float, "learning rate for the candidates x̂", low=0.0),
+    "optimizer": Param("adam", str, "optimiser of the candidates (and of kkt's multipliers)", choices=OPTIMIZERS),
+    "momentum": Param(0.9, float, "SGD momentum (sgd only)", low=0.0, high=1.0),
+    "weight_decay": Param(None, float, "the victim's weight decay w, if its metadata lacks it", low=0.0, allow_none=True),
+    "dtype": Param("float32", str, "computation precision", choices=tuple(DTYPES)),
+}
+
+
+def budget_params(total: int, checkpoint_every: int, log_every: int, name: str = "iterations",
+                  unit: str = "optimisation steps") -> dict[str, Param]:
+    """The run-budget parameters of an attack: ``name`` (the number of steps), ``max_seconds``,
+    ``checkpoint_every`` and ``log_every``, with this attack's defaults."""
+    return {
+        name: Param(total, int, unit, low=1),
+        "max_seconds": Param(None, float, "stop after this much wall time (resumable)", low=0.0, allow_none=True),
+        "checkpoint_every": Param(checkpoint_every, int, f"{unit} between checkpoints (with an output folder)", low=1),
+        "log_every": Param(log_every, int, f"{unit} between loss-history entries", low=1),
+    }
+
+
+def make_optimizer(kind: str, params: Iterable[torch.Tensor], lr: float, momentum: float = 0.9,
+                   betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.Optimizer:
+    """``"adam"`` (with ``betas``) or ``"sgd"`` (with ``momentum``) over ``params``."""
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum)
+    return torch.optim.Adam(params, lr=lr, betas=betas)
+
+
+@dataclass
+class RunState:
+    """Where a run checkpoints, what it has done so far, and how to save it again."""
+
+    path: Path | None
+    snapshot: Callable[[], dict[str, torch.Tensor]]  # the tensors to save, taken at save time
+    optimizers: dict[str, torch.optim.Optimizer]
+    tag: dict[str, Any]  # settings a resumed run must share with its checkpoint
+    start: int = 0
+    elapsed: float = 0.0
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def save(self, done: int, elapsed: float) -> None:
+        if self.path is not None:
+            save_checkpoint(self.path, self.snapshot(), self.optimizers,
+                            {"iteration": done, "elapsed": elapsed, "history": self.history, **self.tag})
+
+
+def open_run(out: str | Path | None, resume: bool, tensors: dict[str, torch.Tensor],
+             optimizers: dict[str, torch.optim.Optimizer], tag: dict[str, Any],
+             snapshot: Callable[[], dict[str, torch.Tensor]] | None = None) -> RunState:
+    """The run's checkpoint ``out/checkpoint.pt``; with ``resume`` and an existing checkpoint,
+    ``tensors`` and ``optimizers`` are restored in place and its progress is picked up (its
+    ``tag`` settings must equal this run's). ``snapshot`` gives the tensors to save (default:
+    ``tensors`` as they are then)."""
+    path = Path(out) / "checkpoint.pt" if out is not None else None
+    run = RunState(path, snapshot or (lambda: tensors), optimizers, tag)
+    if resume and path is not None and path.exists():
+        state = load_checkpoint(path, tensors, optimizers, expect=tag)
+        run.start, run.elapsed, run.history = state["iteration"], state["elapsed"], state["history"]
+    return run
+
+
+def attack_loop(desc: str, cfg: dict[str, Any], run: RunState, step: Callable[[int, bool, Callable[[], float]], dict[str, str] | None],
+                *, progress: bool = True, emit: Callable[[int, float], None] | None = None, emit_every: int = 1000,
+                total_key: str = "iterations") -> LoopEnd:
+    """:func:`run_loop` with the budget parameters of ``cfg`` (:func:`budget_params`) and ``run``'s checkpoint."""
+    return run_loop(desc, cfg[total_key], cfg["max_seconds"], run.start, run.elapsed, step, run.save,
+                    log_every=cfg["log_every"], checkpoint_every=cfg["checkpoint_every"], progress=progress,
+                    emit=emit, emit_every=emit_every)
 
 
 @dataclass
