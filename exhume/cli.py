@@ -131,12 +131,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     import torch
 
-    from exhume.data import parse_task
+    from exhume.data import DEFAULT_LOSS, task_kind
     from exhume.victim import TrainConfig, make_victim
-    from exhume.victim.build import DEFAULT_LOSS
 
-    kind = "regression" if args.task.strip().lower() == "regression" else parse_task(args.task)[0]
-    loss = DEFAULT_LOSS[kind] if args.loss == "auto" else args.loss
+    loss = DEFAULT_LOSS[task_kind(args.task)] if args.loss == "auto" else args.loss
     cfg = TrainConfig(loss=loss, optimizer=args.optimizer, lr=args.lr, weight_decay=args.wd, max_epochs=args.epochs,
                       max_seconds=args.seconds, loss_threshold=args.loss_threshold, residual_threshold=args.residual_threshold)
     from exhume.api import check_device

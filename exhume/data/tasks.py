@@ -1,5 +1,12 @@
 """Turn an :class:`ImageDataset` into a victim's training task: a balanced, reproducible selection
 of ``n`` images with binary (+1/-1) or multiclass labels, plus disjoint pools of unseen images.
+
+The three task kinds are defined here, once: ``binary`` (labels ±1, one output), ``multiclass``
+(class ids, one output per class) and ``regression`` (a multiclass selection whose targets are
+the class ids mapped onto [−1, 1], one output). :func:`task_kind` names the kind of a task
+string, :data:`DEFAULT_LOSS` and :func:`check_task_loss` say which losses fit it,
+:func:`out_features` how many outputs the network has, and :func:`select_task` /
+:func:`select_pool` draw a training set or a pool of any kind.
 """
 
 from __future__ import annotations
@@ -19,6 +26,33 @@ PRESETS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
 }
 TASK_HELP = ("'odd-even', 'vehicles-animals', 'multiclass', or a split of class ids such as "
              "'1,3,5/0,2,4' (first group +1, second -1)")
+
+TASK_KINDS = ("binary", "multiclass", "regression")
+#: The training loss each kind uses unless told otherwise.
+DEFAULT_LOSS = {"binary": "logistic", "multiclass": "cross-entropy", "regression": "squared"}
+
+
+def task_kind(task: str) -> str:
+    """The kind (one of :data:`TASK_KINDS`) of a task string such as ``odd-even``, ``1,3/0,2``,
+    ``multiclass`` or ``regression``; an unknown task is refused."""
+    if isinstance(task, str) and task.strip().lower() == "regression":
+        return "regression"
+    return parse_task(task)[0]
+
+
+def check_task_loss(kind: str, loss: str) -> None:
+    """Refuse a training loss that does not fit the task kind."""
+    if kind == "multiclass" and loss == "logistic":
+        raise ConfigError("a multiclass task needs loss 'cross-entropy' (or 'squared'), not 'logistic'")
+    if kind == "regression" and loss != "squared":
+        raise ConfigError(f"a regression task needs loss 'squared', not {loss!r}")
+    if kind == "binary" and loss == "cross-entropy":
+        raise ConfigError("a binary task (labels ±1, one output) needs loss 'logistic' or 'squared', not 'cross-entropy'")
+
+
+def out_features(kind: str, num_classes: int | None) -> int:
+    """The network's number of outputs for a task kind: one per class for multiclass, else one."""
+    return int(num_classes) if kind == "multiclass" else 1
 
 
 @dataclass
@@ -193,6 +227,43 @@ def make_pool(ds: ImageDataset, task: str, size: int, exclude: np.ndarray | None
     return _build(ds, idx, kind, groups, spec)
 
 
+def regression_targets(classes: np.ndarray, num_classes: int) -> torch.Tensor:
+    """Regression task on images: the class id mapped linearly onto [−1, 1]."""
+    return torch.as_tensor(classes, dtype=torch.float32) / max(num_classes - 1, 1) * 2.0 - 1.0
+
+
+def regression_tolerance(y: torch.Tensor) -> float:
+    """Half the gap between neighbouring regression targets: a prediction this close rounds to the right class."""
+    levels = torch.unique(y)
+    return float((levels[1:] - levels[:-1]).min() / 2) if levels.numel() > 1 else 0.5
+
+
+def as_regression(task_data: TaskData, num_classes: int) -> TaskData:
+    """Turn a multiclass selection into the regression task (targets from the class ids)."""
+    task_data.y = regression_targets(task_data.classes, num_classes)
+    task_data.task = "regression"
+    task_data.spec = {**task_data.spec, "target": "regression", "num_classes": num_classes}
+    return task_data
+
+
+def num_classes_of(ds: ImageDataset) -> int:
+    return int(ds.labels.max()) + 1
+
+
+def select_task(ds: ImageDataset, task: str, n: int, seed: int = 0) -> TaskData:
+    """:func:`make_task` for every kind: a regression task is a multiclass selection with regression targets."""
+    if task_kind(task) == "regression":
+        return as_regression(make_task(ds, "multiclass", n, seed=seed), num_classes_of(ds))
+    return make_task(ds, task, n, seed=seed)
+
+
+def select_pool(ds: ImageDataset, task: str, size: int, exclude: np.ndarray | None, seed: int = 1) -> TaskData:
+    """:func:`make_pool` for every kind (regression pools carry regression targets)."""
+    if task_kind(task) == "regression":
+        return as_regression(make_pool(ds, "multiclass", size, exclude=exclude, seed=seed), num_classes_of(ds))
+    return make_pool(ds, task, size, exclude=exclude, seed=seed)
+
+
 def dataset_of(spec: dict) -> ImageDataset:
     """The dataset a task ``spec`` was drawn from (load it once and pass it on to avoid re-reading)."""
     return load_dataset(spec["dataset"], spec.get("root"), spec.get("split", "train"))
@@ -205,6 +276,9 @@ def rebuild_task(spec: dict, ds: ImageDataset | None = None) -> TaskData:
     if missing:
         raise ConfigError(f"task spec lacks keys {missing}; expected dataset, root, split, task, n, seed")
     ds = dataset_of(spec) if ds is None else ds
+    if spec.get("target") == "regression":  # a regression victim's training set: its multiclass selection, re-targeted
+        base = {k: v for k, v in spec.items() if k not in ("target", "num_classes")}
+        return as_regression(rebuild_task({**base, "task": "multiclass"}, ds), int(spec["num_classes"]))
     exclude = np.asarray(spec["exclude"], dtype=np.int64) if spec.get("exclude") else None
     known = {"dataset", "root", "split", "task", "n", "seed", "exclude", "kind", "size"}
     extra = {k: v for k, v in spec.items() if k not in known}

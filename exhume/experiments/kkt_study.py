@@ -42,12 +42,11 @@ def run_case(case: Case, iterations: int, seed: int, out: Path, device: str, pro
     """Train (unless ``victim`` is given: one trained for an earlier case), attack, evaluate.
     Returns the table row, the per-image arrays and the victim."""
     import exhume
+    from exhume.data import DEFAULT_LOSS, task_kind
     from exhume.victim import TrainConfig, make_victim
-    from exhume.victim.build import DEFAULT_LOSS
 
     t0 = time.perf_counter()
-    kind = "multiclass" if case.task == "multiclass" else "regression" if case.task == "regression" else "binary"
-    cfg = TrainConfig(loss=DEFAULT_LOSS[kind], lr=case.lr, weight_decay=case.wd, max_epochs=case.epochs)
+    cfg = TrainConfig(loss=DEFAULT_LOSS[task_kind(case.task)], lr=case.lr, weight_decay=case.wd, max_epochs=case.epochs)
     folder = out / case.label.replace(" ", "_").replace("/", "-")
     if victim is None:
         victim = make_victim(case.data, case.task, case.n, case.arch, cfg, seed=seed, progress=progress, test_size=500)

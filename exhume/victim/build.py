@@ -1,4 +1,10 @@
-"""Build and train a victim on a dataset task: the reproduction side of the papers."""
+"""Build and train a victim on a dataset task: the reproduction side of the papers.
+
+One :func:`make_victim` for both trainers: full-batch gradient descent towards a stationary
+point (:class:`~exhume.victim.TrainConfig`, the stationarity attacks' setting) or ordinary
+mini-batch training (:class:`~exhume.victim.MiniBatchConfig`, the TLDR paper's CNNs). The task
+kinds (binary, multiclass, regression) are defined in :mod:`exhume.data.tasks`.
+"""
 
 from __future__ import annotations
 
@@ -8,41 +14,35 @@ from typing import Any
 import numpy as np
 import torch
 
-from exhume.data import load_dataset, make_task
+from exhume.data import load_dataset
+from exhume.data.tasks import (  # noqa: F401
+    DEFAULT_LOSS,
+    TaskData,
+    as_regression,
+    check_task_loss,
+    num_classes_of,
+    out_features,
+    regression_targets,
+    regression_tolerance,
+    select_pool,
+    select_task,
+)
 from exhume.errors import ConfigError
 from exhume.losses import margin
 from exhume.models import build_model, parse_arch
+from exhume.victim.minibatch import MiniBatchConfig, train_minibatch
 from exhume.victim.train import TrainConfig, train_victim
-from exhume.victim.victim import Victim, out_features
-
-DEFAULT_LOSS = {"binary": "logistic", "multiclass": "cross-entropy", "regression": "squared"}
+from exhume.victim.victim import Victim
 
 
-def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, kind: str = "binary") -> float:
-    """Classification accuracy, or for regression the fraction within 0.5/(K−1)·2 of the target (rounding to the right class)."""
+def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, kind: str = "binary", batch: int = 1000) -> float:
+    """Classification accuracy, or for regression the fraction within half a class gap of the target
+    (rounding to the right class); the model sees at most ``batch`` inputs at a time."""
     with torch.no_grad():
-        out = model(x)
+        out = torch.cat([model(x[i:i + batch]) for i in range(0, x.shape[0], batch)])
         if kind == "regression":
             return float(((out - y).abs() < regression_tolerance(y)).float().mean())
         return float((margin(out, y) > 0).float().mean())
-
-
-def regression_targets(classes: np.ndarray, num_classes: int) -> torch.Tensor:
-    """Regression task on images: the class id mapped linearly onto [−1, 1]."""
-    return torch.as_tensor(classes, dtype=torch.float32) / max(num_classes - 1, 1) * 2.0 - 1.0
-
-
-def regression_tolerance(y: torch.Tensor) -> float:
-    levels = torch.unique(y)
-    return float((levels[1:] - levels[:-1]).min() / 2) if levels.numel() > 1 else 0.5
-
-
-def as_regression(task_data, num_classes: int):
-    """Turn a multiclass selection into the regression task (targets from the class ids)."""
-    task_data.y = regression_targets(task_data.classes, num_classes)
-    task_data.task = "regression"
-    task_data.spec = {**task_data.spec, "target": "regression", "num_classes": num_classes}
-    return task_data
 
 
 def make_victim(
@@ -50,56 +50,48 @@ def make_victim(
     task: str = "odd-even",
     n: int = 100,
     arch: str | dict[str, Any] = "mlp:256,256;bias=none;init=1e-4",
-    train: TrainConfig | None = None,
+    train: TrainConfig | MiniBatchConfig | None = None,
     seed: int = 0,
     root: str | None = None,
     test_size: int = 1000,
     progress: bool = True,
     dtype: torch.dtype = torch.float32,
     device: str = "cpu",
+    exclude_from_test: np.ndarray | None = None,
 ) -> Victim:
-    """Select ``n`` training images, build the architecture and train it (seeded)."""
+    """Select ``n`` training images, build the architecture and train it (seeded).
+
+    ``train``: a :class:`TrainConfig` (full-batch, the default) or a :class:`MiniBatchConfig`.
+    The test images (``test_size``) are disjoint from the training set (and from
+    ``exclude_from_test``, e.g. a held-out set the evaluator keeps apart).
+    """
     ds = load_dataset(data, root=root)
-    regression = task.strip().lower() == "regression"
-    task_data = make_task(ds, "multiclass" if regression else task, n, seed=seed)
-    n_cls = int(ds.labels.max()) + 1
-    if regression:
-        task_data = as_regression(task_data, n_cls)
+    task_data = select_task(ds, task, n, seed=seed)
     kind = task_data.task
     train = train or TrainConfig(loss=DEFAULT_LOSS[kind])
+    check_task_loss(kind, train.loss)
+    if isinstance(train, MiniBatchConfig) and kind == "regression":
+        raise ConfigError("mini-batch training handles classification tasks (binary, multiclass), not regression")
     spec = parse_arch(arch) if isinstance(arch, str) else dict(arch)
-    if kind == "multiclass" and train.loss == "logistic":
-        raise ConfigError("a multiclass task needs loss 'cross-entropy' (or 'squared'), not 'logistic'")
-    if kind == "regression" and train.loss != "squared":
-        raise ConfigError(f"a regression task needs loss 'squared', not {train.loss!r}")
-    if kind == "binary" and train.loss == "cross-entropy":
-        raise ConfigError("a binary task (labels ±1, one output) needs loss 'logistic' or 'squared', not 'cross-entropy'")
-    num_classes = n_cls if kind == "multiclass" else None
+    num_classes = num_classes_of(ds) if kind == "multiclass" else None
     torch.manual_seed(seed)
     model = build_model(spec, tuple(task_data.x.shape[1:]), out_features(kind, num_classes)).to(device=device, dtype=dtype)
     x, y = task_data.centred.to(device=device, dtype=dtype), task_data.y.to(device)
     if kind in ("binary", "regression"):
         y = y.to(dtype)
     start = time.perf_counter()
-    metrics = train_victim(model, x, y, train, progress=progress)
-    metrics["train_accuracy"] = accuracy(model, x, y, kind)
-    if kind != "regression":
-        with torch.no_grad():
-            m = margin(model(x), y)
-        metrics["margin_min"], metrics["margin_median"] = float(m.min()), float(m.median())
+    metrics = fit(model, x, y, kind, train, seed, progress)
     if test_size > 0:
-        from exhume.data import make_pool
-
-        test = make_pool(ds, "multiclass" if regression else task, test_size, exclude=task_data.indices, seed=seed + 12345)
-        if regression:
-            test = as_regression(test, n_cls)
+        excl = np.asarray(task_data.indices)
+        if exclude_from_test is not None:
+            excl = np.union1d(excl, np.asarray(exclude_from_test))
+        test = select_pool(ds, task, test_size, exclude=excl, seed=seed + 12345)
         metrics["test_accuracy"] = accuracy(model, (test.x - task_data.mean).to(device=device, dtype=dtype),
                                             test.y.to(device=device, dtype=y.dtype), kind)
         metrics["test_size"] = len(test)
     metrics["wall_seconds"] = round(time.perf_counter() - start, 3)
-    model = model.cpu().float().eval()
     return Victim(
-        model=model,
+        model=model.cpu().float().eval(),
         task=kind,
         input_shape=tuple(task_data.x.shape[1:]),
         mean=task_data.mean,
@@ -112,3 +104,30 @@ def make_victim(
         data_spec=task_data.spec,
         train_indices=np.asarray(task_data.indices),
     )
+
+
+def make_minibatch_victim(data: str = "mnist", task: str = "multiclass", n: int = 1000,
+                          arch: str | dict[str, Any] = "convnet:32,64;fc=128;dropout=0.25",
+                          train: MiniBatchConfig | None = None, seed: int = 0, root: str | None = None,
+                          test_size: int = 1000, progress: bool = True, exclude_from_test: np.ndarray | None = None) -> Victim:
+    """:func:`make_victim` with mini-batch training and the TLDR victim's defaults (a convnet on
+    1,000 images, multiclass, ``MiniBatchConfig()``)."""
+    return make_victim(data, task, n, arch, train or MiniBatchConfig(), seed=seed, root=root, test_size=test_size,
+                       progress=progress, exclude_from_test=exclude_from_test)
+
+
+def fit(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, kind: str, train: TrainConfig | MiniBatchConfig,
+        seed: int, progress: bool) -> dict[str, Any]:
+    """Train ``model`` in place with either trainer; returns its metrics (accuracy and margins included)."""
+    if isinstance(train, MiniBatchConfig):
+        return train_minibatch(model, x, y, train, seed=seed, progress=progress)
+    metrics = train_victim(model, x, y, train, progress=progress)
+    metrics["train_accuracy"] = accuracy(model, x, y, kind)
+    if kind != "regression":
+        with torch.no_grad():
+            m = margin(model(x), y)
+        metrics["margin_min"], metrics["margin_median"] = float(m.min()), float(m.median())
+    return metrics
+
+
+__all__ = ["DEFAULT_LOSS", "TaskData", "accuracy", "as_regression", "fit", "make_minibatch_victim", "make_victim", "regression_targets", "regression_tolerance"]

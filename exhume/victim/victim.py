@@ -25,11 +25,12 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from exhume.data.tasks import TASK_KINDS as TASKS
+from exhume.data.tasks import out_features
 from exhume.errors import ConfigError, VictimError
 from exhume.losses import check_loss
 from exhume.models import build_model
 
-TASKS = ("binary", "multiclass", "regression")
 FORMAT_VERSION = 1
 
 
@@ -101,12 +102,7 @@ class Victim:
 
         if self.data_spec is None:
             raise VictimError(f"victim {self.path or ''} has no data spec: its training set cannot be rebuilt")
-        if self.data_spec.get("target") == "regression":
-            from exhume.victim.build import as_regression
-
-            task = as_regression(rebuild_task({**self.data_spec, "task": "multiclass"}, ds), int(self.data_spec["num_classes"]))
-        else:
-            task = rebuild_task(self.data_spec, ds)
+        task = rebuild_task(self.data_spec, ds)  # regression victims included (data.tasks knows the kinds)
         if self.train_indices is not None and not np.array_equal(np.sort(task.indices), np.sort(self.train_indices)):
             raise VictimError("the rebuilt training set does not match the saved training indices")
         return task
@@ -149,10 +145,6 @@ def _json_default(o: Any) -> Any:
     if isinstance(o, torch.Tensor):
         return o.tolist()
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
-
-
-def out_features(task: str, num_classes: int | None) -> int:
-    return int(num_classes) if task == "multiclass" else 1
 
 
 def load_victim(folder: str | Path) -> Victim:
