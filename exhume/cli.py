@@ -38,6 +38,7 @@ def _common(p: argparse.ArgumentParser, out_default: str | None = None) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from exhume.attacks import ATTACKS
+    from exhume.victim.recipe import PAPER_ARCH, PAPER_ARCH_FULL, PAPER_TRAIN
 
     parser = argparse.ArgumentParser(prog="exhume", description="Reconstruct training data from a network's weights and measure the leak.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -55,11 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default=None, help="dataset location (IDX folder, CIFAR archive, image folder)")
     p.add_argument("--task", default="odd-even", help="odd-even, vehicles-animals, a split like 1,3,5/0,2,4, multiclass, or regression (class id on [-1, 1])")
     p.add_argument("-n", type=int, default=100, help="training-set size, balanced over the two labels")
-    p.add_argument("--arch", default="mlp:256,256;bias=none;init=1e-4", help="e.g. mlp:1000,1000;bias=first;init=1e-4")
+    p.add_argument("--arch", default=PAPER_ARCH, help=f"default: the paper victim at CPU scale; e.g. {PAPER_ARCH_FULL}")
     p.add_argument("--loss", default="auto", help="logistic, cross-entropy or squared (auto: by task)")
-    p.add_argument("--optimizer", default="gd", choices=("gd", "adam"))
-    p.add_argument("--lr", type=float, default=0.2)
-    p.add_argument("--wd", type=float, default=5e-3, help="weight decay w in mean loss + w/2 |theta|^2 (0 for none)")
+    p.add_argument("--optimizer", default=PAPER_TRAIN["optimizer"], choices=("gd", "adam"))
+    p.add_argument("--lr", type=float, default=PAPER_TRAIN["lr"])
+    p.add_argument("--wd", type=float, default=PAPER_TRAIN["weight_decay"], help="weight decay w in mean loss + w/2 |theta|^2 (0 for none)")
     p.add_argument("--epochs", type=int, default=1_000_000, help="maximum epochs")
     p.add_argument("--seconds", type=float, default=60.0, help="maximum training time")
     p.add_argument("--loss-threshold", type=float, default=None)

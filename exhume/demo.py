@@ -15,11 +15,13 @@ from typing import Any
 
 import torch
 
-DEMO_DATA = {"data": "mnist", "task": "odd-even", "n": 100, "arch": "mlp:256,256;bias=none;init=1e-4"}
+from exhume.victim.recipe import PAPER_ARCH, PAPER_TRAIN
+
+DEMO_DATA = {"data": "mnist", "task": "odd-even", "n": 100, "arch": PAPER_ARCH}
 # 6000 epochs (seconds on 2 cores): on the same 100 digits, this victim gave 47 one-to-one / 14 memorised
 # after 4000 attack iterations, against 29 / 10 after 28,000 iterations for one trained for 60 s
 # (about 25,000 epochs); see the margin experiment. max_seconds only caps a slow machine.
-DEMO_TRAIN = {"loss": "logistic", "optimizer": "gd", "lr": 0.2, "weight_decay": 5e-3, "max_epochs": 6000, "max_seconds": 60.0}
+DEMO_TRAIN = {"loss": "logistic", **PAPER_TRAIN, "max_epochs": 6000, "max_seconds": 60.0}
 # The quality curve (benchmarks/bench_quality.py, 2 idle cores) is flat after ~5,000 iterations (35 s):
 # 41 one-to-one / 13 memorised at 5,000, 38 / 14 at 20,000; 180 s leaves a margin for slower machines.
 DEMO_ATTACK: dict[str, Any] = {"iterations": 1_000_000, "max_seconds": 180.0}

@@ -18,7 +18,7 @@ optuna = pytest.importorskip("optuna") if not os.environ.get("CI") else __import
 
 from exhume.cli import main  # noqa: E402
 from exhume.errors import ConfigError  # noqa: E402
-from exhume.tune import DEFAULTS, attacker_score, load_study, tune  # noqa: E402
+from exhume.tune import DEFAULTS, SEARCH_SPACE, attacker_score, load_study, tune  # noqa: E402
 from exhume.victim import TrainConfig, Victim, make_victim  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,3 +215,14 @@ def test_postgres_killed_worker_loses_only_its_running_trial(victim_dir, tmp_pat
     retried = [t for t in by_state[S.COMPLETE] if t.system_attrs.get("failed_trial") == killed_trial]
     assert len(retried) == 1 and retried[0].params == s.trials[killed_trial].params
     assert retried[0].user_attrs["pid"] == survivor.pid
+
+
+def test_search_ranges_are_declared_on_the_attacks_parameters():
+    # tune reads its ranges from Param.search; each range is valid for its parameter and holds the default
+    from exhume.attacks import ATTACKS
+
+    params = ATTACKS["kkt"].params
+    assert set(DEFAULTS) == {k for k, p in params.items() if p.search} == {"lr", "lr_lambda", "lambda_min", "alpha", "init_scale"}
+    for name, (lo, hi, log) in SEARCH_SPACE.items():
+        p = params[name]
+        assert p.validate(name, lo) == lo and p.validate(name, hi) == hi and lo < p.default < hi and log

@@ -17,7 +17,11 @@ from exhume.errors import ConfigError, ExhumeError
 
 @dataclass(frozen=True)
 class Param:
-    """One keyword argument of an attack: its type, default, allowed range and meaning."""
+    """One keyword argument of an attack: its type, default, allowed range and meaning.
+
+    ``search``: the range a hyperparameter search (``exhume tune``) draws it from, as
+    ``(low, high, "log")`` (log-uniform) or ``(low, high, "linear")``; None: not searched.
+    """
 
     default: Any
     kind: type
@@ -26,6 +30,7 @@ class Param:
     high: float | None = None
     choices: tuple[Any, ...] | None = None
     allow_none: bool = False
+    search: tuple[float, float, str] | None = None
 
     def validate(self, name: str, value: Any) -> Any:
         if value is None:

@@ -42,7 +42,7 @@ in ``benchmarks/README.md``, "Measurements behind the kkt defaults".
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -82,14 +82,16 @@ class KKTAttack(Attack):
     params = {
         "m": Param(None, int, "number of candidates (default 2n, n the training-set size guess)", low=1, allow_none=True),
         **CANDIDATE_PARAMS,
+        # search ranges (exhume tune): log-uniform around the measured defaults
+        "lr": replace(CANDIDATE_PARAMS["lr"], help="learning rate for x̂ (on the relative stationarity loss)", search=(2e-3, 5e-2, "log")),
         **budget_params(20_000, checkpoint_every=1000, log_every=100),
-        "init_scale": Param(1.7e-3, float, "x̂ ~ N(0,1)·init_scale in centred space", low=0.0),
-        "lr_lambda": Param(1e-2, float, "learning rate for u (λ = S·u)", low=0.0),
-        "lambda_min": Param(0.42, float, "dual-feasibility floor on u = λ/S", low=0.0),
+        "lr_lambda": Param(1e-2, float, "learning rate for u (λ = S·u)", low=0.0, search=(2e-3, 5e-2, "log")),
+        "lambda_min": Param(0.42, float, "dual-feasibility floor on u = λ/S", low=0.0, search=(0.1, 1.5, "log")),
         "lambda_scale": Param("auto", object, "S in λ = S·u: 'auto' or a positive number"),
         "formulation": Param("auto", str, "stationarity equation (see exhume/attacks/formulation.py)", choices=FORMULATIONS),
         "loss": Param(None, str, "the victim's training loss, if its metadata lacks it", choices=LOSSES, allow_none=True),
-        "alpha": Param(19.0, float, "ReLU surrogate derivative sigmoid(α·z)", low=0.0),
+        "alpha": Param(19.0, float, "ReLU surrogate derivative sigmoid(α·z)", low=0.0, search=(5.0, 60.0, "log")),
+        "init_scale": Param(1.7e-3, float, "x̂ ~ N(0,1)·init_scale in centred space", low=0.0, search=(3e-4, 1e-2, "log")),
         "prior": Param("display", str, "pixel-range prior space", choices=("display", "centred")),
         "prior_weight": Param(1.0, float, "weight of the pixel-range prior", low=0.0),
         "tv_weight": Param(0.0, float, "weight of the total-variation (smoothness) prior on image candidates; "

@@ -22,6 +22,7 @@ import torch
 
 from exhume.evaluation.plots import subplots
 from exhume.experiments.registry import register_experiment
+from exhume.victim.recipe import PAPER_ARCH, PAPER_ARCH_FULL, PAPER_TRAIN
 
 
 @dataclass(frozen=True)
@@ -29,9 +30,9 @@ class Case:
     label: str
     task: str = "odd-even"
     n: int = 100
-    arch: str = "mlp:256,256;bias=none;init=1e-4"
-    wd: float = 5e-3
-    lr: float = 0.2
+    arch: str = PAPER_ARCH
+    wd: float = PAPER_TRAIN["weight_decay"]
+    lr: float = PAPER_TRAIN["lr"]
     epochs: int = 6000
     data: str = "mnist"
     attack: tuple[tuple[str, Any], ...] = ()  # extra kkt parameters, e.g. (("tv_weight", 1e-4),)
@@ -135,7 +136,7 @@ BUDGET = "CPU default: about 4 cases × ~1.5 min on 2 cores (under ~10 min)"
 def margin_experiment(args: argparse.Namespace) -> dict[str, Any]:
     out, iterations, epochs, progress = _setup(args)
     ns = [250, 500, 1000] if args.full else [30, 100]
-    arch = "mlp:1000,1000;bias=first;init=1e-4" if args.full else "mlp:256,256;bias=none;init=1e-4"
+    arch = PAPER_ARCH_FULL if args.full else PAPER_ARCH
     rows, arrays = _run_all([Case(f"n={n}", n=n, arch=arch) for n in ns], args, epochs, iterations, out, progress)
     fig, axes = subplots(1, len(rows), figsize=(4 * len(rows), 3.4), squeeze=False)
     for ax, row, arr in zip(axes[0], rows, arrays):

@@ -1,8 +1,9 @@
 """``exhume tune``: an Optuna search over the kkt attack's hyperparameters, scored attacker-side.
 
-Each trial runs the kkt attack for a fixed wall-clock budget with suggested ``lr``, ``lr_lambda``,
-``lambda_min``, ``alpha`` and ``init_scale`` (log-uniform around the measured defaults, see
-:data:`SEARCH_SPACE`), and is scored by :func:`exhume.tune.score.attacker_score` — the weights and
+Each trial runs the kkt attack for a fixed wall-clock budget with suggested values of the
+parameters that declare a search range (``Param.search`` in :mod:`exhume.attacks.kkt`: ``lr``,
+``lr_lambda``, ``lambda_min``, ``alpha`` and ``init_scale``, log-uniform around the measured
+defaults; collected in :data:`SEARCH_SPACE`), and is scored by :func:`exhume.tune.score.attacker_score` — the weights and
 the candidates only, never the training set (the objective receives an
 :class:`~exhume.victim.AttackerView`). The first trial of a new study is the default settings, so
 the selected run is never worse *by the attacker's score* than the defaults.
@@ -28,17 +29,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from exhume.attacks import ATTACKS
 from exhume.errors import ConfigError, DivergenceError
 
-# name: (low, high, log) — ranges around the defaults measured in exhume/attacks/kkt.py
-SEARCH_SPACE: dict[str, tuple[float, float, bool]] = {
-    "lr": (2e-3, 5e-2, True),
-    "lr_lambda": (2e-3, 5e-2, True),
-    "lambda_min": (0.1, 1.5, True),
-    "alpha": (5.0, 60.0, True),
-    "init_scale": (3e-4, 1e-2, True),
-}
-DEFAULTS = {"lr": 1e-2, "lr_lambda": 1e-2, "lambda_min": 0.42, "alpha": 19.0, "init_scale": 1.7e-3}
+
+def search_space(method: str = "kkt") -> dict[str, tuple[float, float, bool]]:
+    """``name: (low, high, log)`` for each parameter of ``method`` that declares a search range (``Param.search``)."""
+    return {name: (p.search[0], p.search[1], p.search[2] == "log") for name, p in ATTACKS[method].params.items() if p.search}
+
+
+SEARCH_SPACE = search_space("kkt")
+DEFAULTS = {name: ATTACKS["kkt"].params[name].default for name in SEARCH_SPACE}
 HEARTBEAT_INTERVAL = 5
 GRACE_PERIOD = 20
 

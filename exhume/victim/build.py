@@ -31,6 +31,7 @@ from exhume.errors import ConfigError
 from exhume.losses import margin
 from exhume.models import build_model, parse_arch
 from exhume.victim.minibatch import MiniBatchConfig, train_minibatch
+from exhume.victim.recipe import PAPER_ARCH
 from exhume.victim.train import TrainConfig, train_victim
 from exhume.victim.victim import Victim
 
@@ -49,7 +50,7 @@ def make_victim(
     data: str = "mnist",
     task: str = "odd-even",
     n: int = 100,
-    arch: str | dict[str, Any] = "mlp:256,256;bias=none;init=1e-4",
+    arch: str | dict[str, Any] = PAPER_ARCH,
     train: TrainConfig | MiniBatchConfig | None = None,
     seed: int = 0,
     root: str | None = None,
