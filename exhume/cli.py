@@ -200,7 +200,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                    heartbeat_interval=args.heartbeat, grace_period=4 * args.heartbeat)
     print(json.dumps(summary, indent=2, default=str))
     if summary.get("best_trial") is None:
-        raise DivergenceError(f"every trial of study {args.study_name!r} diverged; no best setting (see {args.out})")
+        raise DivergenceError(f"no trial of study {args.study_name!r} finished without diverging: no best setting (trials in {args.out})")
     return 0
 
 
