@@ -28,12 +28,14 @@ def check_device(device: str) -> str:
 def attack(victim: Victim | AttackerView, method: str = "kkt", seed: int = 0, out: str | Path | None = None,
            resume: bool = False, device: str = "cpu", progress: bool = True, init: Any = None,
            init_name: str | None = None, mix: tuple[float, float] | None = None, init_seed: int = 0,
-           **kwargs: Any) -> Reconstruction:
+           force: bool = False, **kwargs: Any) -> Reconstruction:
     """Run the attack ``method`` (a registry name) with its keyword arguments on ``victim``.
 
     Only the attacker's view of the victim (weights, task, loss, weight decay, input shape, data
     mean) reaches the attack. With ``out``, the attack checkpoints there and the result is saved
-    there; ``resume=True`` continues from the last checkpoint.
+    there; ``resume=True`` continues from the last checkpoint (written for the same victim, by
+    its weights' fingerprint), ``force=True`` replaces a run already there. The folder is locked
+    while the attack runs (:func:`exhume.files.runfolder.own_run_folder`).
 
     ``init``: the attack's own initialisation (``None``), display-space images (a tensor, named by
     ``init_name``), or one of ``"noise"`` (U(0,1)), ``"ground-truth"``, ``"partition"``, ``"mix"``
@@ -61,9 +63,19 @@ def attack(victim: Victim | AttackerView, method: str = "kkt", seed: int = 0, ou
         init_kw = {"init": init, "init_name": init_name or "given"}
     elif mix is not None:
         raise ConfigError("mix=(l1, l2) needs init='mix'")
-    result = atk.run(view, out=out, seed=seed, device=device, resume=resume, progress=progress, **init_kw)
+    if out is None:
+        return _finish(atk.run(view, out=None, seed=seed, device=device, resume=resume, progress=progress, **init_kw), victim)
+    from exhume.attacks.checkpoint import run_owner
+    from exhume.files.runfolder import fingerprint, own_run_folder
+
+    budget = atk.config.get("iterations", atk.config.get("steps"))
+    with own_run_folder(out, resume=resume, force=force), run_owner(fingerprint(view.model), budget):
+        result = _finish(atk.run(view, out=out, seed=seed, device=device, resume=resume, progress=progress, **init_kw), victim)
+        result.save(out)
+    return result
+
+
+def _finish(result: Reconstruction, victim: Victim | AttackerView) -> Reconstruction:
     if isinstance(victim, Victim) and victim.path is not None:
         result.victim_path = str(victim.path)
-    if out is not None:
-        result.save(out)
     return result

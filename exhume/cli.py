@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iterations", type=int, default=None)
     p.add_argument("--max-seconds", type=float, default=None)
     p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE", help="any attack parameter, e.g. -p lr=0.5 -p alpha=19")
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out (written for this victim)")
+    p.add_argument("--force", action="store_true", help="replace a run already in --out")
     p.add_argument("--init", default="default", choices=("default", "noise", "ground-truth", "partition", "mix"),
                    help="starting candidates: the attack's own (default), U(0,1) noise, or evaluator-built images from "
                         "the victim's data (ground-truth, partition, mix; labelled oracle in every output)")
@@ -163,7 +164,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     mix = (args.mix_l1, args.mix_l2) if init == "mix" else None
     result = exhume.attack(victim, method=args.method, seed=args.seed, out=args.out, resume=args.resume,
                            device=args.device, progress=not args.no_progress, init=init, mix=mix,
-                           init_seed=args.init_seed, **kwargs)
+                           init_seed=args.init_seed, force=args.force, **kwargs)
     oracle = " (ORACLE initialisation: built from the victim's data)" if result.config.get("oracle_init") else ""
     print(f"reconstruction saved to {args.out}: {result.candidates.shape[0]} candidates, init {result.config.get('init')}{oracle}, "
           f"{json.dumps(result.summary)}")
@@ -174,6 +175,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     import exhume
     from exhume.evaluation.run import format_table, summary_rows
 
+    if args.pool_size < 1:
+        raise ConfigError(f"--pool-size must be at least 1 (the memorisation count compares with unseen images), got {args.pool_size}")
     recon = exhume.load_reconstruction(args.run)
     victim = exhume.load_victim(args.against)
     out = Path(args.out) if args.out else Path(args.run) / "evaluation"
@@ -224,17 +227,46 @@ COMMANDS = {"demo": _cmd_demo, "train": _cmd_train, "attack": _cmd_attack, "eval
             "experiment": _cmd_experiment, "tune": _cmd_tune, "report": _cmd_report}
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the run is (so a long run checkpoints as on Ctrl-C)."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+def _os_error_line(e: OSError) -> str:
+    where = f"{e.filename}: " if e.filename else ""
+    if isinstance(e, (FileExistsError, NotADirectoryError)):
+        return f"{where}{e.strerror}; expected a folder path (or a path that does not exist yet)"
+    return f"{where}{e.strerror or e}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    import signal
+    import threading
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     try:
         return COMMANDS[args.command](args)
     except ExhumeError as e:
         print(f"exhume {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a read-only or full output folder, a file where a folder is expected
+        print(f"exhume {args.command}: error: {_os_error_line(e)}", file=sys.stderr)
+        return 2
+    except Terminated:
+        print(f"exhume {args.command}: terminated (SIGTERM); an attack run continues with --resume from its last checkpoint", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print(f"exhume {args.command}: interrupted; an attack run continues with --resume from its last checkpoint", file=sys.stderr)
         return 130
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -58,7 +58,8 @@ def run_demo(out: str | Path = "runs/demo", seed: int = 0, device: str = "cpu", 
     if attack_seconds:
         attack_kwargs["max_seconds"] = attack_seconds
     print(f"[2/3] kkt attack from the weights alone, {attack_kwargs['max_seconds']:.0f} s budget")
-    recon = exhume.attack(victim, method="kkt", seed=seed, out=attack_dir, resume=resume, device=device,
+    resume_attack = resume and (attack_dir / "checkpoint.pt").is_file()  # the demo replaces its own earlier run otherwise
+    recon = exhume.attack(victim, method="kkt", seed=seed, out=attack_dir, resume=resume_attack, force=not resume_attack, device=device,
                           progress=progress, **attack_kwargs)
     print(f"      {recon.summary['iterations']} iterations in {recon.summary['seconds']:.0f} s")
     print("[3/3] evaluating against the 100 training digits and 1000 unseen digits")

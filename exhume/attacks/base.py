@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -13,6 +12,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from exhume.errors import ConfigError, ExhumeError
+from exhume.files.jsonio import write_json
+from exhume.files.schemas import check_reconstruction_tensors, read_reconstruction_meta
 
 
 @dataclass(frozen=True)
@@ -194,7 +195,7 @@ class Reconstruction:
             "victim_path": self.victim_path,
             "loss_history": self.loss_history,
         }
-        (folder / "reconstruction.json").write_text(json.dumps(meta, indent=2))
+        write_json(folder / "reconstruction.json", meta)
         return folder
 
 
@@ -204,19 +205,20 @@ def load_reconstruction(folder: str | Path) -> Reconstruction:
     for p in (meta_path, tensor_path):
         if not p.is_file():
             raise ExhumeError(f"{p} is missing; expected an attack run folder written by 'exhume attack'")
+    meta = read_reconstruction_meta(meta_path)
     try:
-        meta = json.loads(meta_path.read_text())
         tensors = load_file(str(tensor_path))
-    except (json.JSONDecodeError, SafetensorError, OSError, ValueError) as e:
+    except (SafetensorError, OSError, ValueError) as e:
         raise ExhumeError(f"cannot read the reconstruction in {folder}: {e}") from None
+    check_reconstruction_tensors(tensors, str(tensor_path))
     return Reconstruction(
         method=meta["method"],
         candidates=tensors["candidates"],
         labels=tensors["labels"],
         scores=tensors.get("scores"),
-        config=meta.get("config", {}),
-        seed=int(meta.get("seed", 0)),
-        loss_history=meta.get("loss_history", []),
-        summary=meta.get("summary", {}),
+        config=meta.get("config") or {},
+        seed=int(meta.get("seed") or 0),
+        loss_history=meta.get("loss_history") or [],
+        summary=meta.get("summary") or {},
         victim_path=meta.get("victim_path"),
     )

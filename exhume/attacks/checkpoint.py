@@ -1,19 +1,39 @@
 """Checkpoints for long attacks: tensors, optimiser states and progress, loaded safely.
 
-Written with ``torch.save`` to a temporary file and renamed into place (an interrupted write
-never leaves a corrupt checkpoint); read with ``torch.load(weights_only=True)``, so a checkpoint
-can hold tensors, numbers, strings, lists and dicts but never executes code.
+Written with ``torch.save`` to a temporary file and renamed into place (an interrupted or failed
+write never leaves a corrupt checkpoint nor a stray temporary file); read with
+``torch.load(weights_only=True)``, so a checkpoint can hold tensors, numbers, strings, lists and
+dicts but never executes code. Its structure is checked by :func:`exhume.files.schemas.check_checkpoint`.
+
+:func:`run_owner` (set by :func:`exhume.attack`) stamps every checkpoint with the victim's weight
+fingerprint and bounds the iteration a resumed checkpoint may claim; a checkpoint written for
+another victim is refused.
 """
 
 from __future__ import annotations
 
+import contextvars
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
 from exhume.errors import ExhumeError
+from exhume.files.schemas import check_checkpoint
+
+_OWNER: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("exhume_run_owner", default={})
+
+
+@contextmanager
+def run_owner(victim: str, max_iteration: int | None = None) -> Iterator[None]:
+    """Checkpoints written in this block carry ``victim`` (a fingerprint); loads must match it."""
+    token = _OWNER.set({"victim": victim, "max_iteration": max_iteration})
+    try:
+        yield
+    finally:
+        _OWNER.reset(token)
 
 
 def save_checkpoint(path: Path, tensors: dict[str, torch.Tensor], optimizers: dict[str, torch.optim.Optimizer], state: dict[str, Any]) -> None:
@@ -22,10 +42,15 @@ def save_checkpoint(path: Path, tensors: dict[str, torch.Tensor], optimizers: di
         "tensors": {k: v.detach().cpu() for k, v in tensors.items()},
         "optimizers": {k: o.state_dict() for k, o in optimizers.items()},
         "state": state,
+        "victim": _OWNER.get().get("victim"),
     }
-    tmp = path.with_suffix(".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        torch.save(payload, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def load_checkpoint(path: Path, tensors: dict[str, torch.Tensor], optimizers: dict[str, torch.optim.Optimizer], expect: dict[str, Any]) -> dict[str, Any]:
@@ -37,8 +62,12 @@ def load_checkpoint(path: Path, tensors: dict[str, torch.Tensor], optimizers: di
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any failure to read is the same user-facing problem
-        raise ExhumeError(f"cannot resume from {path}: not a readable exhume checkpoint ({type(e).__name__}: {e})") from None
-    state = payload.get("state", {})
+        raise ExhumeError(f"cannot resume from {path}: not a readable exhume checkpoint ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    owner = _OWNER.get()
+    state = check_checkpoint(payload, f"checkpoint {path}", tensors, optimizers, owner.get("max_iteration"))
+    if owner.get("victim") is not None and payload.get("victim") != owner["victim"]:
+        raise ExhumeError(f"cannot resume from {path}: it was written for another victim (weights fingerprint "
+                          f"{payload.get('victim')!r}, this victim's is {owner['victim']!r}); use a new output folder")
     for key, value in expect.items():
         if state.get(key) != value:
             raise ExhumeError(
@@ -52,7 +81,10 @@ def load_checkpoint(path: Path, tensors: dict[str, torch.Tensor], optimizers: di
                 raise ExhumeError(f"cannot resume from {path}: {k} has shape {tuple(saved.shape)}, expected {tuple(t.shape)}")
             t.copy_(saved.to(t.dtype))
     for k, o in optimizers.items():
-        o.load_state_dict(payload["optimizers"][k])
+        try:
+            o.load_state_dict(payload["optimizers"][k])
+        except (ValueError, KeyError, TypeError, RuntimeError) as e:
+            raise ExhumeError(f"cannot resume from {path}: optimiser state {k!r} does not fit this run ({e})") from None
     return state
 
 

@@ -8,10 +8,8 @@ what was expected versus found.
 
 from __future__ import annotations
 
-import gzip
 import io
 import pickle
-import struct
 import tarfile
 import zlib
 from dataclasses import dataclass
@@ -20,6 +18,8 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from exhume.errors import ConfigError, DataError
+from exhume.files.binary import open_image_checked, read_idx, read_member
+from exhume.files.limits import LIMITS
 
 MNIST_CLASSES = [str(i) for i in range(10)]
 FASHION_CLASSES = ["t-shirt/top", "trouser", "pullover", "dress", "coat",
@@ -56,39 +56,6 @@ def _check_split(split: str) -> None:
         raise ConfigError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
 
 
-def _read_maybe_gzip(path: Path, what: str) -> bytes:
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{what} file {path} does not exist (or is not a file)")
-    raw = path.read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            return gzip.decompress(raw)
-        except (EOFError, OSError, zlib.error) as exc:
-            raise DataError(f"{what} file {path} is a truncated or corrupt gzip file: {exc}") from None
-    return raw
-
-
-def _parse_idx(data: bytes, path: Path, magic: int, what: str) -> np.ndarray:
-    ndim = magic & 0xFF
-    header = 4 + 4 * ndim
-    if len(data) < header:
-        raise DataError(f"{what} file {path}: expected an IDX header of {header} bytes, "
-                        f"got only {len(data)} bytes")
-    (found,) = struct.unpack(">I", data[:4])
-    if found != magic:
-        raise DataError(f"{what} file {path}: expected IDX magic number 0x{magic:08x} "
-                        f"(uint8, {ndim} dimensions), found 0x{found:08x}")
-    dims = struct.unpack(f">{ndim}I", data[4:header])
-    expected = int(np.prod(dims, dtype=np.int64))
-    got = len(data) - header
-    if got != expected:
-        kind = "truncated" if got < expected else "has trailing data"
-        raise DataError(f"{what} file {path} {kind}: header dims {dims} need expected "
-                        f"{expected} bytes of data, got {got}")
-    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims)
-
-
 def _class_names_for(labels: np.ndarray) -> list[str]:
     return [str(i) for i in range(int(labels.max()) + 1)] if labels.size else []
 
@@ -96,8 +63,8 @@ def _class_names_for(labels: np.ndarray) -> list[str]:
 def load_idx(images_path, labels_path, name: str = "idx") -> ImageDataset:
     """Load an IDX image file (magic 0x803) and label file (magic 0x801), gzipped or not."""
     images_path, labels_path = Path(images_path), Path(labels_path)
-    imgs = _parse_idx(_read_maybe_gzip(images_path, "IDX images"), images_path, 0x00000803, "IDX images")
-    labs = _parse_idx(_read_maybe_gzip(labels_path, "IDX labels"), labels_path, 0x00000801, "IDX labels")
+    imgs = read_idx(images_path, 0x00000803, "IDX images")
+    labs = read_idx(labels_path, 0x00000801, "IDX labels")
     if len(imgs) != len(labs):
         raise DataError(f"IDX images file {images_path} holds {len(imgs)} images but labels file "
                         f"{labels_path} holds {len(labs)} labels; expected the same count")
@@ -250,6 +217,8 @@ def _read_cifar_files(path: Path, wanted: list[str]) -> dict[str, tuple[bytes, s
         for fname in wanted:
             f = folder / fname
             if f.is_file():
+                if f.stat().st_size > LIMITS.tar_member_bytes:
+                    raise DataError(f"CIFAR batch {f}: {f.stat().st_size} bytes; expected at most {LIMITS.tar_member_bytes}")
                 out[fname] = (f.read_bytes(), str(f))
         return out
     if not path.is_file():
@@ -257,14 +226,13 @@ def _read_cifar_files(path: Path, wanted: list[str]) -> dict[str, tuple[bytes, s
                         f"or the folder cifar-10-batches-py")
     try:
         with tarfile.open(path, "r:*") as tf:
-            for member in tf.getmembers():
+            for member in tf:  # one member at a time: a huge member is refused before the next is read
                 p = _safe_member(member.name, path)
                 if p.name not in wanted or len(p.parts) > 2 or p.name in out:
                     continue
                 if not member.isfile():
                     raise DataError(f"CIFAR archive {path}: member {member.name!r} is not a regular file")
-                fh = tf.extractfile(member)
-                out[p.name] = (fh.read(), f"{path}:{member.name}")
+                out[p.name] = (read_member(tf, member, path), f"{path}:{member.name}")
     except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
         raise DataError(f"CIFAR-10 file {path}: expected a (gzipped) tar archive, "
                         f"it is unreadable or truncated ({exc})") from None
@@ -313,10 +281,10 @@ def load_sklearn_digits() -> ImageDataset:
     return ImageDataset(images, np.asarray(bunch.target, dtype=np.int64), "digits", list(MNIST_CLASSES))
 
 
-def _read_image(f: Path) -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError
+def _read_image(f: Path, budget: list[int]) -> np.ndarray:
+    from PIL import UnidentifiedImageError
     try:
-        with Image.open(f) as im:
+        with open_image_checked(f, budget) as im:
             im.load()
             if im.mode in ("1", "L", "LA", "I;16", "I;16B", "I;16L"):
                 if im.mode.startswith("I;16"):
@@ -336,12 +304,13 @@ def load_image_folder(path) -> ImageDataset:
     if not classes:
         raise DataError(f"image folder {root}: expected one subfolder per class, found none")
     arrays, labels, files = [], [], []
+    budget = [LIMITS.folder_pixels]
     for cid, d in enumerate(classes):
         imgs = sorted(f for f in d.iterdir() if f.is_file() and f.suffix.lower() in _IMAGE_SUFFIXES)
         if not imgs:
             raise DataError(f"class folder {d}: expected PNG/JPEG images, found none")
         for f in imgs:
-            arrays.append(_read_image(f))
+            arrays.append(_read_image(f, budget))
             labels.append(cid)
             files.append(f)
     size = arrays[0].shape[1:]

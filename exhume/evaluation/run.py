@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from exhume.errors import ConfigError
 from exhume.evaluation.metrics import EvalResult, evaluate_images
 from exhume.evaluation.plots import candidates_grid, pairs_grid, plot_sorted_ssim, plot_ssim_vs_margin
 from exhume.losses import margin
@@ -39,6 +40,8 @@ def evaluate(recon, victim, pool_size: int = 1000, match: str = "ssim", out: str
     """
     from exhume.data import dataset_of, make_pool
 
+    if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 0:
+        raise ConfigError(f"pool_size must be a non-negative integer (0: no memorisation count), got {pool_size!r}")
     t0 = time.perf_counter()
     ds = dataset_of(victim.data_spec) if victim.data_spec is not None else None  # read once: training set and pool
     train = victim.load_train_set(ds)

@@ -15,9 +15,11 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
 
 from exhume.errors import ConfigError
+from exhume.files.limits import LIMITS
 from exhume.models.affine import Affine
 from exhume.models.cnn import CNN
 from exhume.models.convnet import build_convnet, parse_convnet
@@ -138,7 +140,17 @@ def parse_arch(text: str) -> dict[str, Any]:
 def build_model(spec: dict[str, Any] | str, input_shape: tuple[int, ...], out_features: int) -> nn.Module:
     if isinstance(spec, str):
         spec = parse_arch(spec)
+    if not isinstance(spec, dict):
+        raise ConfigError(f"an architecture spec must be a string or a dict, got {type(spec).__name__}")
     kind = spec.get("type")
     if kind not in ARCHITECTURES:
         raise ConfigError(f"unknown architecture type {kind!r}; known: {sorted(ARCHITECTURES)}")
-    return ARCHITECTURES[kind](spec, tuple(input_shape), out_features)
+    build = ARCHITECTURES[kind]
+    try:
+        with torch.device("meta"):  # count the parameters before any memory is spent on them
+            count = sum(p.numel() for p in build(spec, tuple(input_shape), out_features).parameters())
+        if count > LIMITS.model_parameters:
+            raise ConfigError(f"architecture {kind} with these widths has {count} parameters; expected at most {LIMITS.model_parameters}")
+        return build(spec, tuple(input_shape), out_features)
+    except (TypeError, ValueError, KeyError, RuntimeError) as e:
+        raise ConfigError(f"architecture spec {spec!r} cannot be built for input shape {tuple(input_shape)}: {e}") from None

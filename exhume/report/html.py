@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from exhume.errors import ExhumeError
+from exhume.files.schemas import read_metrics, read_reconstruction_meta
 
 FIGURES = [
     ("ssim_sorted.png", "Sorted SSIM curve",
@@ -123,20 +124,12 @@ def render(run: str | Path) -> str:
     if not mpath.is_file():
         raise ExhumeError(f"{mpath} is missing; run 'exhume evaluate {run} --against VICTIM' first "
                           f"(or pass --against VICTIM to 'exhume report' to evaluate on the fly)")
-    try:
-        metrics = json.loads(mpath.read_text())
-    except (json.JSONDecodeError, OSError) as e:
-        raise ExhumeError(f"cannot read {mpath}: {e}; expected the metrics.json written by 'exhume evaluate'") from None
-    if not isinstance(metrics, dict) or "n_train" not in metrics:
-        raise ExhumeError(f"{mpath} has no 'n_train'; expected the metrics.json written by 'exhume evaluate'")
+    metrics = read_metrics(mpath)
     attack = metrics.get("attack") or {}
     rpath = run / "reconstruction.json"
     if rpath.is_file():
-        try:
-            meta = json.loads(rpath.read_text())
-            attack = {"method": meta.get("method"), "seed": meta.get("seed"), "config": meta.get("config", {}), **meta.get("summary", {})}
-        except (json.JSONDecodeError, OSError):
-            pass
+        meta = read_reconstruction_meta(rpath)
+        attack = {"method": meta.get("method"), "seed": meta.get("seed"), "config": meta.get("config") or {}, **(meta.get("summary") or {})}
     victim = metrics.get("victim") or {}
     n = metrics["n_train"]
     text, leaks = verdict(metrics)

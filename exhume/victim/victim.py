@@ -13,7 +13,6 @@ when known, the input shape and the data mean — never the training images or t
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,9 @@ from torch import nn
 from exhume.data.tasks import TASK_KINDS as TASKS
 from exhume.data.tasks import out_features
 from exhume.errors import ConfigError, VictimError
+from exhume.files.binary import read_npy_indices
+from exhume.files.jsonio import write_json
+from exhume.files.schemas import read_victim_meta
 from exhume.losses import check_loss
 from exhume.models import build_model
 
@@ -54,6 +56,8 @@ class AttackerView:
             check_loss(self.loss)
         check_finite(self.model)
         self.mean = torch.as_tensor(self.mean, dtype=torch.float32).reshape(self.input_shape)
+        if not torch.isfinite(self.mean).all():
+            raise VictimError("the victim's data mean holds NaN/inf values; expected finite pixel means")
 
 
 def check_finite(model: nn.Module, source: str = "the model") -> None:
@@ -128,7 +132,7 @@ class Victim:
             "metrics": self.metrics,
             "data_spec": self.data_spec,
         }
-        (folder / "victim.json").write_text(json.dumps(meta, indent=2, default=_json_default))
+        write_json(folder / "victim.json", meta, default=_json_default)
         if self.train_indices is not None:
             np.save(folder / "train_indices.npy", np.asarray(self.train_indices, dtype=np.int64))
         self.path = folder
@@ -155,20 +159,17 @@ def load_victim(folder: str | Path) -> Victim:
     for p in (meta_path, weights_path):
         if not p.is_file():
             raise VictimError(f"{p} is missing; a victim folder holds victim.json and model.safetensors")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise VictimError(f"{meta_path} is not valid JSON ({e})") from None
-    for key in ("arch", "task", "input_shape"):
-        if key not in meta:
-            raise VictimError(f"{meta_path} lacks the key {key!r}")
+    meta = read_victim_meta(meta_path)
     try:
         tensors = load_file(str(weights_path))
     except (SafetensorError, OSError, ValueError) as e:
         raise VictimError(f"{weights_path} is not a readable safetensors file ({e}); is it truncated?") from None
     task = meta["task"]
-    input_shape = tuple(int(s) for s in meta["input_shape"])
-    model = build_model(meta["arch"], input_shape, out_features(task, meta.get("num_classes")))
+    input_shape = tuple(meta["input_shape"])
+    try:
+        model = build_model(meta["arch"], input_shape, out_features(task, meta.get("num_classes")))
+    except ConfigError as e:
+        raise VictimError(f"{meta_path}: field 'arch': {e}") from None
     mean = tensors.pop("__data_mean__", torch.zeros(input_shape))
     expected = model.state_dict()
     missing = sorted(set(expected) - set(tensors))
@@ -182,8 +183,10 @@ def load_victim(folder: str | Path) -> Victim:
     check_finite(model, str(weights_path))
     if tuple(mean.shape) != input_shape or math.prod(mean.shape) == 0:
         raise VictimError(f"{weights_path}: data mean has shape {tuple(mean.shape)}, expected {input_shape}")
+    if not torch.isfinite(mean).all():
+        raise VictimError(f"{weights_path}: the data mean (__data_mean__) holds NaN/inf values; expected finite pixel means")
     idx_path = folder / "train_indices.npy"
-    indices = np.load(idx_path, allow_pickle=False) if idx_path.is_file() else None
+    indices = read_npy_indices(idx_path, VictimError) if idx_path.is_file() else None
     return Victim(
         model=model.eval(),
         task=task,

@@ -1,0 +1,96 @@
+"""Run folders owned by one run: a lock file, no silent overwrite, a victim fingerprint.
+
+``RUN/.exhume.lock`` holds the writer's pid; a second writer is refused while that process lives,
+and a lock left by a dead process is taken over. A folder that already holds a run
+(``checkpoint.pt`` or ``reconstruction.json``) is continued only with ``resume=True`` and
+replaced only with ``force=True``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from exhume.errors import ConfigError, ExhumeError
+
+LOCK_NAME = ".exhume.lock"
+RUN_FILES = ("checkpoint.pt", "reconstruction.json")
+
+
+class RunFolderError(ExhumeError):
+    """A run folder is in use by another run, or would be overwritten."""
+
+
+def fingerprint(model) -> str:
+    """sha256 of a module's parameters and buffers (names, dtypes, shapes and bytes), 16 hex digits."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.view(-1).view(dtype=__import__("torch").uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:16]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _take(lock: Path) -> bool:
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(str(os.getpid()))
+    return True
+
+
+def _prepare(folder: Path) -> None:
+    if folder.exists() and not folder.is_dir():
+        raise RunFolderError(f"output folder {folder} exists and is not a folder; give -o a folder path")
+    folder.mkdir(parents=True, exist_ok=True)
+
+
+@contextmanager
+def own_run_folder(folder: str | Path, resume: bool = False, force: bool = False) -> Iterator[Path]:
+    """Hold ``folder``'s lock while the body runs; refuse an existing run unless resumed or forced."""
+    if resume and force:
+        raise ConfigError("--resume and --force exclude each other: continue the run or replace it")
+    folder = Path(folder)
+    _prepare(folder)
+    lock = folder / LOCK_NAME
+    for _ in range(3):
+        if _take(lock):
+            break
+        try:
+            pid = int(lock.read_text().strip() or 0)
+        except (OSError, ValueError):
+            pid = 0
+        if pid and _alive(pid) and pid != os.getpid():
+            raise RunFolderError(f"output folder {folder} is in use by another exhume run (pid {pid}, lock {lock}); "
+                                 "wait for it to finish or choose another -o")
+        lock.unlink(missing_ok=True)  # stale: its process is gone
+    else:
+        raise RunFolderError(f"cannot take the lock {lock}; another run keeps taking it")
+    try:
+        existing = [n for n in RUN_FILES if (folder / n).exists()]
+        if existing and not (resume or force):
+            raise RunFolderError(f"output folder {folder} already holds a run ({', '.join(existing)}); "
+                                 "pass --resume to continue it, --force to replace it, or choose another -o")
+        if resume and not (folder / "checkpoint.pt").is_file():
+            raise RunFolderError(f"cannot resume: {folder / 'checkpoint.pt'} does not exist (no run was checkpointed there)")
+        if force:
+            for n in RUN_FILES:
+                (folder / n).unlink(missing_ok=True)
+        yield folder
+    finally:
+        lock.unlink(missing_ok=True)
