@@ -21,6 +21,7 @@ from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from ..errors import ConfigError, DataError
+from ..files.limits import LIMITS
 from .ssim import as_images, ssim_matrix, ssim_pairs
 
 MATCH_RULES = ("ssim", "l2", "ncc")
@@ -119,6 +120,33 @@ def rule_similarity(a, b, rule: str = "ssim", downsample: int | str | None = "au
     return -l2_matrix(a, b) if rule == "l2" else ncc_matrix(a, b)
 
 
+def best_match_blocked(a, b, rule: str = "ssim", downsample: int | str | None = "auto") -> tuple[np.ndarray, np.ndarray]:
+    """:func:`best_match` of ``rule_similarity(a, b)`` computed over blocks of ``b`` (at most
+    ``LIMITS.candidates_x_pool_block`` similarities held at once); ties keep the first column."""
+    n, m = a.shape[0], b.shape[0]
+    step = max(1, LIMITS.candidates_x_pool_block // max(n, 1))
+    best, value = np.zeros(n, dtype=np.int64), np.full(n, -np.inf)
+    for j0 in range(0, m, step):
+        idx, val = best_match(rule_similarity(a, b[j0:j0 + step], rule, downsample))
+        better = (val > value) | (j0 == 0)
+        best[better], value[better] = idx[better] + j0, val[better]
+    return best, value
+
+
+def min_distances(a, b) -> tuple[Tensor, Tensor]:
+    """Euclidean ``(min over b for each a, min over a for each b)`` of flattened images, in blocks of ``b``."""
+    fa = _flat(torch.as_tensor(a))
+    fb = _flat(torch.as_tensor(b))
+    step = max(1, LIMITS.candidates_x_pool_block // max(fa.shape[0], 1))
+    row = torch.full((fa.shape[0],), float("inf"), dtype=torch.float64)
+    cols = []
+    for j0 in range(0, fb.shape[0], step):
+        d = torch.cdist(fa, fb[j0:j0 + step])
+        row = torch.minimum(row, d.min(1).values)
+        cols.append(d.min(0).values)
+    return row, torch.cat(cols)
+
+
 def match(train, cands, rule: str = "ssim", one_to_one_too: bool = True,
           downsample: int | str | None = "auto") -> dict[str, np.ndarray]:
     """Pair every training image with a candidate by ``rule`` and report the pairs' SSIM.
@@ -130,8 +158,16 @@ def match(train, cands, rule: str = "ssim", one_to_one_too: bool = True,
     train, cands = as_images(train, "train"), as_images(cands, "candidates")
     if cands.shape[0] == 0:
         raise DataError("cannot match against an empty set of candidates")
-    sim = rule_similarity(train, cands, rule, downsample)
     n = train.shape[0]
+    if not one_to_one_too:  # nearest only: column blocks, a bounded footprint whatever the pool size
+        best, value = best_match_blocked(train, cands, rule, downsample)
+        if rule == "ssim":
+            return {"best": best, "ssim": value}
+        return {"best": best, "ssim": ssim_pairs(train, cands[torch.as_tensor(best)]).numpy()}
+    if n * cands.shape[0] > LIMITS.one_to_one_entries:
+        raise DataError(f"{n} training images x {cands.shape[0]} candidates exceed the one-to-one matching's limit of "
+                        f"{LIMITS.one_to_one_entries} pairs; evaluate fewer candidates")
+    sim = rule_similarity(train, cands, rule, downsample)
     best, _ = best_match(sim)
     out: dict[str, np.ndarray] = {"best": best}
     ssim_full = sim.numpy() if rule == "ssim" else None

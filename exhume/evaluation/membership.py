@@ -53,11 +53,12 @@ def membership_uncertainty(candidates, train, heldout) -> dict[str, Any]:
     c, t, h = _flat(candidates, "candidates"), _flat(train, "train"), _flat(heldout, "heldout")
     if not (c.shape[1] == t.shape[1] == h.shape[1]):
         raise ConfigError(f"candidates, train and heldout must have the same image size; got {c.shape[1]}, {t.shape[1]}, {h.shape[1]}")
-    d_ct = torch.cdist(c.double(), t.double())  # (m, n)
-    d_ch = torch.cdist(c.double(), h.double())  # (m, k)
-    d_train, d_heldout = d_ct.min(1).values.numpy(), d_ch.min(1).values.numpy()
-    score_members = -d_ct.min(0).values.numpy()  # for each training image: −distance to the nearest candidate
-    score_non = -d_ch.min(0).values.numpy()
+    from exhume.evaluation.matching import min_distances  # in blocks: (m, n) and (m, k) are never held whole
+
+    d_train, near_t = (v.numpy() for v in min_distances(c, t))
+    d_heldout, near_h = (v.numpy() for v in min_distances(c, h))
+    score_members = -near_t  # for each training image: −distance to the nearest candidate
+    score_non = -near_h
     return {
         "auc": auc_mann_whitney(score_members, score_non),
         "candidate_closer_to_train": float(np.mean(d_train < d_heldout)),

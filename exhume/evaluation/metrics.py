@@ -25,7 +25,7 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from ..errors import ConfigError, DataError
-from .matching import MATCH_RULES, l2_matrix, match_downsample
+from .matching import MATCH_RULES, match_downsample, min_distances
 from .matching import match as _match  # evaluate_images' parameter `match` shadows the name
 from .ssim import as_images, window_description, window_for
 
@@ -161,7 +161,7 @@ def evaluate_images(candidates, train, pool=None, margins: np.ndarray | None = N
             raise DataError(f"pool images have shape (C, H, W) = {tuple(pool.shape[1:])} but "
                             f"training images have {tuple(train.shape[1:])}")
         metrics["pool_size"] = int(pool.shape[0])
-        copies = int((l2_matrix(train, pool).min(dim=1).values < 1e-4).sum())
+        copies = int((min_distances(train, pool)[0] < 1e-4).sum())
         metrics["pool_exact_copies_of_train"] = copies
         if copies:
             warnings.warn(f"{copies} training image(s) have an exact copy in the pool; the pool "

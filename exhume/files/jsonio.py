@@ -22,7 +22,7 @@ def read_json(path: str | Path, error: type[ExhumeError] = ExhumeError, what: st
         text = path.read_bytes().decode("utf-8")
         data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise error(f"{path} is not valid JSON ({e}); expected {what}") from None
+        raise error(f"cannot read {path}: not valid JSON ({e}); expected {what}") from None
     except RecursionError:
         raise error(f"{path}: nested too deeply; expected {what}") from None
     except OSError as e:

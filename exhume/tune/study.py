@@ -88,10 +88,42 @@ def make_storage(storage: str | None, out: Path, heartbeat_interval: int = HEART
             except Exception as e:  # sqlalchemy's OperationalError and friends: a wrong URL, host or password
                 # Workers started together on an empty database race to create Optuna's tables; the
                 # loser sees a unique-constraint violation and only needs to open the storage again.
-                if type(e).__name__ == "IntegrityError" and attempt < SCHEMA_RACE_RETRIES:
+                if _schema_race(e) and attempt < SCHEMA_RACE_RETRIES:
                     time.sleep(0.2 + random.random())
                     continue
                 raise ConfigError(f"cannot open the study storage {_redact(url)}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+
+
+def _schema_race(e: Exception) -> bool:
+    """A worker lost the race to create Optuna's tables (unique violation or 'table ... already exists')."""
+    text = str(e).lower()
+    return type(e).__name__ == "IntegrityError" or "already exists" in text or "duplicate" in text
+
+
+def _sampler(seed: int, number: int):
+    """The sampler of trial ``number``: seeded by the study seed and the trial number, so every
+    worker and every rerun draws fresh settings, reproducibly."""
+    optuna = _optuna()
+    return optuna.samplers.TPESampler(seed=(seed * 1_000_003 + number) % 2**32, n_startup_trials=6)
+
+
+def _check_settings(study, settings: dict[str, Any], created: bool) -> None:
+    """Record the study's fixed settings, or refuse a worker or rerun whose settings differ."""
+    if created:
+        study.set_user_attr("settings", settings)
+        return
+    for _ in range(50):  # the creating worker writes them right after creating the study
+        saved = study.user_attrs.get("settings")
+        if saved is not None:
+            break
+        time.sleep(0.1)
+    else:
+        return
+    diff = sorted(k for k in set(saved) | set(settings) if saved.get(k) != settings.get(k))
+    if diff:
+        raise ConfigError(f"study {study.study_name!r} was created with other settings ("
+                          + "; ".join(f"{k}: study {saved.get(k)!r}, this run {settings.get(k)!r}" for k in diff)
+                          + "); use the same settings or another --study-name / output folder")
 
 
 def _redact(url: str) -> str:
@@ -153,13 +185,17 @@ def tune(view, trials: int, out: str | Path, trial_seconds: float = 60.0, storag
     rdb = make_storage(storage, out, heartbeat_interval, grace_period)
     pruner = (optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=2 * report_every, interval_steps=report_every)
               if prune else optuna.pruners.NopPruner())
-    sampler = optuna.samplers.TPESampler(seed=seed + (os.getpid() if storage is not None else 0), n_startup_trials=6)
+    sampler = _sampler(seed, 0)  # replaced in each trial by the trial's own (see _sampler)
     try:  # only the worker that creates the study seeds it (no race between workers starting together)
         study = optuna.create_study(study_name=study_name, storage=rdb, direction="maximize", sampler=sampler, pruner=pruner)
         created = True
     except optuna.exceptions.DuplicatedStudyError:
         study = optuna.load_study(study_name=study_name, storage=rdb, sampler=sampler, pruner=pruner)
         created = False
+    from exhume.files.runfolder import fingerprint
+
+    _check_settings(study, {"trial_seconds": float(trial_seconds), "victim_fingerprint": fingerprint(view.model),
+                            "fixed": fixed, "seed": seed, "prune": prune}, created)
     if created:
         study.set_user_attr("target_trials", trials)
         study.set_user_attr("trial_seconds", trial_seconds)
@@ -169,6 +205,7 @@ def tune(view, trials: int, out: str | Path, trial_seconds: float = 60.0, storag
     host = socket.gethostname()
 
     def objective(trial) -> float:
+        study.sampler = _sampler(seed, trial.number)
         params = suggest(trial)
         folder = out / "trials" / f"trial-{trial.number:04d}"
         trial.set_user_attr("host", host)
@@ -234,8 +271,10 @@ def tune(view, trials: int, out: str | Path, trial_seconds: float = 60.0, storag
         summary.update(best_trial=best.number, best_score=best.value, best_params=best.params,
                        best_is_default=bool(best.user_attrs.get("is_default")), best_folder=best.user_attrs.get("folder"),
                        best_host=best.user_attrs.get("host"))
-        src = Path(best.user_attrs.get("folder", ""))
-        if best.user_attrs.get("host") == host and src.is_dir():
+        src = Path(str(best.user_attrs.get("folder", ""))).resolve()
+        if not src.is_relative_to((out / "trials").resolve()):  # a path read from the database stays in the study folder
+            summary["best_not_copied"] = f"its folder {str(src)!r} is outside {out / 'trials'}"
+        elif best.user_attrs.get("host") == host and src.is_dir():
             dst = out / "best"
             if dst.exists():
                 shutil.rmtree(dst)
