@@ -13,7 +13,7 @@ another victim is refused.
 from __future__ import annotations
 
 import contextvars
-import os
+import io
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -21,6 +21,7 @@ from typing import Any, Iterator
 import torch
 
 from exhume.errors import ExhumeError
+from exhume.files.jsonio import atomic_write
 from exhume.files.schemas import check_checkpoint
 
 _OWNER: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("exhume_run_owner", default={})
@@ -44,13 +45,9 @@ def save_checkpoint(path: Path, tensors: dict[str, torch.Tensor], optimizers: di
         "state": state,
         "victim": _OWNER.get().get("victim"),
     }
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        torch.save(payload, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    atomic_write(path, buffer.getbuffer())  # a full disk raises OSError and leaves no temporary file
 
 
 def load_checkpoint(path: Path, tensors: dict[str, torch.Tensor], optimizers: dict[str, torch.optim.Optimizer], expect: dict[str, Any]) -> dict[str, Any]:

@@ -20,11 +20,12 @@ class Fields:
     def __init__(self, data: Any, source: str, error: type[ExhumeError] = ExhumeError, prefix: str = "") -> None:
         self.source, self.error, self.prefix = source, error, prefix
         if not isinstance(data, dict):
-            self.fail(None, f"expected a JSON object, got {_kind(data)}")
+            self.fail(None, f"expected an object (a mapping of names to values), got {_kind(data)}")
         self.data = data
 
     def fail(self, key: str | None, what: str):
-        where = f"field {self.prefix}{key!r}: " if key is not None else (f"field {self.prefix.rstrip('.')!r}: " if self.prefix else "")
+        name = self.prefix + key if key is not None else self.prefix.rstrip(".")
+        where = f"field {name!r}: " if name else ""
         raise self.error(f"{self.source}: {where}{what}")
 
     def _get(self, key: str, required: bool, default: Any) -> Any:

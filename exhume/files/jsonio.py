@@ -62,6 +62,9 @@ def atomic_write(path: str | Path, data: bytes) -> None:
         with open(tmp, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, f"cannot write {path.name}: {e.strerror or e}", str(path.parent)) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
