@@ -306,6 +306,31 @@ def test_memory_bombs_are_refused_before_allocation(world, tmp_path):
     _check(results, cases)
 
 
+def test_evaluation_blocks_equal_the_whole_matrix_and_one_to_one_is_capped(monkeypatch):
+    """exhume evaluate's nearest matches and distances, computed in column blocks (bounded memory),
+    equal those of the whole similarity matrix; the Hungarian matching refuses a matrix past its cap."""
+    import dataclasses
+
+    from exhume.errors import DataError
+    from exhume.evaluation import matching
+    from exhume.evaluation.matching import best_match, match, min_distances, rule_similarity
+
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.rand(7, 1, 8, 8, generator=g), torch.rand(23, 1, 8, 8, generator=g)
+    whole = {rule: best_match(rule_similarity(a, b, rule)) for rule in ("ssim", "l2", "ncc")}
+    full_d = torch.cdist(a.reshape(7, -1).double(), b.reshape(23, -1).double())
+    monkeypatch.setattr(matching, "LIMITS", dataclasses.replace(matching.LIMITS, candidates_x_pool_block=20, one_to_one_entries=100))
+    for rule, (idx, val) in whole.items():  # 20 entries per block: 2 columns of 7 rows at a time
+        res = match(a, b, rule, one_to_one_too=False)
+        assert np.array_equal(res["best"], idx), rule
+        if rule == "ssim":
+            assert np.allclose(res["ssim"], val, atol=1e-6)
+    rows, cols = min_distances(a, b)
+    assert torch.allclose(rows, full_d.min(1).values) and torch.allclose(cols, full_d.min(0).values)
+    with pytest.raises(DataError, match="one-to-one"):
+        match(a, b, "ssim", one_to_one_too=True)  # 7 x 23 = 161 pairs > 100
+
+
 # ------------------------------------------------------------------------ the child process side
 
 def _child(spec_path: str) -> None:

@@ -120,11 +120,16 @@ def rule_similarity(a, b, rule: str = "ssim", downsample: int | str | None = "au
     return -l2_matrix(a, b) if rule == "l2" else ncc_matrix(a, b)
 
 
+def _block(rows: int) -> int:
+    """Columns per block: at most ``LIMITS.candidates_x_pool_block`` similarities and 2048 images."""
+    return max(1, min(2048, LIMITS.candidates_x_pool_block // max(rows, 1)))
+
+
 def best_match_blocked(a, b, rule: str = "ssim", downsample: int | str | None = "auto") -> tuple[np.ndarray, np.ndarray]:
     """:func:`best_match` of ``rule_similarity(a, b)`` computed over blocks of ``b`` (at most
     ``LIMITS.candidates_x_pool_block`` similarities held at once); ties keep the first column."""
     n, m = a.shape[0], b.shape[0]
-    step = max(1, LIMITS.candidates_x_pool_block // max(n, 1))
+    step = _block(n)
     best, value = np.zeros(n, dtype=np.int64), np.full(n, -np.inf)
     for j0 in range(0, m, step):
         idx, val = best_match(rule_similarity(a, b[j0:j0 + step], rule, downsample))
@@ -134,16 +139,23 @@ def best_match_blocked(a, b, rule: str = "ssim", downsample: int | str | None = 
 
 
 def min_distances(a, b) -> tuple[Tensor, Tensor]:
-    """Euclidean ``(min over b for each a, min over a for each b)`` of flattened images, in blocks of ``b``."""
+    """Euclidean ``(min over b for each a, min over a for each b)`` of flattened images, in blocks of ``b``.
+
+    Each block ranks pairs by ``|a|² + |b|² − 2 a·b`` (no whole matrix, no copy of ``a`` per block)
+    and measures the nearest pairs exactly (an exact copy is at distance 0.0).
+    """
     fa = _flat(torch.as_tensor(a))
     fb = _flat(torch.as_tensor(b))
-    step = max(1, LIMITS.candidates_x_pool_block // max(fa.shape[0], 1))
+    na = torch.linalg.vector_norm(fa, dim=1).square_()
+    step = _block(fa.shape[0])
     row = torch.full((fa.shape[0],), float("inf"), dtype=torch.float64)
     cols = []
     for j0 in range(0, fb.shape[0], step):
-        d = torch.cdist(fa, fb[j0:j0 + step])
-        row = torch.minimum(row, d.min(1).values)
-        cols.append(d.min(0).values)
+        bj = fb[j0:j0 + step]
+        d2 = torch.addmm(na[:, None] + (bj * bj).sum(1)[None, :], fa, bj.T, alpha=-2.0)
+        near_b, near_a = d2.argmin(1), d2.argmin(0)
+        row = torch.minimum(row, torch.linalg.vector_norm(fa - bj[near_b], dim=1))
+        cols.append(torch.linalg.vector_norm(fa[near_a] - bj, dim=1))
     return row, torch.cat(cols)
 
 
@@ -167,7 +179,9 @@ def match(train, cands, rule: str = "ssim", one_to_one_too: bool = True,
     if n * cands.shape[0] > LIMITS.one_to_one_entries:
         raise DataError(f"{n} training images x {cands.shape[0]} candidates exceed the one-to-one matching's limit of "
                         f"{LIMITS.one_to_one_entries} pairs; evaluate fewer candidates")
-    sim = rule_similarity(train, cands, rule, downsample)
+    step = _block(n)  # per-image statistics of at most one block of candidates at a time
+    sim = torch.cat([rule_similarity(train, cands[j0:j0 + step], rule, downsample)
+                     for j0 in range(0, cands.shape[0], step)], dim=1)
     best, _ = best_match(sim)
     out: dict[str, np.ndarray] = {"best": best}
     ssim_full = sim.numpy() if rule == "ssim" else None

@@ -114,10 +114,14 @@ def open_image_checked(f: Path, budget: list[int]):
 
     ``budget`` is a one-item list of the pixels still allowed for the whole folder (decremented).
     """
+    import warnings
+
     from PIL import Image
 
     try:
-        im = Image.open(f)
+        with warnings.catch_warnings():  # the size check below gives the one message
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            im = Image.open(f)
     except Image.DecompressionBombError:
         raise DataError(f"image {f}: its header declares more pixels than Pillow allows; "
                         f"expected at most {LIMITS.image_pixels} pixels") from None

@@ -97,6 +97,8 @@ class Fields:
 
 
 def _kind(value: Any) -> str:
+    if isinstance(value, (list, dict, tuple)):
+        return f"{type(value).__name__} of {len(value)} items"
     text = repr(value)
     return f"{type(value).__name__} {text[:40] + '...' if len(text) > 40 else text}"
 

@@ -26,11 +26,13 @@ class RunFolderError(ExhumeError):
 
 def fingerprint(model) -> str:
     """sha256 of a module's parameters and buffers (names, dtypes, shapes and bytes), 16 hex digits."""
+    import torch
+
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
         t = t.detach().cpu().contiguous()
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-        h.update(t.view(-1).view(dtype=__import__("torch").uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()[:16]
 
 
