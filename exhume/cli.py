@@ -15,7 +15,7 @@ from exhume.errors import ConfigError, DivergenceError, ExhumeError
 def _parse_value(text: str) -> Any:
     try:
         return json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return text
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from exhume.files.jsonio import read_json
 from exhume.errors import ConfigError
 from exhume.experiments.registry import register_experiment
 
@@ -316,7 +317,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     rows.append({**noise_row, "l1": l1, "init": f"mix(l1={l1:g},l2=0)", "shared_with": noise_row["init"]})
                     continue
                 if args.resume and (folder / "row.json").exists():
-                    row = json.loads((folder / "row.json").read_text())
+                    row = read_json(folder / "row.json", what="a row written by this experiment")
                 else:
                     row = _one_run(attack, view, refs, held.x, l1, l2, s, folder, progress)
                 rows.append(row)

@@ -49,7 +49,7 @@ def _spearman(a: list[float], b: list[float]) -> float | None:
     return r if math.isfinite(r) else None
 
 
-def judge(study, victim, pool_size: int = 1000, progress: bool = True) -> dict[str, Any]:
+def judge(study, victim, pool_size: int = 1000, progress: bool = True, study_dir: str | Path | None = None) -> dict[str, Any]:
     """Oracle counts for every completed trial whose reconstruction is on this disk, and the correlations."""
     import optuna
     from tqdm.auto import tqdm
@@ -57,13 +57,18 @@ def judge(study, victim, pool_size: int = 1000, progress: bool = True) -> dict[s
     import exhume
     from exhume.evaluation.run import evaluate
 
+    from exhume.tune.study import trial_folder
+
+    def folder(t) -> Path | None:  # with study_dir, only trial folders inside it are read
+        return trial_folder(t, study_dir) if study_dir is not None else (Path(t.user_attrs["folder"]) if t.user_attrs.get("folder") else None)
+
     trials = [t for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
-              if t.user_attrs.get("folder") and Path(t.user_attrs["folder"], "reconstruction.json").is_file()]
+              if folder(t) is not None and (folder(t) / "reconstruction.json").is_file()]
     if len(trials) < 2:
         raise ConfigError(f"the study has {len(trials)} completed trials with a reconstruction on this machine; need at least 2")
     rows = []
     for t in tqdm(trials, desc="oracle evaluation", disable=not progress):
-        recon = exhume.load_reconstruction(t.user_attrs["folder"])
+        recon = exhume.load_reconstruction(folder(t))
         m = evaluate(recon, victim, pool_size=pool_size, figures=False).metrics
         rows.append({"trial": t.number, "default": bool(t.user_attrs.get("is_default")), "params": t.params,
                      **{c: t.user_attrs.get(c, t.value if c == "score" else None) for c in COMPONENTS},
@@ -143,7 +148,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not against:
         raise ConfigError("the study does not record its victim; pass --against VICTIM")
     victim = exhume.load_victim(against)
-    result = judge(study, victim, pool_size=args.pool_size, progress=progress)
+    result = judge(study, victim, pool_size=args.pool_size, progress=progress,
+                   study_dir=study_dir if args.storage is None or args.study_dir else None)
     result["study"] = {"folder": str(study_dir), "name": args.study_name, "trial_seconds": study.user_attrs.get("trial_seconds"),
                        "victim": str(against)}
     (out / "selection.json").write_text(json.dumps(result, indent=2))

@@ -271,9 +271,9 @@ def tune(view, trials: int, out: str | Path, trial_seconds: float = 60.0, storag
         summary.update(best_trial=best.number, best_score=best.value, best_params=best.params,
                        best_is_default=bool(best.user_attrs.get("is_default")), best_folder=best.user_attrs.get("folder"),
                        best_host=best.user_attrs.get("host"))
-        src = Path(str(best.user_attrs.get("folder", ""))).resolve()
-        if not src.is_relative_to((out / "trials").resolve()):  # a path read from the database stays in the study folder
-            summary["best_not_copied"] = f"its folder {str(src)!r} is outside {out / 'trials'}"
+        src = trial_folder(best, out)
+        if src is None:
+            summary["best_not_copied"] = f"its folder {best.user_attrs.get('folder')!r} is outside {out / 'trials'}"
         elif best.user_attrs.get("host") == host and src.is_dir():
             dst = out / "best"
             if dst.exists():
@@ -281,6 +281,16 @@ def tune(view, trials: int, out: str | Path, trial_seconds: float = 60.0, storag
             shutil.copytree(src, dst)
             summary["best_copied_to"] = str(dst)
     return summary
+
+
+def trial_folder(trial, out: str | Path) -> Path | None:
+    """A trial's folder as recorded in the database, or None unless it lies inside ``out/trials``
+    (a path read from a database never leads exhume elsewhere)."""
+    folder = trial.user_attrs.get("folder")
+    if not isinstance(folder, str):
+        return None
+    path = Path(folder).resolve()
+    return path if path.is_relative_to((Path(out) / "trials").resolve()) else None
 
 
 def _best(study):
