@@ -267,7 +267,7 @@ def _run_children(cases: list[dict], root: Path, tmp_path: Path) -> list[dict]:
         resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
 
     proc = subprocess.run([sys.executable, __file__, str(spec)], env=env, capture_output=True, text=True,
-                          timeout=300, preexec_fn=limit)
+                          timeout=300, preexec_fn=limit, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
@@ -313,7 +313,12 @@ def test_evaluation_blocks_equal_the_whole_matrix_and_one_to_one_is_capped(monke
 
     from exhume.errors import DataError
     from exhume.evaluation import matching
-    from exhume.evaluation.matching import best_match, match, min_distances, rule_similarity
+    from exhume.evaluation.matching import (
+        best_match,
+        match,
+        min_distances,
+        rule_similarity,
+    )
 
     g = torch.Generator().manual_seed(0)
     a, b = torch.rand(7, 1, 8, 8, generator=g), torch.rand(23, 1, 8, 8, generator=g)

@@ -12,4 +12,4 @@ from exhume.files.fields import Fields
 from exhume.files.jsonio import read_json, write_json
 from exhume.files.limits import LIMITS
 
-__all__ = ["Fields", "LIMITS", "read_json", "write_json"]
+__all__ = ["LIMITS", "Fields", "read_json", "write_json"]

@@ -21,7 +21,7 @@ from exhume.errors import DataError, ExhumeError
 from exhume.files.limits import LIMITS
 
 
-def _read_exact(fh: IO[bytes], n: int, path: Path, what: str) -> bytes:
+def _read_exact(fh: IO[bytes], n: int) -> bytes:
     """At most ``n`` bytes (streamed in 1 MiB chunks; a gzip stream is never inflated past ``n``)."""
     chunks, got = [], 0
     while got < n:
@@ -45,7 +45,7 @@ def read_idx(path: Path, magic: int, what: str) -> np.ndarray:
             gz = raw.read(2) == b"\x1f\x8b"
             raw.seek(0)
             fh = gzip.GzipFile(fileobj=raw) if gz else raw
-            head = _read_exact(fh, header, path, what)
+            head = _read_exact(fh, header)
             if len(head) < header:
                 raise DataError(f"{what} file {path}: expected an IDX header of {header} bytes, got only {len(head)} bytes")
             (found,) = struct.unpack(">I", head[:4])
@@ -57,7 +57,7 @@ def read_idx(path: Path, magic: int, what: str) -> np.ndarray:
             if expected > LIMITS.idx_bytes:
                 raise DataError(f"{what} file {path}: header dims {dims} declare {expected} bytes; "
                                 f"expected at most {LIMITS.idx_bytes}")
-            data = _read_exact(fh, expected + 1, path, what)  # one byte more reveals trailing data
+            data = _read_exact(fh, expected + 1)  # one byte more reveals trailing data
     except (EOFError, OSError, zlib.error) as exc:
         raise DataError(f"{what} file {path} is a truncated or corrupt gzip file: {exc}") from None
     if len(data) != expected:
@@ -75,7 +75,7 @@ def read_npy_indices(path: Path, error: type[ExhumeError] = DataError) -> np.nda
         with open(path, "rb") as fh:
             version = fmt.read_magic(fh)
             reader = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
-            shape, fortran, dtype = reader(fh, max_header_size=LIMITS.npy_header_bytes)
+            shape, _fortran, dtype = reader(fh, max_header_size=LIMITS.npy_header_bytes)
             if len(shape) != 1 or dtype.kind not in "iu" or dtype.hasobject:
                 raise error(f"{path}: expected a 1-D integer array, found {dtype} of shape {shape}")
             if shape[0] > LIMITS.npy_items or shape[0] * dtype.itemsize > size - fh.tell():
@@ -103,7 +103,7 @@ def check_tar_member(member, archive: Path) -> None:
 def read_member(tf, member, archive: Path) -> bytes:
     check_tar_member(member, archive)
     fh = tf.extractfile(member)
-    data = _read_exact(fh, member.size + 1, archive, "archive member")
+    data = _read_exact(fh, member.size + 1)
     if len(data) != member.size:
         raise DataError(f"archive {archive}: member {member.name!r} holds {len(data)} bytes, its header says {member.size}")
     return data

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from exhume.errors import ExhumeError
 
@@ -36,7 +37,7 @@ class Fields:
             return _MISSING
         return self.data[key]
 
-    def sub(self, key: str, required: bool = True) -> "Fields | None":
+    def sub(self, key: str, required: bool = True) -> Fields | None:
         value = self._get(key, required, None)
         if value is _MISSING:
             return None

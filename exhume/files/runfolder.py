@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from exhume.errors import ConfigError, ExhumeError
 

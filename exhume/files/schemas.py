@@ -90,7 +90,7 @@ def check_reconstruction_tensors(tensors: dict, source: str) -> None:
     for key in ("candidates", "labels"):
         if key not in tensors:
             raise ExhumeError(f"{source}: tensor {key!r} is missing; expected candidates and labels")
-    c, y = tensors["candidates"], tensors["labels"]
+    c = tensors["candidates"]
     if c.ndim < 2 or c.shape[0] == 0 or not c.is_floating_point():
         raise ExhumeError(f"{source}: tensor 'candidates': expected floating-point images (m, ...), got {c.dtype} {tuple(c.shape)}")
     for key in ("labels", "scores"):
@@ -109,7 +109,7 @@ def read_metrics(path: Path) -> dict[str, Any]:
     metrics = read_json(path, ExhumeError, "the metrics.json written by 'exhume evaluate'")
     f = Fields(metrics, str(path))
     f.int("n_train", low=0, high=MAX_N)
-    for key, value in metrics.items():
+    for key in metrics:
         if key in COUNT_KEYS or ">=" in key:
             f.int(key, low=0, high=MAX_N, required=False)
         elif key.endswith(("_mean", "_median", "_auc", "_rho", "_p", "_real_unseen_images")):
