@@ -52,7 +52,7 @@ def run_demo(out: str | Path = "runs/demo", seed: int = 0, device: str = "cpu", 
                              seed=seed, progress=progress, dtype=getattr(torch, dtype), device=device)
         victim.save(victim_dir)
     m = victim.metrics
-    print(f"      train accuracy {m['train_accuracy']:.3f}, test accuracy {m.get('test_accuracy') if m.get('test_accuracy') is not None else float('nan'):.3f}, "
+    print(f"      train accuracy {m['train_accuracy']:.3f}, test accuracy {_number(m.get('test_accuracy')):.3f}, "
           f"relative stationarity residual {m.get('stationarity_residual')}")
     attack_kwargs = {**DEMO_ATTACK, "dtype": dtype}
     if attack_seconds:
@@ -77,3 +77,8 @@ def run_demo(out: str | Path = "runs/demo", seed: int = 0, device: str = "cpu", 
     print(f"metrics: {eval_dir / 'metrics.json'}   SSIM vs margin: {eval_dir / 'ssim_vs_margin.png'}")
     print(f"audit report (one HTML page, opens offline): {report}")
     return result.metrics
+
+
+def _number(v: float | None) -> float:
+    """A metric read back from victim.json (where NaN is written as null)."""
+    return float("nan") if v is None else v

@@ -137,9 +137,10 @@ def _cheap_cases(world: Path, base: Path) -> list[dict]:
     attack_case("weight_decay_infinity", meta_text=(d / "victim.json").read_text().replace('"weight_decay": 0.005', '"weight_decay": Infinity'))
     # train_indices.npy
     attack_case("npy_empty", files={"train_indices.npy": b""})
-    attack_case("npy_truncated", files={"train_indices.npy": npy_bytes("{'descr': '<i8', 'fortran_order': False, 'shape': (10,), }\n".ljust(118) + "\n", b"\0" * 16)})
+    header = "{'descr': '<i8', 'fortran_order': False, 'shape': (%s,), }"
+    attack_case("npy_truncated", files={"train_indices.npy": npy_bytes((header % 10).ljust(117) + "\n", b"\0" * 16)})
     attack_case("npy_huge_header", files={"train_indices.npy": npy_bytes("{" + " " * 200_000 + "}\n", version=2)})
-    attack_case("npy_huge_shape", files={"train_indices.npy": npy_bytes("{'descr': '<i8', 'fortran_order': False, 'shape': (10000000000,), }".ljust(117) + "\n")})
+    attack_case("npy_huge_shape", files={"train_indices.npy": npy_bytes((header % 10_000_000_000).ljust(117) + "\n")})
     attack_case("npy_object", files={"train_indices.npy": npy_bytes("{'descr': '|O', 'fortran_order': False, 'shape': (1,), }".ljust(117) + "\n", b"\0" * 8)})
     # a NaN data mean: a data error, not a "diverged" attack
     from safetensors.torch import load_file, save_file

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import contextvars
 import io
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -24,7 +25,7 @@ from exhume.errors import ExhumeError
 from exhume.files.jsonio import atomic_write
 from exhume.files.schemas import check_checkpoint
 
-_OWNER: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("exhume_run_owner", default={})
+_OWNER: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("exhume_run_owner", default=None)
 
 
 @contextmanager
@@ -43,7 +44,7 @@ def save_checkpoint(path: Path, tensors: dict[str, torch.Tensor], optimizers: di
         "tensors": {k: v.detach().cpu() for k, v in tensors.items()},
         "optimizers": {k: o.state_dict() for k, o in optimizers.items()},
         "state": state,
-        "victim": _OWNER.get().get("victim"),
+        "victim": (_OWNER.get() or {}).get("victim"),
     }
     buffer = io.BytesIO()
     torch.save(payload, buffer)
@@ -59,8 +60,9 @@ def load_checkpoint(path: Path, tensors: dict[str, torch.Tensor], optimizers: di
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any failure to read is the same user-facing problem
-        raise ExhumeError(f"cannot resume from {path}: not a readable exhume checkpoint ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
-    owner = _OWNER.get()
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise ExhumeError(f"cannot resume from {path}: not a readable exhume checkpoint ({type(e).__name__}: {first})") from None
+    owner = _OWNER.get() or {}
     state = check_checkpoint(payload, f"checkpoint {path}", tensors, optimizers, owner.get("max_iteration"))
     if owner.get("victim") is not None and payload.get("victim") != owner["victim"]:
         raise ExhumeError(f"cannot resume from {path}: it was written for another victim (weights fingerprint "

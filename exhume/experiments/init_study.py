@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from exhume.files.jsonio import read_json
 from exhume.errors import ConfigError
 from exhume.experiments.registry import register_experiment
+from exhume.files.jsonio import read_json
 
 GRID = (0.0, 0.25, 0.5, 0.75, 1.0)
 DEFAULTS = {  # the CPU default: 588 s measured single-threaded on a shared 2-core machine

@@ -56,7 +56,6 @@ def judge(study, victim, pool_size: int = 1000, progress: bool = True, study_dir
 
     import exhume
     from exhume.evaluation.run import evaluate
-
     from exhume.tune.study import trial_folder
 
     def folder(t) -> Path | None:  # with study_dir, only trial folders inside it are read
