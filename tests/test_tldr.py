@@ -69,7 +69,7 @@ def test_conditioning_encodes_the_hidden_label():
 
 @pytest.mark.parametrize("kind", CONDITIONINGS)
 def test_each_conditioning_inverts_a_trained_toy_classifier(toy_view, kind):
-    attack = get_attack("inversion", conditioning=kind, steps=250, batch_size=30, width=8, latent_dim=8, lr=1e-2,
+    attack = get_attack("inversion", conditioning=kind, steps=400, batch_size=30, width=8, latent_dim=8, lr=1e-2,
                         samples_per_class=10)
     rec = attack.run(toy_view, seed=0, progress=False)
     assert rec.candidates.shape == (30, 1, 8, 8)
