@@ -3,12 +3,15 @@ the outer loop reducing ‖θ* − θ‖², any nn.Module, resume, and parameter
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
 
 from exhume.attacks import get_attack
 from exhume.attacks.bilevel import conjugate_gradient, flatten, implicit_gradient, inner_objective, solve_inner
+from exhume.attacks.lower_level import extreme_eigenvalues, spectral_damping
 from exhume.errors import ConfigError
 from exhume.models import build_model
 from exhume.victim import AttackerView, TrainConfig, train_victim
@@ -114,8 +117,52 @@ def test_bilevel_reduces_parameter_distance_on_tiny_victim(tmp_path):
     assert r2.summary["iterations"] == 45 and r2.loss_history[0]["param_distance"] == first
 
 
-def test_bilevel_runs_on_a_relu_network_with_biases_and_labels_oracle_init():
-    view = _tiny_victim(arch="mlp:6;bias=all")
+@pytest.fixture(scope="module")
+def relu_view():
+    return _tiny_victim(arch="mlp:6;bias=all")
+
+
+def test_newton_cg_reaches_the_stationary_point_of_a_tiny_relu_victim_like_a_long_reference_solve(relu_view):
+    model = copy.deepcopy(relu_view.model).to(DT)
+    like = {k: v.detach() for k, v in model.named_parameters()}
+    torch.manual_seed(3)
+    x, y = torch.rand(10, 12, dtype=DT) - 0.5, torch.tensor([1.0, -1.0] * 5, dtype=DT)
+    info: dict = {}
+    first, gnorm = solve_inner(model, like, flatten(like), x, y, "logistic", 0.05, 50, 1e-10, "newton-cg", 100.0, info)
+    assert gnorm <= 1e-10 and info["converged"] and info["iterations"] < 50
+    # warm start, as in the attack: the candidates move a little, both solvers start from the old θ
+    x = x + 0.02 * torch.randn_like(x)
+    args = (model, like, first, x, y, "logistic", 0.05)
+    ours, gnorm = solve_inner(*args, 50, 1e-10, solver="newton-cg", beta=100.0, info=info)
+    assert gnorm <= 1e-10 and info["iterations"] < 20
+    ref, ref_g = solve_inner(*args, 3000, 0.0, solver="lbfgs", beta=100.0)  # the long reference solve
+    assert ref_g < 1e-7 and float((ours - ref).norm()) < 1e-6 * (1 + float(ref.norm()))
+    # the Hessian there is positive definite, so the spectral damping is zero
+    _, _, cg = implicit_gradient(model, like, ours, flatten(like), x, y, "logistic", 0.05, None, beta=100.0)
+    assert cg["lambda_min"] > 0 and cg["damping"] == 0.0 and not cg["negative_curvature"]
+
+
+def test_lanczos_bounds_the_spectrum_and_damping_lifts_an_indefinite_hessian():
+    torch.manual_seed(2)
+    q, _ = torch.linalg.qr(torch.randn(30, 30, dtype=DT))
+    eig = torch.linspace(-0.3, 5.0, 30, dtype=DT)
+    a = q @ torch.diag(eig) @ q.T
+    lo, hi = extreme_eigenvalues(lambda v: a @ v, 30, torch.zeros(30, dtype=DT), iterations=30)
+    assert abs(lo + 0.3) < 1e-8 and abs(hi - 5.0) < 1e-8
+    delta = spectral_damping(lo, hi)
+    assert float(torch.linalg.eigvalsh(a + delta * torch.eye(30, dtype=DT))[0]) > 0
+    assert spectral_damping(0.1, 5.0) == 0.0
+
+
+def test_bilevel_reduces_parameter_distance_on_a_relu_victim_with_a_converged_lower_level(relu_view):
+    r = get_attack("bilevel", iterations=20, lr=0.05, project=False, log_every=1).run(relu_view, seed=0, progress=False)
+    hist = r.loss_history
+    assert all(h["inner_grad_norm"] <= 1e-9 for h in hist)  # every lower-level solve converges
+    assert r.summary["param_distance"] < 0.5 * hist[0]["param_distance"]
+
+
+def test_bilevel_runs_on_a_relu_network_with_biases_and_labels_oracle_init(relu_view):
+    view = relu_view
     init = torch.rand(10, 12)
     r = get_attack("bilevel", iterations=3, damping=1e-3).run(view, init=init, init_name="partition", progress=False)
     assert r.config["oracle_init"] is True and torch.isfinite(r.candidates).all()

@@ -315,6 +315,15 @@ def test_make_task_balance(mnist):
     assert np.bincount(mc.classes).tolist() == [3] * 10
 
 
+def test_multiclass_task_on_a_subset_of_classes_relabels_them_in_order(mnist):
+    t = make_task(mnist, "multiclass:7,2,4", 30, seed=0)
+    assert t.task == "multiclass" and np.bincount(t.classes, minlength=10)[[2, 4, 7]].tolist() == [10, 10, 10]
+    assert t.y.dtype == torch.int64 and np.array_equal(t.y.numpy(), np.select([t.classes == 7, t.classes == 2], [0, 1], 2))
+    pool = make_pool(mnist, "multiclass:7,2,4", 12, exclude=t.indices, seed=1)
+    assert set(pool.classes.tolist()) == {2, 4, 7} and not set(pool.indices.tolist()) & set(t.indices.tolist())
+    np.testing.assert_array_equal(rebuild_task(json.loads(json.dumps(t.spec))).y, t.y)
+
+
 def test_make_task_reproducible_and_spec(mnist):
     a = make_task(mnist, "3,8/5", 20, seed=7)
     b = make_task(mnist, "3,8/5", 20, seed=7)
@@ -364,7 +373,8 @@ def test_parse_task():
     assert parse_task("vehicles-animals")[1][0] == (0, 1, 8, 9)
     assert parse_task("multiclass") == ("multiclass", None)
     assert parse_task(" 1, 3 /0,2,4") == ("binary", ((1, 3), (0, 2, 4)))
-    for bad in ("1,3/3,4", "odd-odd", "1,x/2", "1,3/", "1/2/3", "1,1/2"):
+    assert parse_task("multiclass:7,2,4") == ("multiclass", ((7, 2, 4),))
+    for bad in ("1,3/3,4", "odd-odd", "1,x/2", "1,3/", "1/2/3", "1,1/2", "multiclass:3", "multiclass:1,1"):
         with pytest.raises(ConfigError):
             parse_task(bad)
 

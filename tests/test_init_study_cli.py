@@ -12,6 +12,7 @@ from exhume.cli import main
 def test_init_study_end_to_end_on_a_tiny_grid(tmp_path, capsys):
     out = tmp_path / "study"
     argv = ["experiment", "init-study", "-o", str(out), "--grid", "0,1", "-n", "6", "--kkt-arch", "mlp:16;bias=all",
+            "--bilevel-arch", "affine",  # the ReLU default's converged lower level is tested in test_bilevel.py
             "--kkt-iterations", "20", "--bilevel-iterations", "3", "--heldout", "20", "--victim-seconds", "2", "--no-progress"]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)

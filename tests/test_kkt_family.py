@@ -222,7 +222,11 @@ def test_experiment_writes_figure_table_and_the_paper_comparison(tmp_path, capsy
     assert main(["experiment", "multiclass", "-o", str(out), "--iterations", "20", "--epochs", "30", "--no-progress"]) == 0
     summary = json.loads((out / "multiclass.json").read_text())
     assert summary["paper_finding"] and summary["this_run"] and summary["agrees_with_paper"] in (True, False)
-    assert [r["task"] for r in summary["rows"]] == ["odd-even", "multiclass"]
+    rows = summary["rows"]
+    assert [r["task"] for r in rows] == ["multiclass:0,1", "multiclass:0,1,2,3,4", "multiclass"]
+    assert [r["classes"] for r in rows] == [2, 5, 10] and {r["samples_per_class"] for r in rows} == {10}
+    assert [r["n"] for r in rows] == [20, 50, 100] and {r["paper_claim"] for r in rows[1:]} <= {"agrees", "disagrees"}
+    assert all(sum(json.loads(r["memorised_per_class"]).values()) == r["memorised"] for r in rows)
     assert (out / "multiclass.png").stat().st_size > 1000 and (out / "multiclass.csv").read_text().startswith("case,")
     assert "paper found" in capsys.readouterr().out
 

@@ -16,6 +16,8 @@ from exhume.attacks.inversion import FeatureTap
 from exhume.attacks.inversion_losses import ce_term, cosine_term, grad_norm_term, kl_term, ortho_term, perturb, pixel_term, tv_term
 from exhume.errors import ConfigError
 from exhume.evaluation.trainlike import class_grid, per_class_evaluation
+from exhume.evaluation.trainlike_stats import (membership_tests, nearer_train_test, signal_separation,
+                                               victim_signals)
 from exhume.models import build_model, parse_arch
 from exhume.victim import AttackerView, MiniBatchConfig, load_victim, make_minibatch_victim, train_minibatch
 
@@ -214,6 +216,50 @@ def test_per_class_evaluation_prefers_the_training_set():
     assert ev["ssim_to_train_mean"] > 0.9 > ev["ssim_to_heldout_mean"]
     assert ev["train_one_to_one_ssim>=0.4"] == 6 and ev["held_one_to_one_ssim>=0.4"] == 0
     assert [r["class"] for r in ev["per_class"]] == [0, 1]
+
+
+def test_membership_test_on_hand_made_distances():
+    # 40 candidates, 30 nearer a training image: significant (binomial p = P[Bin(40, 1/2) >= 30] = 0.00111)
+    d_train = torch.tensor([1.0] * 30 + [3.0] * 10)
+    d_held = torch.full((40,), 2.0)
+    sig = nearer_train_test(d_train, d_held)
+    assert sig["nearer_train"] == 30 and sig["ties"] == 0 and abs(sig["binomial_p"] - 0.0011) < 1e-4
+    assert sig["permutation_p"] < 0.01
+    # 21 of 40 (ties dropped) is what chance gives: not significant; and similarities count the other way
+    null = nearer_train_test([1.0] * 21 + [3.0] * 19 + [2.0] * 5, [2.0] * 45)
+    assert null["ties"] == 5 and null["binomial_p"] > 0.3 and null["permutation_p"] > 0.2
+    flipped = nearer_train_test(d_train, d_held, higher_is_nearer=True)  # as similarities: higher is nearer
+    assert flipped["nearer_train"] == 10 and flipped["binomial_p"] > 0.99
+    with pytest.raises(Exception, match="equal-length"):
+        nearer_train_test([1.0, 2.0], [1.0])
+
+
+def test_membership_tests_on_images_equalise_the_sets_and_detect_near_copies():
+    g = torch.Generator().manual_seed(0)
+    train, held = torch.rand(30, 1, 12, 12, generator=g), torch.rand(40, 1, 12, 12, generator=g)
+    ty, hy = torch.arange(30) % 3, torch.arange(40) % 3
+    copies = (train[:24] + 0.05 * torch.randn(24, 1, 12, 12, generator=g)).clamp(0, 1)
+    hit = membership_tests(copies, ty[:24], train, ty, held, hy)
+    assert hit["l2"]["binomial_p"] < 1e-6 and hit["ssim"]["binomial_p"] < 1e-6
+    fresh = torch.rand(24, 1, 12, 12, generator=g)  # candidates that know nothing of the training set
+    miss = membership_tests(fresh, ty[:24], train, ty, held, hy)
+    assert miss["l2"]["binomial_p"] > 0.01 and miss["ssim"]["binomial_p"] > 0.01
+
+
+def test_victim_signals_and_their_separation(toy_view):
+    x, y = toy_data(20, seed=5)
+    sig = victim_signals(toy_view.model, x - toy_view.mean, y, eps=0.05)
+    assert {k: v.shape for k, v in sig.items()} == {k: (60,) for k in ("confidence", "grad_norm", "fgsm_confidence")}
+    assert (sig["confidence"] > 0.5).all() and (sig["fgsm_confidence"] <= sig["confidence"] + 1e-6).all()
+    # hand-made: training images more confident, smaller gradients -> AUC near 1; identical -> 0.5
+    rng = torch.Generator().manual_seed(1)
+    a = {"confidence": torch.rand(50, generator=rng).numpy() + 1, "grad_norm": torch.rand(50, generator=rng).numpy(),
+         "fgsm_confidence": torch.rand(50, generator=rng).numpy()}
+    b = {"confidence": torch.rand(50, generator=rng).numpy(), "grad_norm": torch.rand(50, generator=rng).numpy() + 1,
+         "fgsm_confidence": a["fgsm_confidence"].copy()}
+    sep = signal_separation(a, b)
+    assert sep["confidence"]["auc"] == 1.0 and sep["grad_norm"]["auc"] == 1.0 and sep["confidence"]["mannwhitney_p"] < 1e-10
+    assert sep["fgsm_confidence"]["auc"] == 0.5 and sep["fgsm_confidence"]["mannwhitney_p"] > 0.4
 
 
 def test_class_grid_writes_a_png(tmp_path):

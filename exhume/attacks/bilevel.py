@@ -5,12 +5,16 @@
 
 with the victim's loss and weight decay ``w`` (the weight decay makes the lower level strongly
 convex for the affine classifier and keeps its Hessian invertible; ``damping`` adds ``δ·I`` to the
-Hessian in the linear solve for non-convex victims). Labels are fixed as in the paper: half the
+Hessian in the linear solve, by default chosen from a Lanczos estimate of its spectrum: 0 when it
+is positive definite). On ReLU networks the lower level has no stationary point (its minimiser sits
+on ReLU kinks, :mod:`exhume.attacks.lower_level`), so by default it is solved on the smoothed victim
+``ReLU → softplus(β·z)/β`` (``smooth=β``), by damped Newton-CG in float64 to ``‖∇_θE‖ ≤ inner_tol``;
+affine victims are unaffected. Labels are fixed as in the paper: half the
 candidates +1, half −1 (:func:`exhume.attacks.formulation.binary_labels`).
 
 Each outer step:
 
-1. **inner training**: warm-started full-batch L-BFGS on ``E(x̂, ·)`` from the previous ``θ``
+1. **inner training**: warm-started Newton-CG (or L-BFGS) on ``E(x̂, ·)`` from the previous ``θ``
    (the first step starts from the victim's ``θ*``, or from U(0,1) weights as in the paper);
 2. **adjoint solve**: ``(H + δI) p = ∇_θ l = 2(θ − θ*)`` by conjugate gradient on
    Hessian-vector products (double backward through one retained graph; ``H`` is never formed);
@@ -40,7 +44,8 @@ from exhume.attacks.checkpoint import resumable_settings
 from exhume.attacks.formulation import binary_labels
 from exhume.attacks.loop import CANDIDATE_PARAMS, RunState, attack_loop, budget_params, make_optimizer, open_run
 from exhume.attacks.priors import project_range
-from exhume.attacks.surrogate import soft_activations
+from exhume.attacks.lower_level import extreme_eigenvalues, newton_cg, spectral_damping
+from exhume.attacks.surrogate import smooth_activations, soft_activations
 from exhume.errors import ConfigError, DivergenceError
 from exhume.losses import per_sample_loss
 
@@ -66,23 +71,43 @@ def inner_objective(model: nn.Module, like: dict[str, torch.Tensor], theta: torc
 
 
 def solve_inner(model: nn.Module, like: dict[str, torch.Tensor], theta0: torch.Tensor, x: torch.Tensor,
-                y: torch.Tensor, loss: str, weight_decay: float, steps: int, tol: float) -> tuple[torch.Tensor, float]:
-    """Full-batch L-BFGS (strong Wolfe) on ``E(x, ·)`` from ``theta0``; returns ``θ`` and ``‖∇_θE‖``."""
-    theta = theta0.detach().clone().requires_grad_()
+                y: torch.Tensor, loss: str, weight_decay: float, steps: int, tol: float, solver: str = "lbfgs",
+                beta: float | None = None, info: dict[str, Any] | None = None) -> tuple[torch.Tensor, float]:
+    """Train ``θ`` on ``E(x, ·)`` from ``theta0``; returns ``θ`` and ``‖∇_θE‖``.
+
+    ``solver="newton-cg"``: :func:`exhume.attacks.lower_level.newton_cg` until ``‖∇_θE‖ ≤ tol``
+    (``steps`` Newton steps at most); ``"lbfgs"``: full-batch L-BFGS (strong Wolfe, ``steps``
+    iterations, stops at ``max|∇_θE| ≤ tol``). ``beta``: ReLUs become ``softplus(β·z)/β`` in the
+    objective (:class:`~exhume.attacks.surrogate.smooth_activations`). ``info`` (a dict) receives the
+    solver's record.
+    """
     x = x.detach()
+
+    def objective(t: torch.Tensor) -> torch.Tensor:
+        with smooth_activations(beta):
+            return inner_objective(model, like, t, x, y, loss, weight_decay)
+
+    if solver == "newton-cg":
+        theta, record = newton_cg(objective, theta0, tol, steps)
+        if info is not None:
+            info.update(record)
+        return theta, record["grad_norm"]
+    theta = theta0.detach().clone().requires_grad_()
     opt = torch.optim.LBFGS([theta], lr=1.0, max_iter=steps, history_size=20, tolerance_grad=tol,
                             tolerance_change=0.0, line_search_fn="strong_wolfe")
 
     def closure() -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
-        value = inner_objective(model, like, theta, x, y, loss, weight_decay)
+        value = objective(theta)
         value.backward()
         return value
 
     opt.step(closure)
     theta = theta.detach()
     t = theta.clone().requires_grad_()
-    (g,) = torch.autograd.grad(inner_objective(model, like, t, x, y, loss, weight_decay), t)
+    (g,) = torch.autograd.grad(objective(t), t)
+    if info is not None:
+        info.update(grad_norm=float(g.norm()), iterations=opt.state[opt._params[0]].get("n_iter", steps))
     return theta, float(g.norm())
 
 
@@ -120,25 +145,41 @@ def conjugate_gradient(matvec: Callable[[torch.Tensor], torch.Tensor], b: torch.
 def implicit_gradient(model: nn.Module, like: dict[str, torch.Tensor], theta: torch.Tensor, theta_star: torch.Tensor,
                       x: torch.Tensor, y: torch.Tensor, loss: str, weight_decay: float, damping: float = 0.0,
                       cg_iterations: int = 100, cg_tol: float = 1e-8, p0: torch.Tensor | None = None,
-                      alpha: float | None = None) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+                      alpha: float | None = None, beta: float | None = None,
+                      lanczos: int = 20) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
     """``∇_x l(θ*, θ(x))`` at an inner optimum ``θ``, with ``l = ‖θ* − θ‖²``.
 
     Returns the gradient (shaped like ``x``), the adjoint ``p`` solving ``(H + δI) p = 2(θ − θ*)``
     and the CG information. One graph of ``∇_θ E(x, θ)`` (built with ``create_graph``) serves
     every Hessian-vector product ``H v = ∇_θ⟨∇_θE, v⟩`` and the final mixed product
-    ``∇_x⟨∇_θE, p⟩``. ``alpha`` gives ReLUs the ``sigmoid(α·z)`` derivative in these products.
+    ``∇_x⟨∇_θE, p⟩``. ``alpha`` gives ReLUs the ``sigmoid(α·z)`` derivative in these products;
+    ``beta`` makes them ``softplus(β·z)/β`` (the smoothed lower level of :func:`solve_inner`).
+    ``damping=None`` picks ``δ`` from the spectrum: ``lanczos`` Lanczos products estimate ``λ_min``,
+    ``λ_max`` of ``H`` and :func:`~exhume.attacks.lower_level.spectral_damping` lifts ``λ_min`` above 0
+    (``δ = 0`` when ``H`` is positive definite).
     """
     x = x.detach().requires_grad_()
     t = theta.detach().clone().requires_grad_()
-    with soft_activations(alpha):
+    with soft_activations(alpha), smooth_activations(beta):
         (g,) = torch.autograd.grad(inner_objective(model, like, t, x, y, loss, weight_decay), t, create_graph=True)
 
-    def hvp(v: torch.Tensor) -> torch.Tensor:
+    def h(v: torch.Tensor) -> torch.Tensor:
         (hv,) = torch.autograd.grad(g, t, grad_outputs=v, retain_graph=True)
-        return hv + damping * v
+        return hv
+
+    spectrum: dict[str, Any] = {}
+    if damping is None:
+        lam_min, lam_max = extreme_eigenvalues(h, t.numel(), t.detach(), lanczos)
+        damping = spectral_damping(lam_min, lam_max)
+        spectrum = {"lambda_min": lam_min, "lambda_max": lam_max}
+    delta = float(damping)
+
+    def hvp(v: torch.Tensor) -> torch.Tensor:
+        return h(v) + delta * v
 
     b = 2.0 * (theta.detach() - theta_star)
     p, info = conjugate_gradient(hvp, b, p0, cg_iterations, cg_tol)
+    info.update(spectrum, damping=delta)
     (mixed,) = torch.autograd.grad(g, x, grad_outputs=p.detach())
     return -mixed.detach(), p.detach(), info
 
@@ -173,10 +214,16 @@ class BilevelAttack(Attack):
         # two candidates at least (one per label) when m defaults to n_guess
         "n_guess": Param(None, int, "attacker's guess of n (default from the victim's metadata, else 100)", low=2, allow_none=True),
         **budget_params(200, checkpoint_every=20, log_every=5, unit="outer steps on x̂"),
-        "damping": Param(0.0, float, "δ added to the Hessian in the CG solve (0: exact implicit gradient; "
-                         "use e.g. 1e-3 for non-convex victims such as ReLU networks)", low=0.0),
-        "inner_steps": Param(50, int, "L-BFGS iterations of inner training per outer step (warm-started)", low=1),
-        "inner_tol": Param(1e-7, float, "stop inner training at max |∇_θ E| below this", low=0.0),
+        "dtype": Param("float64", str, "computation precision (float64: the lower level is solved to 1e-9)",
+                       choices=tuple(DTYPES)),
+        "damping": Param(None, float, "δ added to the Hessian in the CG solve (None: from the spectrum, "
+                         "0 when H is positive definite; 0: exact implicit gradient)", low=0.0, allow_none=True),
+        "inner_solver": Param("newton-cg", str, "lower-level solver (warm-started): damped Newton-CG on "
+                              "Hessian-vector products to inner_tol, or L-BFGS", choices=("newton-cg", "lbfgs")),
+        "inner_steps": Param(50, int, "Newton (or L-BFGS) iterations of inner training per outer step", low=1),
+        "inner_tol": Param(1e-9, float, "stop inner training at ‖∇_θ E‖ below this (L-BFGS: max |∇_θ E|)", low=0.0),
+        "smooth": Param(100.0, float, "lower level on softplus(β·z)/β instead of ReLU (value and derivatives), "
+                        "so that it has a stationary point; None: exact activations", low=0.0, allow_none=True),
         "cg_iterations": Param(100, int, "conjugate-gradient iterations per outer step", low=1),
         "cg_tol": Param(1e-6, float, "CG stops at ‖r‖ ≤ cg_tol·‖b‖", low=0.0),
         "theta_init": Param("victim", str, "first inner start: the victim's θ* or U(0,1) weights (the paper's)",
@@ -190,7 +237,7 @@ class BilevelAttack(Attack):
         if view.task != "binary":
             raise ConfigError(f"the bilevel attack handles binary tasks here; the victim's task is {view.task!r}")
         wd = self.config["weight_decay"] if self.config["weight_decay"] is not None else view.weight_decay
-        if not wd and self.config["damping"] <= 0:
+        if not wd and not self.config["damping"]:
             raise ConfigError("the bilevel attack needs weight_decay > 0 (the victim's is unknown or 0) or damping > 0, "
                               "so that the inner Hessian is invertible; pass -p weight_decay=... or -p damping=...")
 
@@ -249,14 +296,20 @@ class BilevelAttack(Attack):
         """One outer step: inner training, adjoint solve, implicit gradient, optimiser step, projection."""
         cfg = self.config
 
+        cold = [True]  # the first solve of a run is not warm-started: give it more Newton steps
+
         def step(it: int, log: bool, clock) -> dict[str, str] | None:
-            theta, inner_grad = solve_inner(p.model, p.like, p.state["theta"], p.x, p.y, p.loss, p.wd, cfg["inner_steps"], cfg["inner_tol"])
+            inner: dict[str, Any] = {}
+            steps = cfg["inner_steps"] * (4 if cold[0] else 1)
+            cold[0] = False
+            theta, inner_grad = solve_inner(p.model, p.like, p.state["theta"], p.x, p.y, p.loss, p.wd, steps, cfg["inner_tol"],
+                                            cfg["inner_solver"], cfg["smooth"], inner)
             p.state["theta"] = theta
             dist = float(((theta - p.theta_star) ** 2).sum())
             if not torch.isfinite(theta).all():
                 raise DivergenceError(f"bilevel inner training diverged at outer step {it}; raise weight_decay or damping")
             gx, p.state["p"], cg = implicit_gradient(p.model, p.like, theta, p.theta_star, p.x, p.y, p.loss, p.wd, cfg["damping"],
-                                                     cfg["cg_iterations"], cfg["cg_tol"], p.state["p"], cfg["alpha"])
+                                                     cfg["cg_iterations"], cfg["cg_tol"], p.state["p"], cfg["alpha"], cfg["smooth"])
             if not torch.isfinite(gx).all():
                 raise DivergenceError(f"bilevel implicit gradient is not finite at outer step {it}; raise damping")
             opt.zero_grad(set_to_none=True)
@@ -266,7 +319,8 @@ class BilevelAttack(Attack):
             if not log:
                 return None
             history.append({"iteration": it, "param_distance": dist, "relative_param_distance": dist / p.theta_sq,
-                            "inner_grad_norm": inner_grad, "cg_iterations": cg["iterations"],
+                            "inner_grad_norm": inner_grad, "inner_iterations": inner.get("iterations"),
+                            "damping": cg["damping"], "lambda_min": cg.get("lambda_min"), "cg_iterations": cg["iterations"],
                             "cg_relative_residual": cg["relative_residual"],
                             "negative_curvature": cg["negative_curvature"], "seconds": round(clock(), 3)})
             return {"dist": f"{dist:.3g}"}
@@ -277,7 +331,7 @@ class BilevelAttack(Attack):
         """θ after solving: train once more on the final candidates and measure the distance to θ*."""
         cfg = self.config
         theta_final, inner_grad = solve_inner(p.model, p.like, p.state["theta"], p.x, p.y, p.loss, p.wd,
-                                              max(cfg["inner_steps"], 100), cfg["inner_tol"])
+                                              max(cfg["inner_steps"], 100), cfg["inner_tol"], cfg["inner_solver"], cfg["smooth"])
         dist = float(((theta_final - p.theta_star) ** 2).sum())
         with torch.no_grad():
             out_final = functional_call(p.model, unflatten(theta_final, p.like), (p.x,))
@@ -293,7 +347,7 @@ class BilevelAttack(Attack):
             loss_history=run.history,
             summary={"iterations": end.done, "seconds": round(end.elapsed, 3),
                      "param_distance": dist, "relative_param_distance": dist / p.theta_sq,
-                     "param_distance_note": "‖θ* − θ‖² with θ trained on the final candidates (warm-started L-BFGS)",
+                     "param_distance_note": "‖θ* − θ‖² with θ trained on the final candidates (warm-started lower-level solve)",
                      "final_inner_grad_norm": inner_grad,
                      "logged_steps_with_negative_curvature": negative,
                      "scores_note": "margins y·Φ(x̂; θ) of the candidates under θ trained on them"},

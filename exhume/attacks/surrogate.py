@@ -53,3 +53,24 @@ class soft_activations(TorchFunctionMode):  # noqa: N801 - used as a context man
                 slope = args[1] if len(args) > 1 else kwargs.get("negative_slope", 0.01)
                 return soft_leaky_relu(args[0], self.alpha, float(slope))
         return func(*args, **kwargs)
+
+
+class smooth_activations(TorchFunctionMode):  # noqa: N801 - used as a context manager
+    """Context manager: ReLU-family activations become ``softplus(β·z)/β`` in value *and* derivatives
+    (leaky: ``slope·z + (1 − slope)·softplus(β·z)/β``), a smooth model that tends to the original as
+    ``β → ∞`` (the gap is at most ``log 2 / β`` per unit). ``beta=None`` leaves them untouched.
+    Used by the bilevel attack's lower level, which needs a stationary point to exist."""
+
+    def __init__(self, beta: float | None) -> None:
+        super().__init__()
+        self.beta = None if beta is None or beta == float("inf") else float(beta)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        if self.beta is not None:
+            if func in _RELUS:
+                return F.softplus(self.beta * args[0]) / self.beta
+            if func in _LEAKY:
+                slope = float(args[1] if len(args) > 1 else kwargs.get("negative_slope", 0.01))
+                return slope * args[0] + (1.0 - slope) * F.softplus(self.beta * args[0]) / self.beta
+        return func(*args, **kwargs)

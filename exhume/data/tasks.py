@@ -24,8 +24,8 @@ PRESETS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "odd-even": ((1, 3, 5, 7, 9), (0, 2, 4, 6, 8)),
     "vehicles-animals": ((0, 1, 8, 9), (2, 3, 4, 5, 6, 7)),
 }
-TASK_HELP = ("'odd-even', 'vehicles-animals', 'multiclass', or a split of class ids such as "
-             "'1,3,5/0,2,4' (first group +1, second -1)")
+TASK_HELP = ("'odd-even', 'vehicles-animals', 'multiclass' (every class), 'multiclass:0,1,2' (those classes, "
+             "labelled 0, 1, 2 in that order), or a split of class ids such as '1,3,5/0,2,4' (first group +1, second -1)")
 
 TASK_KINDS = ("binary", "multiclass", "regression")
 #: The training loss each kind uses unless told otherwise.
@@ -89,12 +89,18 @@ def _parse_group(text: str, task: str) -> tuple[int, ...]:
 
 
 def parse_task(task: str):
-    """Return ``("binary", (positive_ids, negative_ids))`` or ``("multiclass", None)``."""
+    """Return ``("binary", (positive_ids, negative_ids))``, ``("multiclass", None)`` (every class) or
+    ``("multiclass", (ids,))`` for ``multiclass:ids`` (class ``ids[k]`` gets label ``k``)."""
     if not isinstance(task, str):
         raise ConfigError(f"task must be a string, got {type(task).__name__}; expected {TASK_HELP}")
     key = task.strip().lower()
     if key == "multiclass":
         return "multiclass", None
+    if key.startswith("multiclass:"):
+        ids = _parse_group(key.split(":", 1)[1], task)
+        if len(ids) < 2:
+            raise ConfigError(f"task {task!r}: a multiclass task needs at least two classes")
+        return "multiclass", (ids,)
     if key in PRESETS:
         return "binary", PRESETS[key]
     if "/" not in key:
@@ -153,13 +159,14 @@ def _pick(avail: dict[int, np.ndarray], m: int, rng, what: str, n_excluded: int)
 
 def _task_classes(ds: ImageDataset, kind: str, groups, task: str):
     present = set(int(c) for c in np.unique(ds.labels))
-    if kind == "multiclass":
+    if kind == "multiclass" and groups is None:
         return sorted(present)
-    missing = sorted(set(groups[0] + groups[1]) - present)
+    wanted = groups[0] if kind == "multiclass" else groups[0] + groups[1]
+    missing = sorted(set(wanted) - present)
     if missing:
         raise ConfigError(f"task {task!r} uses class ids {missing} that dataset {ds.name!r} does not "
                           f"have (it has {sorted(present)})")
-    return list(groups[0]) + list(groups[1])
+    return list(wanted)
 
 
 def _build(ds: ImageDataset, idx: np.ndarray, kind: str, groups, spec: dict) -> TaskData:
@@ -168,6 +175,9 @@ def _build(ds: ImageDataset, idx: np.ndarray, kind: str, groups, spec: dict) -> 
     x = torch.from_numpy(np.ascontiguousarray(ds.images[idx], dtype=np.float32))
     if kind == "binary":
         y = torch.from_numpy(np.where(np.isin(classes, groups[0]), 1.0, -1.0).astype(np.float32))
+    elif groups is not None:  # multiclass:ids -> labels 0..k-1 in the order given
+        label = {c: k for k, c in enumerate(groups[0])}
+        y = torch.tensor([label[int(c)] for c in classes], dtype=torch.long)
     else:
         y = torch.from_numpy(classes.copy())
     mean = x.mean(0) if len(idx) else torch.zeros(ds.images.shape[1:])
@@ -246,8 +256,10 @@ def as_regression(task_data: TaskData, num_classes: int) -> TaskData:
     return task_data
 
 
-def num_classes_of(ds: ImageDataset) -> int:
-    return int(ds.labels.max()) + 1
+def num_classes_of(ds: ImageDataset, task: str = "multiclass") -> int:
+    """Number of outputs of a multiclass victim for ``task`` on ``ds`` (``multiclass:ids``: ``len(ids)``)."""
+    kind, groups = parse_task(task)
+    return len(groups[0]) if kind == "multiclass" and groups is not None else int(ds.labels.max()) + 1
 
 
 def select_task(ds: ImageDataset, task: str, n: int, seed: int = 0) -> TaskData:

@@ -37,6 +37,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=None, help="generator steps per attack (default 300; --full 5000)")
     p.add_argument("--samples-per-class", type=int, default=10, help="candidates per class (default 10)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="wall-time cap per attack; a capped attack is finished by running the same command again "
+                        "(it resumes from its checkpoint)")
+    p.add_argument("--methods", default="inversion,tldr", help="attacks on the first size (default inversion,tldr; "
+                   "later sizes run tldr only)")
 
 
 def _parse_sizes(text: str) -> list[int]:
@@ -69,19 +74,22 @@ def _heldout(victim, seed: int):
     return make_pool(ds, "multiclass", int(spec["n"]), exclude=victim.train_indices, seed=seed)
 
 
-def _attack_and_judge(method: str, victim, held, out: Path, cfg: dict[str, Any], seed: int, progress: bool) -> dict[str, Any]:
+def _attack_and_judge(method: str, victim, held, out: Path, cfg: dict[str, Any], seed: int, progress: bool,
+                      device: str = "cpu") -> dict[str, Any]:
     from exhume.attacks import get_attack, load_reconstruction
     from exhume.evaluation.trainlike import class_grid, per_class_evaluation
+    from exhume.evaluation.trainlike_stats import membership_tests
 
     folder = out / method
-    if (folder / "reconstruction.json").is_file():
-        recon = load_reconstruction(folder)
-    else:
-        recon = get_attack(method, **cfg).run(victim.attacker_view(), out=folder, seed=seed, progress=progress, resume=True)
+    recon = load_reconstruction(folder) if (folder / "reconstruction.json").is_file() else None
+    if recon is None or recon.summary["iterations"] < cfg["steps"]:  # absent, or capped by --max-seconds: resume
+        recon = get_attack(method, **cfg).run(victim.attacker_view(), out=folder, seed=seed, progress=progress, resume=True,
+                                              device=device)
         recon.save(folder)
     train = victim.train_set
     t0 = time.perf_counter()
     ev = per_class_evaluation(recon.candidates, recon.labels, train.x, train.y, held.x, held.y)
+    ev["membership_test"] = membership_tests(recon.candidates, recon.labels, train.x, train.y, held.x, held.y, seed)
     grid = class_grid(recon.candidates, recon.labels, folder / f"{method}_grid.png", cfg.get("samples_per_class", 10),
                       title=f"{method} on {victim.data_spec['dataset']} n={victim.data_spec['n']} (title: classifier p(label))",
                       scores=recon.scores)
@@ -93,12 +101,29 @@ def _attack_and_judge(method: str, victim, held, out: Path, cfg: dict[str, Any],
             **{k: v for k, v in ev.items() if k not in ("per_class", "note")}}
 
 
+def _victim_separation(victim, held, eps: float) -> dict[str, Any]:
+    """Do the signals TLDR optimises separate this victim's training images from held-out ones?"""
+    from exhume.evaluation.trainlike_stats import signal_separation, victim_signals
+
+    train = victim.train_set
+    mean = victim.mean.float()
+    sig_t = victim_signals(victim.model, train.x.float() - mean, train.y, eps)
+    sig_h = victim_signals(victim.model, held.x.float() - mean, held.y, eps)
+    return {"fgsm_eps": eps, "n_train": len(train), "n_heldout": len(held), **signal_separation(sig_t, sig_h)}
+
+
 def _row(r: dict[str, Any]) -> str:
     return (f"{r['label']:<22} acc {r['classifier_accuracy_on_candidates']:.2f} (min class {min(r['classifier_accuracy_per_class']):.2f})  "
             f"SSIM→train {r['ssim_to_train_mean']:.3f}  SSIM→held {r['ssim_to_heldout_mean']:.3f}  "
             f"L2→train {r['l2_to_train_mean']:.2f}  L2→held {r['l2_to_heldout_mean']:.2f}  "
             f"nearer-train {r['frac_nearer_train_ssim']:.2f}  "
-            f"1:1 SSIM≥0.4 train {r['train_one_to_one_ssim>=0.4']}  held {r['held_one_to_one_ssim>=0.4']}")
+            f"1:1 SSIM≥0.4 train {r['train_one_to_one_ssim>=0.4']}  held {r['held_one_to_one_ssim>=0.4']}  "
+            f"binomial p (SSIM/L2) {r['membership_test']['ssim']['binomial_p']:.3g}/{r['membership_test']['l2']['binomial_p']:.3g}")
+
+
+def _signal_row(n: int, sep: dict[str, Any]) -> str:
+    return f"victim n={n} train vs held-out: " + "  ".join(
+        f"{k} AUC {sep[k]['auc']:.3f} (p {sep[k]['mannwhitney_p']:.2g})" for k in ("confidence", "grad_norm", "fgsm_confidence"))
 
 
 @register_experiment("tldr", HELP, add_arguments)
@@ -114,7 +139,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     progress = not args.no_progress
-    cfg = {"steps": steps, "samples_per_class": args.samples_per_class}
+    cfg = {"steps": steps, "samples_per_class": args.samples_per_class, "max_seconds": args.max_seconds,
+           "checkpoint_every": 250}
+    first_methods = [m.strip() for m in str(args.methods).split(",") if m.strip()]
+    if not first_methods or set(first_methods) - {"inversion", "tldr"}:
+        raise ConfigError(f"--methods must list inversion and/or tldr, got {args.methods!r}")
     t0 = time.perf_counter()
     results: dict[str, Any] = {"settings": {"data": data, "arch": args.arch, "sizes": sizes, "victim_epochs": epochs,
                                             "weight_decay": args.wd, "generator_steps": steps,
@@ -126,9 +155,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         vdir = out / f"n{n}"
         victim = _victim(data, args.root, args.arch, n, epochs, args.wd, args.seed, progress, vdir / "victim")
         held = _heldout(victim, args.seed + 777)
-        methods = ["inversion", "tldr"] if i == 0 else ["tldr"]
+        sep = _victim_separation(victim, held, 0.05)
+        results.setdefault("victim_signal_separation", {})[f"n{n}"] = sep
+        rows.append(_signal_row(n, sep))
+        methods = first_methods if i == 0 else ["tldr"]
         for method in methods:
-            r = _attack_and_judge(method, victim, held, vdir, cfg, args.seed, progress)
+            r = _attack_and_judge(method, victim, held, vdir, cfg, args.seed, progress, args.device)
             r.update(n_train=n, n_heldout=len(held), victim_train_accuracy=victim.metrics.get("train_accuracy"),
                      victim_test_accuracy=victim.metrics.get("test_accuracy"), label=f"{method} n={n}")
             results["runs"].append(r)
@@ -140,5 +172,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     (out / "results.json").write_text(json.dumps(results, indent=2))
     print(table)
     return {"out": str(out), "seconds": results["seconds"], "paper_claim": PAPER_CLAIM,
+            "victim_signal_separation": results.get("victim_signal_separation"),
             "runs": [{k: r[k] for k in ("label", "classifier_accuracy_on_candidates", "ssim_to_train_mean", "ssim_to_heldout_mean",
-                                        "l2_to_train_mean", "l2_to_heldout_mean", "frac_nearer_train_ssim", "grid")} for r in results["runs"]]}
+                                        "l2_to_train_mean", "l2_to_heldout_mean", "frac_nearer_train_ssim", "membership_test",
+                                        "grid")} for r in results["runs"]]}

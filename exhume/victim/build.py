@@ -74,7 +74,7 @@ def make_victim(
     if isinstance(train, MiniBatchConfig) and kind == "regression":
         raise ConfigError("mini-batch training handles classification tasks (binary, multiclass), not regression")
     spec = parse_arch(arch) if isinstance(arch, str) else dict(arch)
-    num_classes = num_classes_of(ds) if kind == "multiclass" else None
+    num_classes = num_classes_of(ds, task) if kind == "multiclass" else None
     torch.manual_seed(seed)
     model = build_model(spec, tuple(task_data.x.shape[1:]), out_features(kind, num_classes)).to(device=device, dtype=dtype)
     x, y = task_data.centred.to(device=device, dtype=dtype), task_data.y.to(device)
