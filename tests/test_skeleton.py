@@ -22,8 +22,11 @@ def test_range_penalty_and_projection_by_hand():
 
 def test_kkt_and_bilevel_share_one_parameter_fragment():
     kkt, bilevel = ATTACKS["kkt"].params, ATTACKS["bilevel"].params
-    for name in ("optimizer", "momentum", "weight_decay", "dtype"):
+    for name in ("optimizer", "momentum", "weight_decay"):
         assert kkt[name] is CANDIDATE_PARAMS[name] and bilevel[name] is CANDIDATE_PARAMS[name]
+    # bilevel solves its lower level to 1e-9, so it alone defaults to float64 (same choices)
+    assert kkt["dtype"] is CANDIDATE_PARAMS["dtype"] and bilevel["dtype"].default == "float64"
+    assert bilevel["dtype"].choices == CANDIDATE_PARAMS["dtype"].choices
     for params in (kkt, bilevel, ATTACKS["tldr"].params):
         assert {"max_seconds", "checkpoint_every", "log_every"} <= set(params)
 

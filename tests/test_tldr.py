@@ -16,8 +16,7 @@ from exhume.attacks.inversion import FeatureTap
 from exhume.attacks.inversion_losses import ce_term, cosine_term, grad_norm_term, kl_term, ortho_term, perturb, pixel_term, tv_term
 from exhume.errors import ConfigError
 from exhume.evaluation.trainlike import class_grid, per_class_evaluation
-from exhume.evaluation.trainlike_stats import (membership_tests, nearer_train_test, signal_separation,
-                                               victim_signals)
+from exhume.evaluation.trainlike_stats import membership_tests, nearer_train_test, signal_separation, victim_signals
 from exhume.models import build_model, parse_arch
 from exhume.victim import AttackerView, MiniBatchConfig, load_victim, make_minibatch_victim, train_minibatch
 

@@ -43,8 +43,8 @@ from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_mo
 from exhume.attacks.checkpoint import resumable_settings
 from exhume.attacks.formulation import binary_labels
 from exhume.attacks.loop import CANDIDATE_PARAMS, RunState, attack_loop, budget_params, make_optimizer, open_run
-from exhume.attacks.priors import project_range
 from exhume.attacks.lower_level import extreme_eigenvalues, newton_cg, spectral_damping
+from exhume.attacks.priors import project_range
 from exhume.attacks.surrogate import smooth_activations, soft_activations
 from exhume.errors import ConfigError, DivergenceError
 from exhume.losses import per_sample_loss

@@ -19,7 +19,8 @@ one as ``β → ∞`` — and solves it with :func:`newton_cg`, which drives ``�
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
