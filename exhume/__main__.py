@@ -1,3 +1,4 @@
 from exhume.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # guarded: a portfolio's worker processes (spawn) import this module again
+    raise SystemExit(main())

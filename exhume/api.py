@@ -28,8 +28,15 @@ def check_device(device: str) -> str:
 def attack(victim: Victim | AttackerView, method: str = "kkt", seed: int = 0, out: str | Path | None = None,
            resume: bool = False, device: str = "cpu", progress: bool = True, init: Any = None,
            init_name: str | None = None, mix: tuple[float, float] | None = None, init_seed: int = 0,
-           force: bool = False, **kwargs: Any) -> Reconstruction:
+           force: bool = False, restarts: int | str | None = None, workers: int | None = None, storage: str | None = None,
+           study_name: str | None = None, variants: list[dict[str, Any]] | None = None, **kwargs: Any) -> Reconstruction:
     """Run the attack ``method`` (a registry name) with its keyword arguments on ``victim``.
+
+    For methods with a restart plan (``kkt``) the budget goes to a **portfolio** of restarts run
+    in parallel and pooled (:func:`exhume.portfolio.run_portfolio`; ``max_seconds`` is then the
+    whole portfolio's budget, ``iterations`` each restart's). ``restarts=1`` is exactly one run,
+    as before; ``restarts``, ``workers``, ``storage``, ``study_name`` and ``variants`` are the
+    portfolio's settings. Other methods run once unless ``restarts`` asks for more.
 
     Only the attacker's view of the victim (weights, task, loss, weight decay, input shape, data
     mean) reaches the attack. With ``out``, the attack checkpoints there and the result is saved
@@ -43,6 +50,16 @@ def attack(victim: Victim | AttackerView, method: str = "kkt", seed: int = 0, ou
     a :class:`Victim` (ground truth, partition and mix are oracle tools, labelled so in the result).
     """
     check_device(device)
+    from exhume.portfolio import has_plan, run_portfolio
+
+    default_plan = restarts is None and has_plan(method) and init is None and mix is None
+    if storage is not None or (restarts != 1 and (restarts is not None or default_plan)):
+        if init is not None or mix is not None:
+            raise ConfigError("init= and mix= set the start of one run: pass restarts=1 (--restarts 1)")
+        max_seconds = kwargs.pop("max_seconds", None)
+        return run_portfolio(victim, method, max_seconds=max_seconds, restarts=restarts, workers=workers, seed=seed, out=out,
+                             resume=resume, storage=storage, study_name=study_name, variants=variants, device=device,
+                             progress=progress, **kwargs)
     view = victim.attacker_view() if isinstance(victim, Victim) else victim
     if not isinstance(view, AttackerView):
         raise ConfigError(f"attack() needs a Victim or AttackerView, got {type(victim).__name__}")

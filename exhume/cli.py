@@ -83,6 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mix-l1", type=float, default=None, help="mix: weight of ground truth vs partition (λ₁ in [0, 1])")
     p.add_argument("--mix-l2", type=float, default=None, help="mix: weight of images vs U(0,1) noise (λ₂ in [0, 1])")
     p.add_argument("--init-seed", type=int, default=0, help="seed of the noise images of --init noise/mix (default 0)")
+    p.add_argument("--restarts", default=None, metavar="N|auto",
+                   help="restarts pooled into one result (default: auto for kkt, 1 for other methods); 1 = one run, as before")
+    p.add_argument("--workers", type=int, default=None, help="parallel restarts on this machine (default: the cores, at most 8)")
+    p.add_argument("--storage", default=None,
+                   help="share the restarts with other machines through a study, e.g. postgresql://user:pass@host/db or sqlite:///p.db")
+    p.add_argument("--study-name", default=None, help="study name in --storage (default exhume-portfolio)")
+    p.add_argument("--worker", action="store_true", help="with --storage: only run restarts of the study (no pooling); "
+                   "start the pooling 'exhume attack' without --worker on one machine")
 
     p = sub.add_parser("evaluate", help="judge a reconstruction against the victim's training set")
     p.add_argument("run", help="attack run folder")
@@ -150,6 +158,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _restarts(text: str | None) -> int | str | None:
+    if text is None or text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"--restarts expects a positive integer or 'auto', got {text!r}")
+    return int(text)
+
+
 def _cmd_attack(args: argparse.Namespace) -> int:
     import exhume
 
@@ -157,17 +173,36 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     for key in ("dtype", "iterations", "max_seconds"):
         if getattr(args, key) is not None:
             kwargs[key] = getattr(args, key)
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError(f"--workers must be at least 1, got {args.workers}")
     victim = exhume.load_victim(args.victim)
+    if args.worker:
+        from exhume.portfolio import portfolio_worker
+
+        if args.storage is None:
+            raise ConfigError("--worker needs --storage (the study to take restarts from)")
+        ran = portfolio_worker(victim, storage=args.storage, study_name=args.study_name, workers=args.workers, out=args.out,
+                               device=args.device, progress=not args.no_progress)
+        print(f"worker finished: ran {ran} restart(s) of the study; the pooling 'exhume attack' writes the result")
+        return 0
     init = None if args.init == "default" else args.init
     if init != "mix" and (args.mix_l1 is not None or args.mix_l2 is not None):
         raise ConfigError("--mix-l1/--mix-l2 apply only with --init mix")
     mix = (args.mix_l1, args.mix_l2) if init == "mix" else None
     result = exhume.attack(victim, method=args.method, seed=args.seed, out=args.out, resume=args.resume,
                            device=args.device, progress=not args.no_progress, init=init, mix=mix,
-                           init_seed=args.init_seed, force=args.force, **kwargs)
+                           init_seed=args.init_seed, force=args.force, restarts=_restarts(args.restarts), workers=args.workers,
+                           storage=args.storage, study_name=args.study_name, **kwargs)
     oracle = " (ORACLE initialisation: built from the victim's data)" if result.config.get("oracle_init") else ""
-    print(f"reconstruction saved to {args.out}: {result.candidates.shape[0]} candidates, init {result.config.get('init')}{oracle}, "
-          f"{json.dumps(result.summary)}")
+    if "portfolio" not in result.config:
+        print(f"reconstruction saved to {args.out}: {result.candidates.shape[0]} candidates, init {result.config.get('init')}{oracle}, "
+              f"{json.dumps(result.summary)}")
+        return 0
+    from exhume.portfolio.report import summary_lines
+
+    print(f"reconstruction saved to {args.out}: {result.candidates.shape[0]} candidates{oracle}")
+    for line in summary_lines(result.summary, result.config["portfolio"]):
+        print(line)
     return 0
 
 

@@ -167,7 +167,9 @@ class Reconstruction:
 
     ``candidates`` are in display space (the data mean added back; not clipped, so nothing is
     hidden from the evaluator, which clips). ``scores`` are the attack's per-candidate numbers
-    (the multipliers λ for the stationarity attacks).
+    (the multipliers λ for the stationarity attacks). ``provenance``: per-candidate tensors of a
+    pooled result (which restart, iteration and rank each candidate comes from; see
+    :mod:`exhume.portfolio`), saved as ``provenance_<name>``; empty for a single run.
     """
 
     method: str
@@ -179,23 +181,42 @@ class Reconstruction:
     loss_history: list[dict[str, float]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     victim_path: str | None = None
+    provenance: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The tensors of ``reconstruction.safetensors``."""
+        tensors = {"candidates": self.candidates.detach().cpu().contiguous(), "labels": self.labels.detach().cpu().contiguous()}
+        if self.scores is not None:
+            tensors["scores"] = self.scores.detach().cpu().contiguous()
+        for name, t in self.provenance.items():
+            tensors[f"provenance_{name}"] = t.detach().cpu().contiguous()
+        return tensors
+
+    def meta(self) -> dict[str, Any]:
+        """The JSON of ``reconstruction.json``."""
+        return {"method": self.method, "config": self.config, "seed": self.seed, "summary": self.summary,
+                "victim_path": self.victim_path, "loss_history": self.loss_history}
+
+    @classmethod
+    def from_parts(cls, meta: dict[str, Any], tensors: dict[str, torch.Tensor], source: str = "the reconstruction") -> "Reconstruction":
+        """The inverse of :meth:`meta` and :meth:`tensors` (checked: one clear error if they disagree)."""
+        if not isinstance(meta, dict) or "method" not in meta or "candidates" not in tensors or "labels" not in tensors:
+            raise ExhumeError(f"{source} lacks its method, candidates or labels; expected one written by exhume")
+        m = tensors["candidates"].shape[0]
+        provenance = {k[len("provenance_"):]: v for k, v in tensors.items() if k.startswith("provenance_")}
+        for name, t in [("labels", tensors["labels"]), ("scores", tensors.get("scores")), *provenance.items()]:
+            if t is not None and (t.dim() == 0 or t.shape[0] != m):
+                raise ExhumeError(f"{source}: {name} has shape {tuple(t.shape)}, expected {m} rows (one per candidate)")
+        return cls(method=meta["method"], candidates=tensors["candidates"], labels=tensors["labels"],
+                   scores=tensors.get("scores"), config=meta.get("config") or {}, seed=int(meta.get("seed") or 0),
+                   loss_history=meta.get("loss_history") or [], summary=meta.get("summary") or {},
+                   victim_path=meta.get("victim_path"), provenance=provenance)
 
     def save(self, folder: str | Path) -> Path:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        tensors = {"candidates": self.candidates.detach().cpu().contiguous(), "labels": self.labels.detach().cpu().contiguous()}
-        if self.scores is not None:
-            tensors["scores"] = self.scores.detach().cpu().contiguous()
-        save_file(tensors, str(folder / "reconstruction.safetensors"))
-        meta = {
-            "method": self.method,
-            "config": self.config,
-            "seed": self.seed,
-            "summary": self.summary,
-            "victim_path": self.victim_path,
-            "loss_history": self.loss_history,
-        }
-        write_json(folder / "reconstruction.json", meta)
+        save_file(self.tensors(), str(folder / "reconstruction.safetensors"))
+        write_json(folder / "reconstruction.json", self.meta())
         return folder
 
 
@@ -211,14 +232,4 @@ def load_reconstruction(folder: str | Path) -> Reconstruction:
     except (SafetensorError, OSError, ValueError) as e:
         raise ExhumeError(f"cannot read the reconstruction in {folder}: {e}") from None
     check_reconstruction_tensors(tensors, str(tensor_path))
-    return Reconstruction(
-        method=meta["method"],
-        candidates=tensors["candidates"],
-        labels=tensors["labels"],
-        scores=tensors.get("scores"),
-        config=meta.get("config") or {},
-        seed=int(meta.get("seed") or 0),
-        loss_history=meta.get("loss_history") or [],
-        summary=meta.get("summary") or {},
-        victim_path=meta.get("victim_path"),
-    )
+    return Reconstruction.from_parts(meta, tensors, str(folder))

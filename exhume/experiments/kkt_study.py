@@ -54,7 +54,7 @@ def run_case(case: Case, iterations: int, seed: int, out: Path, device: str, pro
         victim.save(folder / "victim")
     else:
         print(f"  reusing the victim trained for an earlier case: {victim.path}")
-    recon = exhume.attack(victim, "kkt", seed=seed, out=folder / "attack", device=device, progress=progress, iterations=iterations,
+    recon = exhume.attack(victim, "kkt", seed=seed, restarts=1, out=folder / "attack", device=device, progress=progress, iterations=iterations,
                           **dict(case.attack))
     result = exhume.evaluate(recon, victim, out=folder / "evaluation", figures=figures)
     m = result.metrics

@@ -57,40 +57,32 @@ def check_scorable(view) -> None:
         raise ConfigError(f"the attacker-side score (and so exhume tune) handles binary victims only; this victim's task is {view.task!r}")
 
 
-def attacker_score(view, candidates: torch.Tensor, labels: torch.Tensor, multipliers: torch.Tensor,
-                   n_guess: int | None = None) -> dict[str, Any]:
-    """Score ``candidates`` (display space, shape ``(m, *input_shape)``) for ``view``.
-
-    Returns ``{"score", "explained", "plausible", "relative_stationarity", "distinct",
-    "non_degenerate", "in_range", "margin_consistent"}`` (shares are means over candidates).
-    """
-    check_scorable(view)
+def candidate_terms(view, candidates: torch.Tensor, labels: torch.Tensor, multipliers: torch.Tensor | None,
+                    n_guess: int | None = None) -> dict[str, torch.Tensor]:
+    """The per-candidate terms in [0, 1]: ``distinct``, ``non_degenerate``, ``in_range`` (any task)
+    and, for a binary task with ``multipliers``, ``margin_consistent``. Float64 tensors of length m."""
     dtype = torch.float64
-    model, params = attack_model(view.model, next(view.model.parameters()).device, dtype)
-    theta2 = sum((p ** 2).sum() for p in params.values())
     mean = view.mean.to(dtype)
     x = candidates.to(dtype) - mean
-    y = labels.to(dtype)
-    lam = multipliers.to(dtype)
     m = x.shape[0]
-    with torch.no_grad():
-        r = float(stationarity_residual(model, params, x, y, lam, None) / theta2)
-        if not math.isfinite(r):
-            r = float("inf")
-        out = model(x)
-        margins = margin_fn(out, y).reshape(-1)
     flat = x.reshape(m, -1)
     disp = candidates.to(dtype).reshape(m, -1)
-
     # distinct: greedy, an earlier near-duplicate makes a later one count zero
     norms = flat.norm(dim=1).clamp_min(1e-12)
     cos = (flat @ flat.T) / (norms[:, None] * norms[None, :])
     earlier = torch.tril(cos >= DUPLICATE_COSINE, diagonal=-1).any(dim=1)
-    distinct = (~earlier).to(dtype)
-    non_degenerate = (flat.abs().max(dim=1).values >= MIN_DEVIATION).to(dtype)
-    in_range = ((disp >= -PIXEL_SLACK) & (disp <= 1 + PIXEL_SLACK)).to(dtype).mean(dim=1)
+    terms = {"distinct": (~earlier).to(dtype),
+             "non_degenerate": (flat.abs().max(dim=1).values >= MIN_DEVIATION).to(dtype),
+             "in_range": ((disp >= -PIXEL_SLACK) & (disp <= 1 + PIXEL_SLACK)).to(dtype).mean(dim=1)}
+    if view.task == "binary" and multipliers is not None:
+        model, _ = attack_model(view.model, next(view.model.parameters()).device, dtype)
+        with torch.no_grad():
+            margins = margin_fn(model(x), labels.to(dtype)).reshape(-1)
+        terms["margin_consistent"] = _margin_consistency(view, margins, multipliers.to(dtype), n_guess or view.n_train_hint or max(1, m // 2))
+    return terms
 
-    n = n_guess or view.n_train_hint or max(1, m // 2)
+
+def _margin_consistency(view, margins: torch.Tensor, lam: torch.Tensor, n: int) -> torch.Tensor:
     wd = view.weight_decay or 0.0
     active = lam > 1e-3 * lam.abs().median().clamp_min(1e-30)
     if wd > 0 and view.loss in (None, "logistic"):
@@ -103,9 +95,27 @@ def attacker_score(view, candidates: torch.Tensor, labels: torch.Tensor, multipl
         target = torch.ones_like(lam)
     pos = margins > 0
     ratio = torch.where(pos & ok, margins.clamp_min(1e-12) / target.clamp_min(1e-12), torch.ones_like(margins))
-    consistent = torch.where(pos & ok, torch.exp(-ratio.log().abs()), torch.zeros_like(margins))
+    return torch.where(pos & ok, torch.exp(-ratio.log().abs()), torch.zeros_like(margins))
 
-    per = distinct * non_degenerate * in_range * consistent
+
+def attacker_score(view, candidates: torch.Tensor, labels: torch.Tensor, multipliers: torch.Tensor,
+                   n_guess: int | None = None) -> dict[str, Any]:
+    """Score ``candidates`` (display space, shape ``(m, *input_shape)``) for ``view``.
+
+    Returns ``{"score", "explained", "plausible", "relative_stationarity", "distinct",
+    "non_degenerate", "in_range", "margin_consistent"}`` (shares are means over candidates).
+    """
+    check_scorable(view)
+    dtype = torch.float64
+    model, params = attack_model(view.model, next(view.model.parameters()).device, dtype)
+    theta2 = sum((p ** 2).sum() for p in params.values())
+    with torch.no_grad():
+        r = float(stationarity_residual(model, params, candidates.to(dtype) - view.mean.to(dtype), labels.to(dtype),
+                                        multipliers.to(dtype), None) / theta2)
+    if not math.isfinite(r):
+        r = float("inf")
+    t = candidate_terms(view, candidates, labels, multipliers, n_guess)
+    per = t["distinct"] * t["non_degenerate"] * t["in_range"] * t["margin_consistent"]
     explained = max(0.0, 1.0 - min(r, 1.0))
     plausible = float(per.mean())
     return {
@@ -113,10 +123,7 @@ def attacker_score(view, candidates: torch.Tensor, labels: torch.Tensor, multipl
         "explained": explained,
         "plausible": plausible,
         "relative_stationarity": r,
-        "distinct": float(distinct.mean()),
-        "non_degenerate": float(non_degenerate.mean()),
-        "in_range": float(in_range.mean()),
-        "margin_consistent": float(consistent.mean()),
+        **{k: float(v.mean()) for k, v in t.items()},
     }
 
 

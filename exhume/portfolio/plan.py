@@ -1,0 +1,107 @@
+"""The plan of a portfolio: which restarts run, each with its seed, variant and budget.
+
+A restart is one run of a registered attack from one seed (the attack knows nothing of the
+portfolio). Restart ``k`` gets seed ``seed + k`` and the variant ``variants[k % len(variants)]``
+(parameter overrides applied last); a time budget ``max_seconds`` for the whole portfolio is
+split into waves of ``workers`` restarts running side by side, so each restart gets
+``max_seconds / waves`` seconds. An iteration budget (``iterations=``) applies to each restart as
+it is: the same seed and iteration counts give the same candidates.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from exhume.errors import ConfigError
+from exhume.portfolio.variants import default_restarts, variants_for
+
+MAX_DEFAULT_WORKERS = 8
+
+
+@dataclass(frozen=True)
+class Restart:
+    index: int
+    seed: int
+    overrides: dict[str, Any]  # the variant: what differs from the caller's settings
+    kwargs: dict[str, Any] = field(default_factory=dict)  # every keyword argument of the attack
+
+    def record(self) -> dict[str, Any]:
+        return {"restart": self.index, "seed": self.seed, "overrides": self.overrides, "kwargs": self.kwargs}
+
+    @classmethod
+    def from_record(cls, rec: dict[str, Any]) -> "Restart":
+        return cls(int(rec["restart"]), int(rec["seed"]), dict(rec["overrides"]), dict(rec["kwargs"]))
+
+
+@dataclass(frozen=True)
+class Plan:
+    method: str
+    restarts: tuple[Restart, ...]
+    seed: int
+    max_seconds: float | None
+    workers: int
+
+    def record(self) -> dict[str, Any]:
+        return {"method": self.method, "seed": self.seed, "max_seconds": self.max_seconds, "workers": self.workers,
+                "restarts": [r.record() for r in self.restarts]}
+
+    @classmethod
+    def from_record(cls, rec: dict[str, Any]) -> "Plan":
+        return cls(rec["method"], tuple(Restart.from_record(r) for r in rec["restarts"]), int(rec["seed"]),
+                   rec.get("max_seconds"), int(rec.get("workers", 1)))
+
+    def key(self) -> str:
+        """What must match for two runs to share results (workers may differ)."""
+        return json.dumps({"method": self.method, "restarts": [r.record() for r in self.restarts]}, sort_keys=True, default=str)
+
+
+def default_workers() -> int:
+    """The local cores (``os.sched_getaffinity`` where it exists), at most 8."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, MAX_DEFAULT_WORKERS))
+
+
+def resolve_restarts(restarts: int | str | None, max_seconds: float | None, workers: int) -> int:
+    if restarts is None or restarts == "auto":
+        return default_restarts(max_seconds, workers)
+    if isinstance(restarts, str) and restarts.isdigit():
+        restarts = int(restarts)
+    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 1:
+        raise ConfigError(f"restarts must be a positive integer or 'auto', got {restarts!r}")
+    return restarts
+
+
+def make_plan(method: str, restarts: int | str | None, *, seed: int = 0, max_seconds: float | None = None,
+              workers: int | None = None, variants: list[dict[str, Any]] | None = None,
+              attack_kwargs: dict[str, Any] | None = None) -> Plan:
+    """The restarts of a portfolio; every restart's keyword arguments are validated here."""
+    from exhume.attacks import get_attack
+
+    workers = default_workers() if workers is None else workers
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"workers must be a positive integer, got {workers!r}")
+    if max_seconds is not None and not (isinstance(max_seconds, (int, float)) and max_seconds > 0 and math.isfinite(max_seconds)):
+        raise ConfigError(f"max_seconds must be a positive number of seconds, got {max_seconds!r}")
+    base = dict(attack_kwargs or {})
+    if "max_seconds" in base:
+        raise ConfigError("pass the portfolio's time budget as max_seconds=, not inside the attack's keyword arguments")
+    n = resolve_restarts(restarts, max_seconds, workers)
+    variants = variants_for(method) if variants is None else [dict(v) for v in variants]
+    if not variants or not all(isinstance(v, dict) for v in variants):
+        raise ConfigError(f"variants must be a non-empty list of dicts of {method} parameters, got {variants!r}")
+    waves = math.ceil(n / min(workers, n))
+    per = None if max_seconds is None else round(float(max_seconds) / waves, 3)
+    plan = []
+    for k in range(n):
+        over = variants[k % len(variants)]
+        kwargs = {**base, **({"max_seconds": per} if per is not None else {}), **over}
+        get_attack(method, **kwargs)  # an invalid variant or setting fails here, before anything runs
+        plan.append(Restart(k, int(seed) + k, over, kwargs))
+    return Plan(method, tuple(plan), int(seed), None if max_seconds is None else float(max_seconds), workers)

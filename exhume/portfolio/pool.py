@@ -1,0 +1,158 @@
+"""Pooling the restarts of a portfolio into one :class:`~exhume.attacks.Reconstruction`.
+
+1. **Concatenate** every restart's candidates, labels and per-candidate scores (λ).
+2. **Rank** each candidate attacker-side (weights and candidates only, never the training set):
+   ``rank = explained(restart) × plausibility(candidate)``, where ``explained = 1 − min(r, 1)``
+   with ``r`` the restart's final relative stationarity residual (how much of the weights its
+   candidates explain; 1 when the attack reports none), and the plausibility is the product of
+   the per-candidate terms of :func:`exhume.tune.score.candidate_terms` (not shrunk to the data
+   mean, inside the pixel range, and, for binary tasks with multipliers, a margin consistent
+   with its λ).
+3. **Merge near-duplicates**: two candidates with the same label whose display-space images
+   (clipped to [0, 1], as the evaluator sees them) have a normalised cross-correlation (Pearson
+   correlation of the pixels) above ``DUPLICATE_NCC = 0.95`` are one image; going down the
+   ranking, a candidate that is a near-duplicate of one already kept is dropped and counted on
+   the kept one (``provenance["merged"]``, and ``provenance["members"][i, k]`` is true when
+   restart ``k`` produced candidate ``i`` or one of its merged duplicates).
+4. **Sort** best-first by rank.
+
+Per-candidate provenance (``Reconstruction.provenance``): ``restart``, ``index`` (within its
+restart), ``iteration`` (of the kept iterate), ``merged``, ``members`` (candidates × restarts)
+and ``rank``. ``config["portfolio"]`` holds every restart's seed, variant, iterations, seconds
+and status, and the summary flags starved restarts (:func:`starved`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import torch
+
+from exhume.attacks import Reconstruction
+from exhume.evaluation.matching import ncc_matrix
+
+DUPLICATE_NCC = 0.95
+STARVED_SHARE = 0.5
+DEDUP_NOTE = (f"candidates with the same label whose clipped display-space images correlate (Pearson, NCC) above "
+              f"{DUPLICATE_NCC} are merged; the better-ranked one is kept")
+RANK_NOTE = ("attacker-side: (1 - min(r, 1)) of the candidate's restart (r: its final relative stationarity residual) x the "
+             "candidate's plausibility (not shrunk to the data mean, in the pixel range, margin consistent with its multiplier)")
+
+
+def starved(iterations: dict[int, int], share: float = STARVED_SHARE) -> list[int]:
+    """Restarts that ran fewer than ``share`` × the median iterations of all restarts (needs 2 or more)."""
+    if len(iterations) < 2:
+        return []
+    med = statistics.median(iterations.values())
+    return sorted(k for k, it in iterations.items() if it < share * med)
+
+
+def near_duplicates(candidates: torch.Tensor, labels: torch.Tensor, order: torch.Tensor,
+                    threshold: float = DUPLICATE_NCC) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy merge going down ``order``: ``(kept indices in order, owner of every candidate)``."""
+    m = candidates.shape[0]
+    sim = ncc_matrix(candidates.float().clamp(0, 1), candidates.float().clamp(0, 1))
+    same = labels.reshape(m, -1)
+    same_label = (same[:, None, :] == same[None, :, :]).all(dim=-1)
+    dup = (sim > threshold) & same_label
+    owner = torch.full((m,), -1, dtype=torch.long)
+    kept = []
+    for i in order.tolist():
+        if owner[i] >= 0:
+            continue
+        owner[i] = i
+        kept.append(i)
+        free = (owner < 0) & dup[i]
+        owner[free] = i
+    return torch.tensor(kept, dtype=torch.long), owner
+
+
+def rank_scores(view, recon: Reconstruction) -> torch.Tensor:
+    """The attacker-side rank of each candidate of one restart (higher is better)."""
+    from exhume.tune.score import candidate_terms
+
+    terms = candidate_terms(view, recon.candidates, recon.labels, recon.scores, recon.config.get("n_guess"))
+    r = recon.summary.get("final_relative_stationarity")
+    explained = 1.0 if r is None else max(0.0, 1.0 - min(float(r), 1.0))
+    per = terms["non_degenerate"] * terms["in_range"]
+    if "margin_consistent" in terms:
+        per = per * terms["margin_consistent"]
+    return (explained * per).float()
+
+
+def _concat(results: list[tuple[Any, Reconstruction]], view) -> dict[str, torch.Tensor]:
+    parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("candidates", "labels", "scores", "restart", "index", "iteration", "rank")}
+    for restart, rec in results:
+        m = rec.candidates.shape[0]
+        parts["candidates"].append(rec.candidates.float())
+        parts["labels"].append(rec.labels)
+        parts["scores"].append(rec.scores.float() if rec.scores is not None else torch.full((m,), float("nan")))
+        parts["restart"].append(torch.full((m,), restart.index, dtype=torch.long))
+        parts["index"].append(torch.arange(m))
+        it = rec.provenance.get("iteration")
+        parts["iteration"].append(it.long() if it is not None else torch.full((m,), int(rec.summary.get("iterations", -1))))
+        parts["rank"].append(rank_scores(view, rec))
+    return {k: torch.cat(v) for k, v in parts.items()}
+
+
+def pool(view, plan, results: dict[int, Reconstruction], records: dict[int, dict[str, Any]],
+         threshold: float = DUPLICATE_NCC) -> Reconstruction:
+    """One Reconstruction from the restarts' ``results`` (by restart index), with provenance."""
+    done = [(r, results[r.index]) for r in plan.restarts if r.index in results]
+    if not done:
+        from exhume.errors import ExhumeError
+
+        raise ExhumeError("no restart of the portfolio finished; nothing to pool")
+    cat = _concat(done, view)
+    order = torch.argsort(-cat["rank"], stable=True)
+    kept, owner = near_duplicates(cat["candidates"], cat["labels"], order, threshold)
+    n_restarts = len(plan.restarts)
+    members = torch.zeros(cat["candidates"].shape[0], n_restarts, dtype=torch.bool)
+    members[owner, cat["restart"]] = True
+    merged = torch.bincount(owner, minlength=owner.shape[0]) - 1
+    provenance = {"restart": cat["restart"][kept], "index": cat["index"][kept], "iteration": cat["iteration"][kept],
+                  "merged": merged[kept], "members": members[kept], "rank": cat["rank"][kept]}
+    has_scores = all(rec.scores is not None for _, rec in done)
+    table = [records[r.index] for r in plan.restarts]
+    iters = {k: rec["iterations"] for k, rec in enumerate(table) if rec.get("status") == "complete"}
+    summary = {
+        "iterations": sum(iters.values()),
+        "seconds": round(sum(rec.get("seconds", 0.0) for rec in table), 3),
+        "restarts": n_restarts,
+        "restarts_complete": len(done),
+        "iterations_per_restart": [rec.get("iterations") for rec in table],
+        "seconds_per_restart": [rec.get("seconds") for rec in table],
+        "starved_restarts": starved(iters),
+        "starved_rule": f"fewer than {STARVED_SHARE:g} x the median iterations of the restarts",
+        "candidates_before_merge": int(cat["candidates"].shape[0]),
+        "candidates": int(kept.shape[0]),
+        "final_relative_stationarity_per_restart": [rec.get("final_relative_stationarity") for rec in table],
+    }
+    return Reconstruction(
+        method=plan.method, candidates=cat["candidates"][kept], labels=cat["labels"][kept],
+        scores=cat["scores"][kept] if has_scores else None, config=_config(plan, done, table, threshold),
+        seed=plan.seed, summary=summary, provenance=provenance)
+
+
+def _config(plan, done, table, threshold: float) -> dict[str, Any]:
+    """The settings all restarts share, and the portfolio table (per-restart seeds, variants, budgets)."""
+    configs = [rec.config for _, rec in done]
+    common = {k: v for k, v in configs[0].items() if all(k in c and c[k] == v for c in configs[1:])}
+    varied = sorted({k for c in configs for k in c} - set(common))
+    return {**common, "portfolio": {
+        "restarts": table, "varied_settings": varied, "max_seconds": plan.max_seconds, "workers": plan.workers,
+        "merge": DEDUP_NOTE if threshold == DUPLICATE_NCC else DEDUP_NOTE.replace(str(DUPLICATE_NCC), str(threshold)),
+        "merge_threshold": threshold, "rank": RANK_NOTE}}
+
+
+def restart_record(restart, recon: Reconstruction | None, status: str, host: str | None = None) -> dict[str, Any]:
+    """One row of ``config["portfolio"]["restarts"]``."""
+    row: dict[str, Any] = {"restart": restart.index, "seed": restart.seed, "overrides": restart.overrides, "status": status}
+    if recon is not None:
+        row.update(iterations=int(recon.summary.get("iterations", 0)), seconds=recon.summary.get("seconds"),
+                   candidates=int(recon.candidates.shape[0]),
+                   final_relative_stationarity=recon.summary.get("final_relative_stationarity"))
+    if host is not None:
+        row["host"] = host
+    return row

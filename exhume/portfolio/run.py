@@ -1,0 +1,109 @@
+"""``run_portfolio``: spend one budget on several restarts of an attack and pool their candidates."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from exhume.attacks import Reconstruction
+from exhume.errors import ConfigError
+from exhume.portfolio.plan import Plan, make_plan
+from exhume.portfolio.pool import pool
+from exhume.portfolio.store import LocalStore
+
+DEFAULT_STUDY = "exhume-portfolio"
+
+
+def as_view(victim):
+    from exhume.victim import AttackerView, Victim
+
+    view = victim.attacker_view() if isinstance(victim, Victim) else victim
+    if not isinstance(view, AttackerView):
+        raise ConfigError(f"a portfolio needs a Victim or AttackerView, got {type(victim).__name__}")
+    return view
+
+
+def run_portfolio(victim, method: str = "kkt", *, max_seconds: float | None = None, restarts: int | str | None = None,
+                  workers: int | None = None, seed: int = 0, out: str | Path | None = None, resume: bool = False,
+                  storage: str | None = None, study_name: str | None = None, variants: list[dict[str, Any]] | None = None,
+                  device: str = "cpu", progress: bool = True, **attack_kwargs: Any) -> Reconstruction:
+    """Run ``restarts`` restarts of the attack ``method`` and return one pooled Reconstruction.
+
+    Each restart is one run of the registered attack from its own seed (``seed + k``) with the
+    variant ``variants[k % len]`` (default :data:`exhume.portfolio.variants.DEFAULT_VARIANTS`)
+    applied over ``attack_kwargs``; ``max_seconds`` is the budget of the whole portfolio, split
+    over waves of ``workers`` parallel restarts (default: the local cores, at most 8); an
+    ``iterations=`` budget applies to each restart. ``restarts``: a number, or ``"auto"``/None
+    (:func:`exhume.portfolio.variants.default_restarts`).
+
+    With ``out``, every restart is stored in ``OUT/restarts/<k>/`` as soon as it finishes and the
+    pooled result in ``OUT``; ``resume=True`` reuses the finished restarts and continues an
+    interrupted one from its checkpoint. With ``storage`` (an Optuna/SQLAlchemy URL such as
+    ``postgresql://…`` or ``sqlite:///…``), restarts are claimed from a study named ``study_name``
+    by every process that joins it (:func:`exhume.portfolio.shared.portfolio_worker` on other
+    machines) and their results are stored in that database, from which this call pools.
+    """
+    from exhume.api import check_device
+
+    check_device(device)
+    view = as_view(victim)
+    plan = make_plan(method, restarts, seed=seed, max_seconds=max_seconds, workers=workers, variants=variants,
+                     attack_kwargs=attack_kwargs)
+    t0 = time.perf_counter()
+    if storage is None:
+        results, rows = run_local(view, plan, out, resume, device, progress)
+    else:
+        from exhume.portfolio.shared import run_shared
+
+        plan, results, rows = run_shared(view, plan, storage, study_name or DEFAULT_STUDY, out, resume, device, progress)
+    recon = pool(view, plan, results, rows)
+    recon.summary["restart_seconds_total"] = recon.summary["seconds"]
+    recon.summary["seconds"] = round(time.perf_counter() - t0, 3)
+    if storage is not None:
+        recon.config["portfolio"]["study"] = study_name or DEFAULT_STUDY
+    victim_path = getattr(victim, "path", None)
+    if victim_path is not None:
+        recon.victim_path = str(victim_path)
+    if out is not None:
+        recon.save(out)
+    return recon
+
+
+def run_local(view, plan: Plan, out, resume: bool, device: str, progress: bool):
+    """Run the plan's unfinished restarts on this machine; returns ``(results, rows)`` by restart index."""
+    from tqdm.auto import tqdm
+
+    from exhume.portfolio.runner import run_pending
+
+    store = LocalStore(out)
+    results: dict[int, Reconstruction] = {}
+    rows: dict[int, dict[str, Any]] = {}
+    pending = []
+    for r in plan.restarts:
+        got = store.load(r) if resume else None
+        if got is None:
+            pending.append(r)
+            continue
+        if got[0] is not None:
+            results[r.index] = got[0]
+        rows[r.index] = {**got[1], "reused": True}
+    parallel = min(plan.workers, len(pending)) > 1
+    bar = tqdm(total=len(plan.restarts), initial=len(plan.restarts) - len(pending), desc=f"{plan.method} portfolio",
+               unit="restart", disable=not (progress and parallel))
+
+    def done(k: int, recon, row) -> None:
+        if recon is not None:
+            results[k] = recon
+        rows[k] = row
+        bar.update(1)
+        bar.set_postfix({"last": f"#{k} {row.get('iterations', row['status'])} it"}, refresh=False)
+
+    try:
+        run_pending(view, plan, pending, store, plan.workers, resume, device, progress and not parallel, done)
+    finally:
+        bar.close()
+    if not results:
+        errors = sorted({row.get("error", row["status"]) for row in rows.values()})
+        raise ConfigError(f"no restart of the {plan.method} portfolio finished: {'; '.join(errors)}")
+    return results, rows

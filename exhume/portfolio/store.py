@@ -1,0 +1,147 @@
+"""Where a portfolio keeps its restarts' results, so that nothing finished is ever run again.
+
+**Local** (:class:`LocalStore`): ``OUT/restarts/<k>/`` holds restart ``k``'s checkpoints while it
+runs, then its ``reconstruction.*`` (:meth:`Reconstruction.save`) and ``restart.json`` (its plan
+record and its row of the portfolio table), written last: a restart counts as finished only when
+``restart.json`` is there and records the same settings as the plan asks for.
+
+**Shared** (:class:`ResultTable`): the results of a portfolio spread over machines live in the
+study's database itself, in a table ``exhume_portfolio_result`` (created through SQLAlchemy next
+to Optuna's tables): one row per finished restart with its reconstruction's JSON and its tensors
+as safetensors bytes. Any machine can pool from there; no result stays on the disk of the machine
+that ran it. Restarts are claimed through the Optuna study (:mod:`exhume.portfolio.shared`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from exhume.attacks import Reconstruction, load_reconstruction
+from exhume.errors import ConfigError, ExhumeError
+
+TABLE = "exhume_portfolio_result"
+
+
+class LocalStore:
+    """Restart folders under ``out/restarts`` (or nothing at all when ``out`` is None)."""
+
+    def __init__(self, out: str | Path | None) -> None:
+        self.root = None if out is None else Path(out) / "restarts"
+
+    def folder(self, k: int) -> Path | None:
+        return None if self.root is None else self.root / str(k)
+
+    def load(self, restart) -> tuple[Reconstruction | None, dict[str, Any]] | None:
+        """The stored result of ``restart`` if it finished (or failed) with the same settings, else None."""
+        folder = self.folder(restart.index)
+        if folder is None or not (folder / "restart.json").is_file():
+            return None
+        try:
+            saved = json.loads((folder / "restart.json").read_text())
+        except (json.JSONDecodeError, OSError) as e:
+            raise ExhumeError(f"{folder / 'restart.json'} is not readable ({e}); delete the folder to run that restart again") from None
+        if saved.get("plan") != json.loads(json.dumps(restart.record())):
+            return None  # other settings: run it again (its checkpoint decides whether it can resume)
+        if saved["row"].get("status") != "complete":
+            return None, saved["row"]
+        return load_reconstruction(folder), saved["row"]
+
+    def save(self, restart, recon: Reconstruction | None, row: dict[str, Any]) -> None:
+        folder = self.folder(restart.index)
+        if folder is None:
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        if recon is not None:
+            recon.save(folder)
+        tmp = folder / "restart.json.tmp"
+        tmp.write_text(json.dumps({"plan": restart.record(), "row": row}, indent=2, default=str))
+        os.replace(tmp, folder / "restart.json")
+
+
+def engine_url(url: str) -> str:
+    """The SQLAlchemy URL Optuna's storage uses for ``url`` (psycopg2 when psycopg 3 is absent)."""
+    if url.startswith("postgresql://"):
+        import importlib.util
+
+        if importlib.util.find_spec("psycopg") is None:
+            return "postgresql+psycopg2://" + url[len("postgresql://"):]
+    return url
+
+
+class ResultTable:
+    """Finished restarts of one study, stored in the study's database."""
+
+    def __init__(self, url: str, study_name: str) -> None:
+        import sqlalchemy as sa
+
+        self.study = study_name
+        url = engine_url(url)
+        kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+        self.engine = sa.create_engine(url, **kwargs)
+        meta = sa.MetaData()
+        self.table = sa.Table(
+            TABLE, meta,
+            sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+            sa.Column("study", sa.String(512), nullable=False, index=True),
+            sa.Column("restart", sa.Integer, nullable=False),
+            sa.Column("trial", sa.Integer, nullable=True),
+            sa.Column("host", sa.String(256), nullable=True),
+            sa.Column("meta", sa.Text, nullable=False),
+            sa.Column("tensors", sa.LargeBinary, nullable=False),
+        )
+        for attempt in range(6):  # workers started together race to create the table
+            try:
+                meta.create_all(self.engine, checkfirst=True)
+                break
+            except Exception as e:  # noqa: BLE001 - IntegrityError / ProgrammingError from the loser of the race
+                if attempt == 5:
+                    raise ConfigError(f"cannot create the table {TABLE} in the study storage: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+                import time
+
+                time.sleep(0.3 * (attempt + 1))
+
+    def save(self, restart: int, recon: Reconstruction | None, row: dict[str, Any], trial: int | None, host: str | None) -> None:
+        """Store one finished restart (a failed one as its row and no tensors)."""
+        from safetensors.torch import save as to_bytes
+
+        meta = json.dumps({"reconstruction": None if recon is None else recon.meta(), "row": row}, default=str)
+        blob = b"" if recon is None else to_bytes(recon.tensors())
+        with self.engine.begin() as conn:
+            conn.execute(self.table.insert().values(study=self.study, restart=restart, trial=trial, host=host,
+                                                    meta=meta, tensors=blob))
+
+    def finished(self) -> set[int]:
+        import sqlalchemy as sa
+
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(self.table.c.restart).where(self.table.c.study == self.study))
+            return {int(r[0]) for r in rows}
+
+    def load_all(self) -> dict[int, tuple[Reconstruction | None, dict[str, Any]]]:
+        """Every finished restart (the first row stored when a restart ran twice); None for a failed one."""
+        import sqlalchemy as sa
+        from safetensors.torch import load as from_bytes
+
+        out: dict[int, tuple[Reconstruction, dict[str, Any]]] = {}
+        query = sa.select(self.table).where(self.table.c.study == self.study).order_by(self.table.c.id)
+        with self.engine.connect() as conn:
+            for row in conn.execute(query):
+                if int(row.restart) in out:
+                    continue
+                try:
+                    meta = json.loads(row.meta)
+                    if meta["reconstruction"] is None:
+                        out[int(row.restart)] = (None, meta["row"])
+                        continue
+                    tensors = from_bytes(bytes(row.tensors))
+                except Exception as e:  # noqa: BLE001 - a corrupt row is one clear error
+                    raise ExhumeError(f"restart {row.restart} of study {self.study!r}: its stored result is unreadable ({e})") from None
+                recon = Reconstruction.from_parts(meta["reconstruction"], tensors, f"restart {row.restart} of study {self.study!r}")
+                out[int(row.restart)] = (recon, meta["row"])
+        return out
+
+    def dispose(self) -> None:
+        self.engine.dispose()
