@@ -54,6 +54,13 @@ def evaluate(recon, victim, pool_size: int = 1000, match: str = "ssim", out: str
         control, pool = unseen.x[order[:n_control]], unseen.x[order[n_control:]]
     candidates = recon.candidates.float().clamp(0, 1)
     result = evaluate_images(candidates, train.x, pool, margins=training_margins(victim, train), match=match)
+    members = getattr(recon, "provenance", {}).get("members")
+    if members is not None and "memorised" in result.arrays:
+        from exhume.evaluation.restarts import restart_breakdown
+
+        extra, arrays = restart_breakdown(candidates, train.x, result.arrays["pool_ssim"], members, result.arrays["memorised"], match)
+        result.metrics.update(extra)
+        result.arrays.update(arrays)
     if control is not None and len(control) > 0:
         ctrl = evaluate_images(candidates, control, pool, match=match)
         result.metrics["memorised_control"] = ctrl.metrics["memorised"]
@@ -111,6 +118,10 @@ def summary_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
         if metrics.get("memorised_control") is not None:
             rows.append((f"  same count for {metrics['control_size']} unseen images (control)",
                          f"{metrics['memorised_control']} / {metrics['control_size']}"))
+        if metrics.get("memorised_found_by") is not None:
+            hist = metrics["memorised_found_by"]
+            rows.append(("  memorised images found by k restarts", ", ".join(f"k={k}: {v}" for k, v in hist.items()) or "none"))
+            rows.append(("  memorised per restart", " ".join(str(c) for c in metrics["memorised_per_restart"])))
     cfg = (metrics.get("attack") or {}).get("config") or {}
     if cfg.get("oracle_init"):
         rows.append(("initialisation", f"{cfg.get('init')} (ORACLE: built from the victim's data)"))

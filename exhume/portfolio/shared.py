@@ -32,8 +32,11 @@ STUDY_WAIT_SECONDS = 120.0
 
 def _open(storage: str, out, study_name: str, plan: Plan | None):
     """The study (created with ``plan`` if it does not exist yet) and its plan."""
+    import warnings
+
     optuna = _optuna()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # heartbeats, fail_stale_trials
     rdb = make_storage(storage, Path(out or "."), HEARTBEAT_INTERVAL, GRACE_PERIOD)
     if plan is not None:
         try:

@@ -176,6 +176,7 @@ def render(run: str | Path) -> str:
     parts.append("<h2>The model (victim)</h2>" + _rows(vrows))
 
     cfg = dict(attack.get("config") or {})
+    portfolio = cfg.pop("portfolio", None)
     arows = [("method", attack.get("method"), False), ("seed", attack.get("seed"), False),
              ("iterations run", attack.get("iterations"), False), ("seconds", attack.get("seconds"), False),
              ("final relative stationarity residual", attack.get("final_relative_stationarity"), False)]
@@ -185,6 +186,8 @@ def render(run: str | Path) -> str:
         parts.append(f"<p class=\"verdict\">This run started from an oracle initialisation ({_e(cfg.get('init'))}) built from real data: "
                      "its numbers do not describe an attacker who has the weights only.</p>")
 
+    if isinstance(portfolio, dict):
+        parts.append(_portfolio_section(portfolio, attack, metrics))
     parts.append("<h2>Figures</h2>")
     for fname, title, caption in FIGURES:
         p = ev / fname
@@ -194,6 +197,34 @@ def render(run: str | Path) -> str:
             parts.append(f"<p class=\"note\">{_e(title)}: figure {_e(fname)} not found in {_e(ev)}.</p>")
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _portfolio_section(portfolio: dict[str, Any], attack: dict[str, Any], metrics: dict[str, Any]) -> str:
+    """The restarts of a pooled run: each one's seed, variant and budget, starved ones, and who found what."""
+    from exhume.portfolio.report import restart_rows, starved_warnings
+
+    per = metrics.get("memorised_per_restart") or []
+    head = ["restart", "seed", "variant", "iterations", "seconds", "stationarity", "status"] + (["memorised (own candidates)"] if per else [])
+    body = []
+    for i, row in enumerate(restart_rows(portfolio)):
+        cells = [row[h] for h in head[:7]] + ([per[i] if i < len(per) else None] if per else [])
+        starved = row["restart"] in (attack.get("starved_restarts") or [])
+        body.append("<tr" + (' class="starved"' if starved else "") + ">" + "".join(
+            f"<td class=\"num\">{_e(_fmt(c))}{' (starved)' if starved and j == 3 else ''}</td>" for j, c in enumerate(cells)) + "</tr>")
+    out = [f"<h2 id=\"restarts\">Restarts</h2><p class=\"note\">This result pools {_e(attack.get('candidates'))} candidates from "
+           f"{_e(attack.get('restarts_complete'))} of {_e(attack.get('restarts'))} restarts of the attack "
+           f"({_e(attack.get('candidates_before_merge'))} before near-duplicates were merged: {_e(portfolio.get('merge'))}). "
+           f"Candidates are sorted by an attacker-side rank ({_e(portfolio.get('rank'))}).</p>",
+           "<table><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr>" + "".join(body) + "</table>"]
+    for line in starved_warnings(attack):
+        out.append(f"<p class=\"verdict\" id=\"starved\">{_e(line)}</p>")
+    hist = metrics.get("memorised_found_by")
+    if hist is not None:
+        text = ", ".join(f"{v} by {k} restart{'s' if k != '1' else ''}" for k, v in hist.items()) or "none"
+        out.append(f"<p id=\"found-by\">Memorised training images found by how many restarts (each restart's own candidates "
+                   f"against the same unseen pool): {_e(text)}. The control count above is computed on the pooled candidates, "
+                   f"so pooling cannot add matches on non-members unseen.</p>")
+    return "\n".join(out)
 
 
 def write_report(run: str | Path, out: str | Path | None = None, against: str | Path | None = None,

@@ -1,0 +1,259 @@
+"""The restart portfolio: pooling and merging, provenance through save/load, resume mid-portfolio,
+reproducibility, starved restarts, parallel workers with a user's own module, shared studies
+(SQLite always, PostgreSQL when EXHUME_TEST_POSTGRES is set), and the CLI round trip."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import exhume
+from exhume.attacks import Reconstruction, get_attack, load_reconstruction
+from exhume.cli import main
+from exhume.portfolio import make_plan, pool, run_portfolio, starved
+from exhume.portfolio.report import summary_lines
+from exhume.victim import AttackerView, TrainConfig, make_victim
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = {"iterations": 40, "lr": 0.5, "checkpoint_every": 10}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread here, like each forked worker: fast on a busy machine, and comparable bit for bit."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def victim_dir(tmp_path_factory):
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("portfolio") / "victim"
+    cfg = TrainConfig(loss="logistic", optimizer="gd", lr=0.2, weight_decay=5e-3, max_epochs=300, max_seconds=10)
+    make_victim("mnist", "odd-even", 10, "mlp:32;bias=none;init=1e-3", cfg, seed=0, progress=False, test_size=50).save(folder)
+    torch.set_num_threads(before)
+    return folder
+
+
+# -- pooling on hand-made candidates -------------------------------------------------------------
+
+class TwoLayer(nn.Module):
+    """A user's own module (no exhume builder): used by the hand-made and the parallel tests."""
+
+    def __init__(self, d: int = 64, h: int = 16) -> None:
+        super().__init__()
+        self.a = nn.Linear(d, h, bias=False)
+        self.b = nn.Linear(h, 1, bias=False)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x.flatten(1)))).squeeze(-1)
+
+
+def _view(seed: int = 0) -> AttackerView:
+    torch.manual_seed(seed)
+    return AttackerView(model=TwoLayer(), task="binary", input_shape=(1, 8, 8), mean=torch.full((1, 8, 8), 0.3),
+                        loss="logistic", weight_decay=1e-2, n_train_hint=4)
+
+
+def _recon(images, labels, residual: float) -> Reconstruction:
+    return Reconstruction(method="kkt", candidates=images, labels=torch.tensor(labels, dtype=torch.float32),
+                          scores=torch.full((len(labels),), 0.5), config={"m": len(labels), "alpha": 19.0}, seed=0,
+                          summary={"iterations": 100, "seconds": 1.0, "final_relative_stationarity": residual})
+
+
+def test_pool_merges_near_duplicates_keeps_provenance_and_round_trips(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    a, b, c = (torch.rand(1, 1, 8, 8, generator=g) for _ in range(3))
+    near_a = (a + 0.01 * torch.randn(1, 1, 8, 8, generator=g)).clamp(0, 1)
+    r0 = _recon(torch.cat([a, b]), [1, -1], residual=0.2)
+    r1 = _recon(torch.cat([near_a, near_a, c]), [1, -1, 1], residual=0.6)  # the 2nd copy has the other label: kept
+    plan = make_plan("kkt", 2, seed=5, variants=[{}, {"alpha": 10.0}], attack_kwargs={"iterations": 100})
+    rows = {0: {"restart": 0, "status": "complete", "iterations": 100, "seconds": 1.0},
+            1: {"restart": 1, "status": "complete", "iterations": 100, "seconds": 1.0}}
+    out = pool(_view(), plan, {0: r0, 1: r1}, rows)
+    assert out.summary["candidates_before_merge"] == 5 and out.candidates.shape[0] == 4
+    p = out.provenance
+    assert torch.all(p["rank"][:-1] >= p["rank"][1:]), "sorted best-first by the attacker-side rank"
+    merged = torch.nonzero(p["merged"] == 1).flatten().tolist()
+    assert len(merged) == 1
+    i = merged[0]
+    assert p["members"][i].tolist() == [True, True] and out.labels[i] == 1
+    from exhume.portfolio.pool import rank_scores
+
+    view = _view()
+    first_rank = {0: rank_scores(view, r0)[0], 1: rank_scores(view, r1)[0]}  # a and its near-copy are both candidate 0
+    kept = p["restart"][i].item()
+    assert p["index"][i] == 0 and first_rank[kept] >= first_rank[1 - kept], "the better-ranked copy is kept"
+    assert sorted(zip(p["restart"].tolist(), p["index"].tolist())) == sorted([(kept, 0), (0, 1), (1, 1), (1, 2)])
+    assert out.seed == 5 and out.config["alpha"] == 19.0
+    assert out.config["portfolio"]["varied_settings"] == ["m"] and out.config["portfolio"]["merge_threshold"] == 0.95
+    out.save(tmp_path / "pooled")
+    back = load_reconstruction(tmp_path / "pooled")
+    assert set(back.provenance) == {"restart", "index", "iteration", "merged", "members", "rank"}
+    for k, v in out.provenance.items():
+        assert torch.equal(back.provenance[k], v), k
+    assert back.config["portfolio"] == json.loads(json.dumps(out.config["portfolio"]))
+
+
+def test_starved_rule():
+    assert starved({0: 1000, 1: 900, 2: 300}) == [2]
+    assert starved({0: 1000, 1: 600}) == [] and starved({0: 5}) == []
+
+
+# -- real restarts on a tiny victim --------------------------------------------------------------
+
+def test_resume_mid_portfolio_runs_only_the_rest_and_matches_an_uninterrupted_run(victim_dir, tmp_path, monkeypatch):
+    victim = exhume.load_victim(victim_dir)
+    whole = run_portfolio(victim, restarts=3, workers=1, out=tmp_path / "whole", progress=False, **FAST)
+    again = run_portfolio(victim, restarts=3, workers=1, progress=False, **FAST)
+    assert torch.equal(whole.candidates, again.candidates), "same seed and iteration counts, same pooled candidates"
+    assert whole.summary["iterations_per_restart"] == [40, 40, 40]
+
+    import exhume.portfolio.runner as runner
+
+    real = runner.run_restart
+    calls: list[tuple[int, bool]] = []
+
+    def interrupted(view, method, restart, folder, resume, device, progress):
+        calls.append((restart.index, resume))
+        if restart.index == 2:  # restart 2 gets 20 of its 40 iterations, then the user presses Ctrl-C
+            get_attack(method, **{**restart.kwargs, "iterations": 20}).run(view, out=folder, seed=restart.seed, progress=False)
+            raise KeyboardInterrupt
+        return real(view, method, restart, folder, resume, device, progress)
+
+    monkeypatch.setattr(runner, "run_restart", interrupted)
+    out = tmp_path / "cut"
+    with pytest.raises(KeyboardInterrupt):
+        run_portfolio(victim, restarts=3, workers=1, out=out, progress=False, **FAST)
+    assert (out / "restarts" / "1" / "restart.json").is_file() and not (out / "restarts" / "2" / "restart.json").exists()
+    assert (out / "restarts" / "2" / "checkpoint.pt").is_file()
+    calls.clear()
+    monkeypatch.setattr(runner, "run_restart", lambda *a: calls.append((a[2].index, a[4])) or real(*a))
+    resumed = run_portfolio(victim, restarts=3, workers=1, out=out, resume=True, progress=False, **FAST)
+    assert calls == [(2, True)], "only the unfinished restart ran, from its checkpoint"
+    assert torch.equal(resumed.candidates, whole.candidates)
+    for k, v in whole.provenance.items():
+        assert torch.equal(resumed.provenance[k], v), k
+    assert [r.get("reused", False) for r in resumed.config["portfolio"]["restarts"]] == [True, True, False]
+    assert torch.equal(load_reconstruction(out).candidates, whole.candidates)
+
+
+def test_starved_restart_is_flagged(victim_dir):
+    victim = exhume.load_victim(victim_dir)
+    r = run_portfolio(victim, restarts=3, workers=1, progress=False, variants=[{}, {}, {"max_seconds": 0.0}],
+                      **{**FAST, "iterations": 20})
+    assert r.summary["iterations_per_restart"] == [20, 20, 1]
+    assert r.summary["starved_restarts"] == [2]
+    lines = summary_lines(r.summary, r.config["portfolio"])
+    assert any(line.startswith("warning: restart 2 ran 1 iterations") for line in lines)
+    assert "max_seconds" in r.config["portfolio"]["varied_settings"]
+
+
+def test_parallel_workers_take_a_users_module(monkeypatch):
+    view = _view(1)
+    kw = {"iterations": 30, "m": 6, "lr": 0.05}
+    one = run_portfolio(view, restarts=2, workers=1, progress=False, **kw)
+    forked = run_portfolio(view, restarts=2, workers=2, progress=False, **kw)
+    assert torch.equal(one.candidates, forked.candidates)
+    import exhume.portfolio.runner as runner
+
+    monkeypatch.setattr(runner, "start_method", lambda device: "spawn")  # a fresh interpreter imports this test module
+    spawned = run_portfolio(view, restarts=2, workers=2, progress=False, **kw)  # (the path for GPUs and macOS)
+    assert torch.allclose(one.candidates, spawned.candidates, atol=1e-4)  # spawned workers may run more threads
+    assert sorted(spawned.provenance["restart"].unique().tolist()) == [0, 1]
+
+
+def test_restarts_one_is_exactly_one_run(victim_dir, tmp_path):
+    victim = exhume.load_victim(victim_dir)
+    single = exhume.attack(victim, "kkt", seed=3, restarts=1, progress=False, iterations=40)
+    direct = get_attack("kkt", iterations=40).run(victim.attacker_view(), seed=3, progress=False)
+    assert torch.equal(single.candidates, direct.candidates) and single.provenance == {}
+    assert "portfolio" not in single.config
+    pooled = exhume.attack(victim, "kkt", seed=3, restarts=2, workers=1, progress=False, iterations=40)
+    assert pooled.config["portfolio"]["restarts"][0]["seed"] == 3 and pooled.summary["restarts"] == 2
+    with pytest.raises(exhume.ExhumeError, match="restarts=1"):
+        exhume.attack(victim, "kkt", init="noise", restarts=2, progress=False)
+
+
+def test_cli_round_trip(victim_dir, tmp_path, capsys):
+    a = tmp_path / "attack"
+    assert main(["attack", str(victim_dir), "-o", str(a), "--restarts", "2", "--workers", "1", "--iterations", "30",
+                 "-p", "lr=0.5", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "pooled" in out and "restart  seed  variant" in out
+    assert (a / "restarts" / "1" / "reconstruction.safetensors").is_file()
+    assert main(["evaluate", str(a), "--against", str(victim_dir), "--pool-size", "50"]) == 0
+    assert "memorised per restart" in capsys.readouterr().out
+    metrics = json.loads((a / "evaluation" / "metrics.json").read_text())
+    assert len(metrics["memorised_per_restart"]) == 2
+    assert sum(metrics["memorised_found_by"].values()) == metrics["memorised"], "every memorised image is found by >= 1 restart"
+    assert main(["report", str(a)]) == 0
+    page = (a / "report.html").read_text()
+    assert 'id="restarts"' in page and 'id="found-by"' in page
+    assert main(["attack", str(victim_dir), "-o", str(a), "--restarts", "0"]) == 2
+    assert "--restarts expects a positive integer" in capsys.readouterr().err
+    assert main(["attack", str(victim_dir), "-o", str(a), "--worker"]) == 2
+    assert "--worker needs --storage" in capsys.readouterr().err
+
+
+# -- one study, two workers ----------------------------------------------------------------------
+
+def _dsn() -> str:
+    dsn = os.environ.get("EXHUME_TEST_POSTGRES")
+    if dsn:
+        return dsn
+    msg = "EXHUME_TEST_POSTGRES is not set (a postgresql:// URL of a scratch database; .ci/run starts one)"
+    if os.environ.get("CI"):
+        pytest.fail(msg)
+    pytest.skip(msg + "; set CI=1 to make this a failure")
+
+
+def _attack(victim_dir, out, storage, study, *extra):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "exhume", "attack", str(victim_dir), "-o", str(out), "--storage", storage, "--study-name", study,
+           "--workers", "1", "--no-progress", *extra]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _two_workers_one_study(victim_dir, tmp_path, storage):
+    optuna = pytest.importorskip("optuna") if not os.environ.get("CI") else __import__("optuna")
+    study = f"test-{uuid.uuid4().hex[:10]}"
+    helper = _attack(victim_dir, tmp_path / "helper", storage, study, "--worker")  # waits for the study to appear
+    pooler = _attack(victim_dir, tmp_path / "pooled", storage, study, "--restarts", "4", "--max-seconds", "8",
+                     "-p", "lr=0.5", "-p", "iterations=100000")
+    for p in (pooler, helper):
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err[-2000:]
+    recon = load_reconstruction(tmp_path / "pooled")
+    assert recon.summary["restarts_complete"] == 4
+    assert sorted(recon.provenance["restart"].unique().tolist()) == [0, 1, 2, 3]
+    from exhume.portfolio.store import ResultTable, engine_url
+
+    s = optuna.load_study(study_name=study, storage=engine_url(storage))
+    done = [t for t in s.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert sorted(t.user_attrs["restart"] for t in done) == [0, 1, 2, 3]
+    assert {t.user_attrs["pid"] for t in done} == {pooler.pid, helper.pid}, "both workers ran restarts"
+    # the results live in the database: any machine pools the same reconstruction from there
+    table = ResultTable(storage, study)
+    assert sorted(table.load_all()) == [0, 1, 2, 3] and not (tmp_path / "helper" / "restarts" / "0" / "restart.json").exists()
+    table.dispose()
+
+
+def test_two_workers_share_one_sqlite_study(victim_dir, tmp_path):
+    _two_workers_one_study(victim_dir, tmp_path, f"sqlite:///{tmp_path / 'study.db'}")
+
+
+def test_two_workers_share_one_postgres_study(victim_dir, tmp_path):
+    _two_workers_one_study(victim_dir, tmp_path, _dsn())
