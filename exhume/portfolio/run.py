@@ -9,7 +9,7 @@ from typing import Any
 from exhume.attacks import Reconstruction
 from exhume.errors import ConfigError
 from exhume.portfolio.plan import Plan, make_plan
-from exhume.portfolio.pool import pool
+from exhume.portfolio.pool import DUPLICATE_NCC, pool
 from exhume.portfolio.store import LocalStore
 
 DEFAULT_STUDY = "exhume-portfolio"
@@ -27,7 +27,8 @@ def as_view(victim):
 def run_portfolio(victim, method: str = "kkt", *, max_seconds: float | None = None, restarts: int | str | None = None,
                   workers: int | None = None, seed: int = 0, out: str | Path | None = None, resume: bool = False,
                   storage: str | None = None, study_name: str | None = None, variants: list[dict[str, Any]] | None = None,
-                  device: str = "cpu", progress: bool = True, **attack_kwargs: Any) -> Reconstruction:
+                  device: str = "cpu", progress: bool = True, merge_threshold: float = DUPLICATE_NCC,
+                  **attack_kwargs: Any) -> Reconstruction:
     """Run ``restarts`` restarts of the attack ``method`` and return one pooled Reconstruction.
 
     Each restart is one run of the registered attack from its own seed (``seed + k``) with the
@@ -43,10 +44,13 @@ def run_portfolio(victim, method: str = "kkt", *, max_seconds: float | None = No
     ``postgresql://…`` or ``sqlite:///…``), restarts are claimed from a study named ``study_name``
     by every process that joins it (:func:`exhume.portfolio.shared.portfolio_worker` on other
     machines) and their results are stored in that database, from which this call pools.
+    ``merge_threshold``: the NCC above which two same-label candidates are merged (1.0: never).
     """
     from exhume.api import check_device
 
     check_device(device)
+    if not 0.0 <= merge_threshold <= 1.0:
+        raise ConfigError(f"merge_threshold must be in [0, 1] (1 = never merge), got {merge_threshold!r}")
     view = as_view(victim)
     plan = make_plan(method, restarts, seed=seed, max_seconds=max_seconds, workers=workers, variants=variants,
                      attack_kwargs=attack_kwargs)
@@ -57,7 +61,7 @@ def run_portfolio(victim, method: str = "kkt", *, max_seconds: float | None = No
         from exhume.portfolio.shared import run_shared
 
         plan, results, rows = run_shared(view, plan, storage, study_name or DEFAULT_STUDY, out, resume, device, progress)
-    recon = pool(view, plan, results, rows)
+    recon = pool(view, plan, results, rows, merge_threshold)
     recon.summary["restart_seconds_total"] = recon.summary["seconds"]
     recon.summary["seconds"] = round(time.perf_counter() - t0, 3)
     if storage is not None:
