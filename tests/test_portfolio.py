@@ -167,7 +167,15 @@ def test_parallel_workers_take_a_users_module(monkeypatch):
     one = run_portfolio(view, restarts=2, workers=1, progress=False, **kw)
     forked = run_portfolio(view, restarts=2, workers=2, progress=False, **kw)
     assert torch.equal(one.candidates, forked.candidates)
+
+
+@pytest.mark.slow
+def test_spawned_workers_take_a_users_module(monkeypatch):
     import exhume.portfolio.runner as runner
+
+    view = _view(1)
+    kw = {"iterations": 30, "m": 6, "lr": 0.05}
+    one = run_portfolio(view, restarts=2, workers=1, progress=False, **kw)
 
     monkeypatch.setattr(runner, "start_method", lambda device: "spawn")  # a fresh interpreter imports this test module
     spawned = run_portfolio(view, restarts=2, workers=2, progress=False, **kw)  # (the path for GPUs and macOS)

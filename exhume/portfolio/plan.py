@@ -59,13 +59,17 @@ class Plan:
         return json.dumps({"method": self.method, "restarts": [r.record() for r in self.restarts]}, sort_keys=True, default=str)
 
 
-def default_workers() -> int:
-    """The local cores (``os.sched_getaffinity`` where it exists), at most 8."""
+def local_cores() -> int:
+    """The cores this process may use (``os.sched_getaffinity`` where it exists)."""
     try:
-        cores = len(os.sched_getaffinity(0))
+        return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # macOS, Windows
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, MAX_DEFAULT_WORKERS))
+        return os.cpu_count() or 1
+
+
+def default_workers() -> int:
+    """The local cores, at most 8."""
+    return min(local_cores(), MAX_DEFAULT_WORKERS)
 
 
 def resolve_restarts(restarts: int | str | None, max_seconds: float | None, workers: int) -> int:

@@ -14,7 +14,6 @@ a script must guard its entry point as :mod:`multiprocessing` requires.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import pickle
 import socket
 import sys
@@ -22,7 +21,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any, Callable
 
 from exhume.errors import ConfigError
-from exhume.portfolio.plan import Restart, default_workers
+from exhume.portfolio.plan import Restart, local_cores
 from exhume.portfolio.pool import restart_record
 
 HOST = socket.gethostname()
@@ -63,14 +62,7 @@ def start_method(device: str) -> str:
 
 
 def threads_per_worker(workers: int, method: str) -> int:
-    return 1 if method == "fork" else max(1, default_workers_cores() // max(1, workers))
-
-
-def default_workers_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+    return 1 if method == "fork" else max(1, local_cores() // max(1, workers))
 
 
 _STATE: dict[str, Any] = {}
@@ -134,4 +126,4 @@ def run_pending(view, plan, pending: list[Restart], store, workers: int, resume:
     _STATE.clear()
 
 
-__all__ = ["run_restart", "run_pending", "executor", "default_workers"]
+__all__ = ["run_restart", "run_pending", "executor"]

@@ -66,13 +66,13 @@ def _open(storage: str, out, study_name: str, plan: Plan | None):
     if plan is not None and theirs.key() != plan.key():
         print(f"exhume: study {study_name!r} was created with other restarts or settings; this process runs and pools "
               f"the study's {len(theirs.restarts)} restarts", file=sys.stderr)
-    return study, theirs
+    return study, theirs, rdb
 
 
 def claim_loop(view, storage: str, study_name: str, out, resume: bool, device: str, progress: bool) -> int:
     """Claim and run waiting restarts of the study until none is left; returns how many ran here."""
     optuna = _optuna()
-    study, plan = _open(storage, out, study_name, None)
+    study, plan, _ = _open(storage, out, study_name, None)
     table = ResultTable(storage, study_name)
     local = LocalStore(out)
     ran = 0
@@ -124,7 +124,8 @@ def work(view, storage: str, study_name: str, workers: int, out, resume: bool, d
 def run_shared(view, plan: Plan, storage: str, study_name: str, out, resume: bool, device: str, progress: bool):
     """Create or join the study, work on it, wait for every restart, and read all results from the database."""
     optuna = _optuna()
-    study, plan = _open(storage, out, study_name, plan)
+    study, plan, rdb = _open(storage, out, study_name, plan)
+    rdb.engine.dispose()  # no open connection is carried into forked workers (it reopens on next use)
     work(view, storage, study_name, plan.workers, out, resume, device, progress)
     table = ResultTable(storage, study_name)
     S = optuna.trial.TrialState
