@@ -202,7 +202,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
 
     print(f"reconstruction saved to {args.out}: {result.candidates.shape[0]} candidates{oracle}")
     for line in summary_lines(result.summary, result.config["portfolio"]):
-        print(line)
+        print(line, file=sys.stderr if line.startswith("warning:") else sys.stdout)
     return 0
 
 
