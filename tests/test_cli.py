@@ -16,7 +16,8 @@ def test_train_attack_evaluate_end_to_end(tmp_path, capsys):
     assert main(["train", "-o", str(v), "-n", "10", "--arch", "mlp:32;init=1e-4", "--epochs", "300", "--seconds", "30", "--no-progress"]) == 0
     assert main(["attack", str(v), "-o", str(a), "--iterations", "60", "-p", "lr=0.5", "-p", "checkpoint_every=20", "--restarts", "1", "--no-progress"]) == 0
     assert (a / "reconstruction.safetensors").exists() and (a / "checkpoint.pt").exists()
-    assert main(["attack", str(v), "-o", str(a), "--iterations", "80", "-p", "lr=0.5", "-p", "checkpoint_every=20", "--restarts", "1", "--resume", "--no-progress"]) == 0
+    assert main(["attack", str(v), "-o", str(a), "--iterations", "80", "-p", "lr=0.5", "-p", "checkpoint_every=20", "--restarts", "1",
+                 "--resume", "--no-progress"]) == 0
     recon = json.loads((a / "reconstruction.json").read_text())
     assert recon["summary"]["iterations"] == 80 and recon["config"]["m"] == 20
     assert main(["evaluate", str(a), "--against", str(v), "--pool-size", "50"]) == 0

@@ -198,7 +198,7 @@ class Reconstruction:
                 "victim_path": self.victim_path, "loss_history": self.loss_history}
 
     @classmethod
-    def from_parts(cls, meta: dict[str, Any], tensors: dict[str, torch.Tensor], source: str = "the reconstruction") -> "Reconstruction":
+    def from_parts(cls, meta: dict[str, Any], tensors: dict[str, torch.Tensor], source: str = "the reconstruction") -> Reconstruction:
         """The inverse of :meth:`meta` and :meth:`tensors` (checked: one clear error if they disagree)."""
         if not isinstance(meta, dict) or "method" not in meta or "candidates" not in tensors or "labels" not in tensors:
             raise ExhumeError(f"{source} lacks its method, candidates or labels; expected one written by exhume")

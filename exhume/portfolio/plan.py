@@ -33,7 +33,7 @@ class Restart:
         return {"restart": self.index, "seed": self.seed, "overrides": self.overrides, "kwargs": self.kwargs}
 
     @classmethod
-    def from_record(cls, rec: dict[str, Any]) -> "Restart":
+    def from_record(cls, rec: dict[str, Any]) -> Restart:
         return cls(int(rec["restart"]), int(rec["seed"]), dict(rec["overrides"]), dict(rec["kwargs"]))
 
 
@@ -50,7 +50,7 @@ class Plan:
                 "restarts": [r.record() for r in self.restarts]}
 
     @classmethod
-    def from_record(cls, rec: dict[str, Any]) -> "Plan":
+    def from_record(cls, rec: dict[str, Any]) -> Plan:
         return cls(rec["method"], tuple(Restart.from_record(r) for r in rec["restarts"]), int(rec["seed"]),
                    rec.get("max_seconds"), int(rec.get("workers", 1)))
 

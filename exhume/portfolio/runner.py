@@ -17,10 +17,11 @@ import multiprocessing
 import pickle
 import socket
 import sys
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from typing import Any, Callable
+from typing import Any
 
-from exhume.errors import ConfigError
+from exhume.errors import ConfigError, DivergenceError
 from exhume.portfolio.plan import Restart, local_cores
 from exhume.portfolio.pool import restart_record
 
@@ -30,8 +31,8 @@ HOST = socket.gethostname()
 def run_restart(view, method: str, restart: Restart, folder, resume: bool, device: str, progress: bool):
     """One restart: one run of the registered attack. Returns ``(reconstruction or None, table row)``.
 
-    A run that stops with a ConfigError (e.g. a variant that diverges) is a failed restart, not a
-    failed portfolio: its row says so and the other restarts still count.
+    A run that diverges (DivergenceError) is a failed restart, not a failed portfolio: its row
+    says so and the other restarts still count. A bad setting (ConfigError) stops the portfolio.
     """
     from exhume.attacks import get_attack
 
@@ -39,8 +40,8 @@ def run_restart(view, method: str, restart: Restart, folder, resume: bool, devic
     try:
         recon = atk.run(view, out=folder, seed=restart.seed, device=device, resume=resume and folder is not None,
                         progress=progress)
-    except ConfigError as e:
-        row = restart_record(restart, None, "failed", HOST)
+    except DivergenceError as e:
+        row = restart_record(restart, None, "diverged", HOST)
         row["error"] = str(e)
         return None, row
     return recon, restart_record(restart, recon, "complete", HOST)
