@@ -75,7 +75,7 @@ def world(tmp_path_factory):
         torch.manual_seed(seed)
         make_victim("mnist", "odd-even", 10, "mlp:16;bias=none;init=1e-3", cfg, seed=seed, progress=False,
                     test_size=20).save(root / f"victim{seed}")
-    exhume.attack(exhume.load_victim(root / "victim0"), out=root / "run", iterations=3, progress=False)
+    exhume.attack(exhume.load_victim(root / "victim0"), out=root / "run", iterations=3, progress=False, restarts=1)
     return root
 
 
@@ -118,7 +118,7 @@ def _cheap_cases(world: Path, base: Path) -> list[dict]:
         v = _victim_variant(world, d, edit, meta_text)
         for fname, data in (files or {}).items():
             (v / fname).write_bytes(data)
-        add(name, ["attack", v, "-o", d / "out", "--iterations", "2", "--no-progress"], d / "out")
+        add(name, ["attack", v, "-o", d / "out", "--iterations", "2", "--restarts", "1", "--no-progress"], d / "out")
 
     # victim.json
     attack_case("victim_json_is_5", meta_text="5")
@@ -150,7 +150,7 @@ def _cheap_cases(world: Path, base: Path) -> list[dict]:
     d = case("nan_data_mean")
     v = _victim_variant(world, d)
     save_file(tensors, str(v / "model.safetensors"))
-    add("nan_data_mean", ["attack", v, "-o", d / "out", "--iterations", "2", "--no-progress"], d / "out", expect="data mean")
+    add("nan_data_mean", ["attack", v, "-o", d / "out", "--iterations", "2", "--restarts", "1", "--no-progress"], d / "out", expect="data mean")
 
     # checkpoints (resume)
     def ckpt_case(name: str, payload, expect: str | None = None):
@@ -158,7 +158,7 @@ def _cheap_cases(world: Path, base: Path) -> list[dict]:
         run = d / "run"
         run.mkdir()
         torch.save(payload, run / "checkpoint.pt")
-        add(name, ["attack", world / "victim0", "-o", run, "--iterations", "5", "--resume", "--no-progress"], run, expect=expect)
+        add(name, ["attack", world / "victim0", "-o", run, "--iterations", "5", "--resume", "--restarts", "1", "--no-progress"], run, expect=expect)
 
     good = torch.load(world / "run" / "checkpoint.pt", weights_only=True)
     ckpt_case("checkpoint_is_list", [1, 2, 3])
@@ -168,7 +168,8 @@ def _cheap_cases(world: Path, base: Path) -> list[dict]:
     ckpt_case("checkpoint_iteration_float", {**good, "state": {**good["state"], "iteration": 1e9}}, "iteration")
     ckpt_case("checkpoint_other_victim", {**good, "victim": "0123456789abcdef"}, "another victim")
     d = case("resume_without_checkpoint")
-    add(d.name, ["attack", world / "victim0", "-o", d / "run", "--iterations", "5", "--resume", "--no-progress"], d / "run", expect="does not exist")
+    add(d.name, ["attack", world / "victim0", "-o", d / "run", "--iterations", "5", "--resume", "--restarts", "1", "--no-progress"], d / "run",
+        expect="does not exist")
 
     # reconstructions, data specs, metrics
     d = case("recon_without_method")
@@ -202,14 +203,14 @@ def _cheap_cases(world: Path, base: Path) -> list[dict]:
     for cmd in ("attack", "train", "evaluate"):
         d = case(f"out_is_file_{cmd}")
         (d / "file").write_text("x")
-        argv = {"attack": ["attack", world / "victim0", "-o", d / "file", "--iterations", "2", "--no-progress"],
+        argv = {"attack": ["attack", world / "victim0", "-o", d / "file", "--iterations", "2", "--restarts", "1", "--no-progress"],
                 "train": ["train", "-o", d / "file", "-n", "10", "--arch", "mlp:8", "--epochs", "2", "--no-progress"],
                 "evaluate": ["evaluate", world / "run", "--against", world / "victim0", "-o", d / "file", "--pool-size", "20"]}[cmd]
         add(d.name, argv, d / "file")
     d = case("out_read_only")
-    add(d.name, ["attack", world / "victim0", "-o", "/sys/exhume-fuzz/run", "--iterations", "2", "--no-progress"], d / "out")
+    add(d.name, ["attack", world / "victim0", "-o", "/sys/exhume-fuzz/run", "--iterations", "2", "--restarts", "1", "--no-progress"], d / "out")
     d = case("out_disk_full")
-    add(d.name, ["attack", world / "victim0", "-o", d / "run", "--iterations", "2", "--no-progress"], d / "run", fsize=4096)
+    add(d.name, ["attack", world / "victim0", "-o", d / "run", "--iterations", "2", "--restarts", "1", "--no-progress"], d / "run", fsize=4096)
     return cases
 
 

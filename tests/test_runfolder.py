@@ -36,7 +36,8 @@ def victims(tmp_path_factory):
 
 
 def _attack(victim: Path, run: Path, *extra: str) -> list[str]:
-    return ["attack", str(victim), "-o", str(run), "--no-progress", "-p", "checkpoint_every=10", *extra]
+    # one run (--restarts 1): these tests are about the single run's folder, lock and checkpoint
+    return ["attack", str(victim), "-o", str(run), "--no-progress", "--restarts", "1", "-p", "checkpoint_every=10", *extra]
 
 
 def _iteration(run: Path) -> int:
