@@ -57,9 +57,19 @@ def attack(victim: Victim | AttackerView, method: str = "kkt", seed: int = 0, ou
         if init is not None or mix is not None:
             raise ConfigError("init= and mix= set the start of one run: pass restarts=1 (--restarts 1)")
         max_seconds = kwargs.pop("max_seconds", None)
-        return run_portfolio(victim, method, max_seconds=max_seconds, restarts=restarts, workers=workers, seed=seed, out=out,
-                             resume=resume, storage=storage, study_name=study_name, variants=variants, device=device,
-                             progress=progress, **kwargs)
+
+        def portfolio() -> Reconstruction:
+            return run_portfolio(victim, method, max_seconds=max_seconds, restarts=restarts, workers=workers, seed=seed, out=out,
+                                 resume=resume, storage=storage, study_name=study_name, variants=variants, device=device,
+                                 progress=progress, **kwargs)
+
+        if out is None or storage is not None:  # a shared study keeps its restarts in the database
+            return portfolio()
+        from exhume.files.runfolder import own_run_folder
+
+        # a portfolio keeps its restarts (checkpoints included) in OUT/restarts/<k>/
+        with own_run_folder(out, resume=resume, force=force, run_files=("reconstruction.json", "restarts"), resume_from="restarts"):
+            return portfolio()
     view = victim.attacker_view() if isinstance(victim, Victim) else victim
     if not isinstance(view, AttackerView):
         raise ConfigError(f"attack() needs a Victim or AttackerView, got {type(victim).__name__}")

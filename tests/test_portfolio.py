@@ -216,6 +216,26 @@ def test_cli_round_trip(victim_dir, tmp_path, capsys):
     assert "--worker needs --storage" in capsys.readouterr().err
 
 
+def test_portfolio_folder_is_owned_like_a_single_run(victim_dir, tmp_path):
+    """A portfolio's run folder: no silent overwrite, --resume needs its restarts, --force replaces, a live lock refuses."""
+    victim = exhume.load_victim(victim_dir)
+    out = tmp_path / "pf"
+    kw = dict(restarts=2, workers=1, progress=False, iterations=20)
+    with pytest.raises(exhume.ExhumeError, match="cannot resume"):
+        exhume.attack(victim, "kkt", out=out, resume=True, **kw)
+    first = exhume.attack(victim, "kkt", out=out, **kw)
+    with pytest.raises(exhume.ExhumeError, match="already holds a run"):
+        exhume.attack(victim, "kkt", out=out, **kw)
+    again = exhume.attack(victim, "kkt", out=out, resume=True, **kw)  # both restarts reused
+    assert torch.equal(first.candidates, again.candidates)
+    (out / "restarts" / "1" / "marker").write_text("from the replaced run")
+    exhume.attack(victim, "kkt", out=out, force=True, **kw)
+    assert not (out / "restarts" / "1" / "marker").exists()
+    (out / ".exhume.lock").write_text(str(os.getppid()))  # a live process holds the folder
+    with pytest.raises(exhume.ExhumeError, match="in use by another exhume run"):
+        exhume.attack(victim, "kkt", out=out, force=True, **kw)
+
+
 # -- one study, two workers ----------------------------------------------------------------------
 
 def _dsn() -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -63,8 +64,13 @@ def _prepare(folder: Path) -> None:
 
 
 @contextmanager
-def own_run_folder(folder: str | Path, resume: bool = False, force: bool = False) -> Iterator[Path]:
-    """Hold ``folder``'s lock while the body runs; refuse an existing run unless resumed or forced."""
+def own_run_folder(folder: str | Path, resume: bool = False, force: bool = False, run_files: tuple[str, ...] = RUN_FILES,
+                   resume_from: str = "checkpoint.pt") -> Iterator[Path]:
+    """Hold ``folder``'s lock while the body runs; refuse an existing run unless resumed or forced.
+
+    ``run_files``: the entries that mean a run is already there (a restart portfolio keeps its
+    restarts in ``restarts/``); ``resume_from``: the entry a resumed run continues from.
+    """
     if resume and force:
         raise ConfigError("--resume and --force exclude each other: continue the run or replace it")
     folder = Path(folder)
@@ -84,15 +90,19 @@ def own_run_folder(folder: str | Path, resume: bool = False, force: bool = False
     else:
         raise RunFolderError(f"cannot take the lock {lock}; another run keeps taking it")
     try:
-        existing = [n for n in RUN_FILES if (folder / n).exists()]
+        existing = [n for n in run_files if (folder / n).exists()]
         if existing and not (resume or force):
             raise RunFolderError(f"output folder {folder} already holds a run ({', '.join(existing)}); "
                                  "pass --resume to continue it, --force to replace it, or choose another -o")
-        if resume and not (folder / "checkpoint.pt").is_file():
-            raise RunFolderError(f"cannot resume: {folder / 'checkpoint.pt'} does not exist (no run was checkpointed there)")
+        if resume and not (folder / resume_from).exists():
+            raise RunFolderError(f"cannot resume: {folder / resume_from} does not exist (no run was checkpointed there)")
         if force:
-            for n in RUN_FILES:
-                (folder / n).unlink(missing_ok=True)
+            for n in run_files:
+                path = folder / n
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink(missing_ok=True)
         yield folder
     finally:
         lock.unlink(missing_ok=True)
