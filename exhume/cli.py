@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="train a small victim on bundled MNIST, attack it, evaluate (about 4 min on 2 CPU cores)")
     _common(p, "runs/demo")
-    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="precision of training and attack (default float32)")
     p.add_argument("--train-seconds", type=float, default=None, help="victim training budget (default: the demo's)")
     p.add_argument("--attack-seconds", type=float, default=None, help="attack budget (default: the demo's)")
     p.add_argument("--resume", action="store_true", help="reuse the victim and continue the attack from its checkpoint")
@@ -58,22 +58,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", type=int, default=100, help="training-set size, balanced over the two labels")
     p.add_argument("--arch", default=PAPER_ARCH, help=f"default: the paper victim at CPU scale; e.g. {PAPER_ARCH_FULL}")
     p.add_argument("--loss", default="auto", help="logistic, cross-entropy or squared (auto: by task)")
-    p.add_argument("--optimizer", default=PAPER_TRAIN["optimizer"], choices=("gd", "adam"))
-    p.add_argument("--lr", type=float, default=PAPER_TRAIN["lr"])
+    p.add_argument("--optimizer", default=PAPER_TRAIN["optimizer"], choices=("gd", "adam"),
+                   help=f"full-batch gradient descent or Adam (default {PAPER_TRAIN['optimizer']})")
+    p.add_argument("--lr", type=float, default=PAPER_TRAIN["lr"], help=f"learning rate (default {PAPER_TRAIN['lr']})")
     p.add_argument("--wd", type=float, default=PAPER_TRAIN["weight_decay"], help="weight decay w in mean loss + w/2 |theta|^2 (0 for none)")
     p.add_argument("--epochs", type=int, default=1_000_000, help="maximum epochs")
     p.add_argument("--seconds", type=float, default=60.0, help="maximum training time")
-    p.add_argument("--loss-threshold", type=float, default=None)
-    p.add_argument("--residual-threshold", type=float, default=None)
-    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument("--loss-threshold", type=float, default=None, help="stop once the training loss is below this")
+    p.add_argument("--residual-threshold", type=float, default=None,
+                   help="stop once the relative stationarity residual is below this (with weight decay)")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="training precision (default float32)")
 
     p = sub.add_parser("attack", help="reconstruct training data from a victim's weights")
     p.add_argument("victim", help="victim folder written by 'exhume train'")
     _common(p)
     p.add_argument("--method", default="kkt", help=f"attack name: {', '.join(sorted(ATTACKS))}")
-    p.add_argument("--dtype", choices=("float32", "float64"), default=None)
-    p.add_argument("--iterations", type=int, default=None)
-    p.add_argument("--max-seconds", type=float, default=None)
+    p.add_argument("--list-params", action="store_true", help="print the attack's parameters (name, default, range, meaning) and exit")
+    p.add_argument("--dtype", choices=("float32", "float64"), default=None, help="computation precision (default: the attack's, float32)")
+    p.add_argument("--iterations", type=int, default=None, help="maximum optimisation steps (default: the attack's)")
+    p.add_argument("--max-seconds", type=float, default=None, help="wall-clock budget in seconds; resumable with --resume (default: none)")
     p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE", help="any attack parameter, e.g. -p lr=0.5 -p alpha=19")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out (written for this victim)")
     p.add_argument("--force", action="store_true", help="replace a run already in --out")
@@ -97,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--against", required=True, help="victim folder (its training set is rebuilt from the saved spec)")
     p.add_argument("-o", "--out", default=None, help="where to write metrics and figures (default: RUN/evaluation)")
     p.add_argument("--pool-size", type=int, default=1000, help="unseen images for the memorisation count (default 1000)")
-    p.add_argument("--match", default="ssim", choices=("ssim", "l2", "ncc"))
+    p.add_argument("--match", default="ssim", choices=("ssim", "l2", "ncc"),
+                   help="rule that picks each image's best candidate: ssim (default), l2 or ncc (see exhume/evaluation/matching.py)")
 
     p = sub.add_parser("tune", help="search the kkt attack's hyperparameters with Optuna, scored without the training set")
     p.add_argument("victim", help="victim folder written by 'exhume train' (only its attacker's view is used)")
@@ -116,10 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--out", default=None, help="HTML file to write (default: RUN/report.html)")
     p.add_argument("--against", default=None, help="victim folder: evaluate the run first if RUN/evaluation is missing")
 
+    from exhume.audit.command import add_parser as add_audit_parser
+
+    add_audit_parser(sub)  # exhume audit: flags and config in exhume/audit/command.py
+
     from exhume.experiments import EXPERIMENTS
 
     p = sub.add_parser("experiment", help="run a named experiment that reproduces a paper's finding")
-    exp_sub = p.add_subparsers(dest="experiment", required=True)
+    exp_sub = p.add_subparsers(dest="experiment", required=True, help="the experiment to run")
     for name, exp in sorted(EXPERIMENTS.items()):
         text = exp.help.replace("%", "%%")  # argparse formats help strings with %
         q = exp_sub.add_parser(name, help=text, description=text)
@@ -250,6 +258,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_audit(args: argparse.Namespace) -> int:
+    from exhume.audit.command import run
+
+    return run(args)
+
+
 def _cmd_experiment(args: argparse.Namespace) -> int:
     from exhume.experiments import get_experiment
 
@@ -259,7 +273,45 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"demo": _cmd_demo, "train": _cmd_train, "attack": _cmd_attack, "evaluate": _cmd_evaluate,
-            "experiment": _cmd_experiment, "tune": _cmd_tune, "report": _cmd_report}
+            "experiment": _cmd_experiment, "tune": _cmd_tune, "report": _cmd_report, "audit": _cmd_audit}
+
+
+def list_params(method: str) -> str:
+    """The attack's parameters as a table: name, default, allowed range, meaning."""
+    from exhume.attacks import ATTACKS
+
+    if method not in ATTACKS:
+        raise ConfigError(f"unknown attack method {method!r}; known: {', '.join(sorted(ATTACKS))}")
+    rows = []
+    for name, prm in ATTACKS[method].params.items():
+        if prm.choices is not None:
+            rng = " | ".join(map(str, prm.choices))
+        elif prm.low is not None and prm.high is not None:
+            rng = f"[{prm.low}, {prm.high}]"
+        elif prm.low is not None or prm.high is not None:
+            rng = f">= {prm.low}" if prm.low is not None else f"<= {prm.high}"
+        else:
+            rng = prm.kind.__name__ if prm.kind is not object else "any"
+        rows.append((name, repr(prm.default), rng, prm.help))
+    w = [max(len(r[i]) for r in rows + [("name", "default", "range", "")]) for i in range(3)]
+    head = f"{'name':<{w[0]}}  {'default':<{w[1]}}  {'range':<{w[2]}}  meaning"
+    return "\n".join([f"parameters of the {method!r} attack (set with -p NAME=VALUE):", head]
+                     + [f"{a:<{w[0]}}  {b:<{w[1]}}  {c:<{w[2]}}  {d}" for a, b, c, d in rows])
+
+
+def _list_params_early(argv: Sequence[str]) -> int | None:
+    """``exhume attack [--method M] --list-params`` needs no victim or output folder."""
+    if len(argv) < 1 or argv[0] != "attack" or "--list-params" not in argv:
+        return None
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--method", default="kkt")
+    known, _ = pre.parse_known_args(list(argv[1:]))
+    try:
+        print(list_params(known.method))
+    except ExhumeError as e:
+        print(f"exhume attack: error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 class Terminated(KeyboardInterrupt):
@@ -278,6 +330,10 @@ def _os_error_line(e: OSError) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    early = _list_params_early(argv)
+    if early is not None:
+        return early
     parser = build_parser()
     args = parser.parse_args(argv)
     import signal

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -113,8 +114,8 @@ def test_report_cli_corrupt_metrics(run_dir, tmp_path, capsys):
     assert "cannot read" in capsys.readouterr().err
 
 
-def test_report_renders_in_headless_chromium(run_dir, tmp_path):
-    """Open the page in Debian's chromium: it renders, every image decodes, the console stays clean."""
+def open_in_chromium(page: Path, tmp_path: Path) -> dict:
+    """Open ``page`` in Debian's chromium; the verdict text, the images, the height, console errors and fetched resources."""
     chromium = _need("chromium", shutil.which("chromium") or shutil.which("chromium-browser"))
     driver_path = _need("chromedriver", shutil.which("chromedriver"))
     try:
@@ -122,8 +123,6 @@ def test_report_renders_in_headless_chromium(run_dir, tmp_path):
         from selenium.webdriver.chrome.service import Service
     except ImportError:
         _need("selenium (pip install 'exhume[test]')", None)
-
-    page = write_report(run_dir / "run", out=tmp_path / "report.html")
     opts = webdriver.ChromeOptions()
     opts.binary_location = chromium
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -135,20 +134,32 @@ def test_report_renders_in_headless_chromium(run_dir, tmp_path):
     try:
         driver.set_page_load_timeout(30)
         driver.get(page.resolve().as_uri())
-        assert driver.execute_script("return document.readyState") == "complete"
-        assert "recovered recognisably" in driver.find_element("id", "verdict").text
-        imgs = driver.execute_script(
-            "return Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.naturalHeight, i.alt])")
-        assert len(imgs) == 5
-        for complete, w, h, alt in imgs:
-            assert complete and w > 0 and h > 0, f"image {alt!r} did not load"
-        height = driver.execute_script("return document.body.scrollHeight")
-        assert height > 1000  # the tables and five figures are laid out
-        errors = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
-        assert errors == [], errors
-        resources = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
-        assert [r for r in resources if not r.startswith("data:")] == []
-        driver.save_screenshot(str(tmp_path / "report.png"))
-        assert (tmp_path / "report.png").stat().st_size > 10_000
+        shot = tmp_path / "report.png"
+        driver.save_screenshot(str(shot))
+        return {
+            "ready": driver.execute_script("return document.readyState"),
+            "verdict": driver.find_element("id", "verdict").text,
+            "images": driver.execute_script(
+                "return Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.naturalHeight, i.alt])"),
+            "height": driver.execute_script("return document.body.scrollHeight"),
+            "errors": [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")],
+            "resources": driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)"),
+            "screenshot_bytes": shot.stat().st_size,
+        }
     finally:
         driver.quit()
+
+
+def test_report_renders_in_headless_chromium(run_dir, tmp_path):
+    """Open the page in Debian's chromium: it renders, every image decodes, the console stays clean."""
+    page = write_report(run_dir / "run", out=tmp_path / "report.html")
+    got = open_in_chromium(page, tmp_path)
+    assert got["ready"] == "complete"
+    assert "recovered recognisably" in got["verdict"]
+    assert len(got["images"]) == 5
+    for complete, w, h, alt in got["images"]:
+        assert complete and w > 0 and h > 0, f"image {alt!r} did not load"
+    assert got["height"] > 1000  # the tables and five figures are laid out
+    assert got["errors"] == [], got["errors"]
+    assert [r for r in got["resources"] if not r.startswith("data:")] == []
+    assert got["screenshot_bytes"] > 10_000

@@ -1,4 +1,4 @@
-"""Evaluate a Reconstruction against a victim's training set and write the run folder's figures."""
+"""Evaluate a Reconstruction against a training set (a victim's, or plain arrays), with a verdict, and write the figures."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from exhume.errors import ConfigError
-from exhume.evaluation.metrics import EvalResult, evaluate_images
+from exhume.errors import ConfigError, DataError
+from exhume.evaluation.assumptions import attack_failures
+from exhume.evaluation.metrics import EvalResult, _jsonable, evaluate_images
 from exhume.evaluation.plots import candidates_grid, pairs_grid, plot_sorted_ssim, plot_ssim_vs_margin
+from exhume.evaluation.verdict import ALPHA, decide
 from exhume.losses import margin
 
 
@@ -24,79 +26,161 @@ def training_margins(victim, train) -> np.ndarray | None:
         return margin(model(train.centred.float()), train.y).double().numpy()
 
 
-def evaluate(recon, victim, pool_size: int = 1000, match: str = "ssim", out: str | Path | None = None,
+def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assumptions: list[str] | None = None,
+             alpha: float = ALPHA, pool_size: int = 1000, match: str = "ssim", out: str | Path | None = None,
              pool_seed: int = 1, figures: bool = True) -> EvalResult:
-    """Judge ``recon`` (its candidates in display space) against ``victim``'s training set.
+    """Judge ``recon`` (its candidates in display space) against a training set; return metrics with a verdict.
 
-    The pool of unseen images comes from the same dataset and classes, disjoint from the training
-    indices (``pool_size`` images, seeded). With ``out``, writes ``metrics.json``,
+    Two forms:
+
+    - ``evaluate(recon, victim)``: ``victim``'s training set is rebuilt from its saved data spec
+      (refused if it does not reproduce the saved training indices); the pool of unseen images
+      comes from the same dataset and classes, disjoint from the training indices (``pool_size``
+      images, seeded).
+    - ``evaluate(recon, train=(x, y), unseen=x_unseen)``: plain arrays in display space, ``(N, C, H, W)``
+      or ``(N, H, W)``, floats in [0, 1] or uint8. ``unseen`` images (never trained on) are split,
+      seeded by ``pool_seed``, into the control (as many as the training images, at most half) and
+      the pool (the rest). ``margins``: each training image's margin, optional.
+
+    **Control.** The control images are judged exactly like the training images: how many of them
+    does a candidate match better than the best pool image? ``"memorised_control"`` is that
+    count, the baseline the memorisation count must beat. **Verdict** (``"verdict"``,
+    ``"verdict_reason"``, ``"p_value"``, ``"alpha"``; see :mod:`exhume.evaluation.verdict`):
+    *leaks* when memorised is significantly above the control (one-sided Fisher exact test,
+    ``p < alpha``); else *inconclusive* when an assumption of the attack failed (``assumptions``:
+    reasons in plain words, plus the attack's own final residual and, for a victim, its
+    stationarity and layers), else *no evidence*. With ``out``, writes ``metrics.json``,
     ``arrays.npz`` and the figures there.
-
-    **Control.** ``n`` further unseen images (disjoint from the training set and the pool) are
-    judged exactly like the training images: how many of them does a candidate match better than
-    the best pool image? Candidates that are merely plausible digits score about as often on these
-    non-members as on the members; candidates that carry training data score on members only.
-    ``"memorised_control"`` is that count, the baseline the memorisation count must beat.
     """
+    t0 = time.perf_counter()
+    if victim is not None and (train is not None or unseen is not None):
+        raise ConfigError("evaluate() takes a victim or train=(x, y) and unseen=x, not both")
+    if victim is not None and not hasattr(victim, "load_train_set"):
+        raise ConfigError(f"evaluate() got a {type(victim).__name__}, which holds no training data: pass the Victim, or "
+                          "train=(x, y) and unseen=x_unseen as arrays")
+    if victim is None:
+        if train is None or unseen is None:
+            raise ConfigError("evaluate() needs a victim, or train=(x, y) and unseen=x (images the model never saw)")
+        train_x, control, pool, description = _arrays(train, unseen, pool_seed)
+        failures, info = list(assumptions or []), {}
+    else:
+        train_set, control, pool, description = _victim_sets(victim, pool_size, pool_seed)
+        train_x, margins = train_set.x, training_margins(victim, train_set)
+        failures, info = list(assumptions or []) + victim_failures(victim, train_set), victim_info(victim, train_set)
+    candidates = recon.candidates.float().clamp(0, 1)
+    if tuple(candidates.shape[1:]) != tuple(train_x.shape[1:]):
+        raise DataError(f"the reconstruction's candidates have shape {tuple(candidates.shape[1:])} but the training images "
+                        f"have {tuple(train_x.shape[1:])}; evaluate against the data the attacked model takes")
+    result = evaluate_images(candidates, train_x, pool, margins=margins, match=match)
+    members = getattr(recon, "provenance", {}).get("members")
+    if members is not None and "memorised" in result.arrays:  # a pooled portfolio: which restarts found each image
+        from exhume.evaluation.restarts import restart_breakdown
+
+        extra, arrays = restart_breakdown(candidates, train_x, result.arrays["pool_ssim"], members, result.arrays["memorised"], match)
+        result.metrics.update(extra)
+        result.arrays.update(arrays)
+    _control(result, candidates, control, pool, match)
+    result.metrics["pool_description"] = description
+    if pool is not None:
+        from exhume.evaluation.membership import membership_uncertainty
+
+        mu = membership_uncertainty(candidates, train_x, pool)
+        result.metrics["membership_auc"] = mu["auc"]
+        result.metrics["membership"] = {k: v for k, v in mu.items() if k not in ("d_train", "d_heldout")}
+    result.metrics["attack"] = {"method": recon.method, "seed": recon.seed, "config": recon.config, **recon.summary}
+    result.metrics["victim"] = info
+    failures += attack_failures(recon)
+    verdict = decide(result.metrics, failures, alpha)
+    result.metrics.update(verdict=verdict["verdict"], verdict_reason=verdict["reason"], p_value=verdict["p_value"],
+                          alpha=alpha, verdict_test=verdict["test"], assumption_failures=verdict["assumption_failures"])
+    result.metrics = _jsonable(result.metrics)
+    result.metrics["evaluation_seconds"] = round(time.perf_counter() - t0, 3)
+    if out is not None:
+        _write(result, candidates, train_x, pool, Path(out), figures)
+    return result
+
+
+def _as_display(x, what: str) -> torch.Tensor:
+    from exhume.evaluation.ssim import as_images
+
+    x = np.asarray(x)
+    if x.dtype == np.uint8:
+        x = x.astype(np.float32) / 255.0
+    return as_images(torch.as_tensor(np.asarray(x, dtype=np.float32)), what)
+
+
+def _arrays(train, unseen, pool_seed: int):
+    x = train[0] if isinstance(train, (tuple, list)) else train
+    train_x = _as_display(x, "training images")
+    u = unseen[0] if isinstance(unseen, (tuple, list)) else unseen
+    unseen_x = _as_display(u, "unseen images")
+    if len(unseen_x) < 2:
+        raise DataError(f"got {len(unseen_x)} unseen image(s); need at least 2 (a control and a pool), ideally several hundred")
+    order = torch.randperm(len(unseen_x), generator=torch.Generator().manual_seed(pool_seed))
+    n_control = min(len(train_x), len(unseen_x) // 2)
+    control, pool = unseen_x[order[:n_control]], unseen_x[order[n_control:]]
+    return train_x, control, pool, (f"{len(pool)} of the given unseen images (the other {n_control} are the control), "
+                                    f"split with seed {pool_seed}")
+
+
+def _victim_sets(victim, pool_size: int, pool_seed: int):
     from exhume.data import dataset_of, make_pool
 
     if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 0:
         raise ConfigError(f"pool_size must be a non-negative integer (0: no memorisation count), got {pool_size!r}")
-    t0 = time.perf_counter()
     ds = dataset_of(victim.data_spec) if victim.data_spec is not None else None  # read once: training set and pool
     train = victim.load_train_set(ds)
     pool = control = None
     if pool_size > 0:
-        spec = train.spec
-        unseen = make_pool(ds, spec["task"], pool_size + len(train), exclude=train.indices, seed=pool_seed)
+        unseen = make_pool(ds, train.spec["task"], pool_size + len(train), exclude=train.indices, seed=pool_seed)
         order = torch.randperm(len(unseen), generator=torch.Generator().manual_seed(pool_seed))
         n_control = max(0, min(len(train), len(unseen) - 1))
         control, pool = unseen.x[order[:n_control]], unseen.x[order[n_control:]]
-    candidates = recon.candidates.float().clamp(0, 1)
-    result = evaluate_images(candidates, train.x, pool, margins=training_margins(victim, train), match=match)
-    members = getattr(recon, "provenance", {}).get("members")
-    if members is not None and "memorised" in result.arrays:
-        from exhume.evaluation.restarts import restart_breakdown
-
-        extra, arrays = restart_breakdown(candidates, train.x, result.arrays["pool_ssim"], members, result.arrays["memorised"], match)
-        result.metrics.update(extra)
-        result.arrays.update(arrays)
-    if control is not None and len(control) > 0:
-        ctrl = evaluate_images(candidates, control, pool, match=match)
-        result.metrics["memorised_control"] = ctrl.metrics["memorised"]
-        result.metrics["control_size"] = int(len(control))
-        result.metrics["one_to_one_ssim>=0.4_control"] = ctrl.metrics["one_to_one_ssim>=0.4"]
-        result.metrics["memorised_control_note"] = (
-            "the memorisation count computed for unseen images (non-members) in place of the training images; "
-            "a leak shows as memorised well above memorised_control")
-    result.metrics["pool_description"] = (
-        None if pool is None else
+    description = None if pool is None else (
         f"{len(pool)} unseen images of the same classes from {train.spec['dataset']}, disjoint from the training set "
-        f"and from the {0 if control is None else len(control)} control images (seed {pool_seed})"
-    )
-    if pool is not None:
-        from exhume.evaluation.membership import membership_uncertainty
+        f"and from the {0 if control is None else len(control)} control images (seed {pool_seed})")
+    return train, control, pool, description
 
-        mu = membership_uncertainty(candidates, train.x, pool)
-        result.metrics["membership_auc"] = mu["auc"]
-        result.metrics["membership"] = {k: v for k, v in mu.items() if k not in ("d_train", "d_heldout")}
-    result.metrics["attack"] = {"method": recon.method, "seed": recon.seed, "config": recon.config, **recon.summary}
-    result.metrics["victim"] = {k: victim.metrics.get(k) for k in ("train_accuracy", "test_accuracy", "final_loss", "stationarity_residual", "epochs")}
-    result.metrics["victim"].update(arch=victim.arch, task=victim.task, loss=victim.loss, weight_decay=victim.weight_decay, data=train.spec)
-    result.metrics["evaluation_seconds"] = round(time.perf_counter() - t0, 3)
-    if out is not None:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        result.save(out)
-        if figures:
-            pool_x = pool
-            plot_sorted_ssim(result, out / "ssim_sorted.png")
-            if "margin" in result.arrays:
-                plot_ssim_vs_margin(result, out / "ssim_vs_margin.png")
-            pairs_grid(candidates, train.x, pool_x, result, out / "best_pairs.png", which="best")
-            pairs_grid(candidates, train.x, pool_x, result, out / "worst_pairs.png", which="worst")
-            candidates_grid(candidates, out / "candidates.png")
-    return result
+
+def _control(result: EvalResult, candidates, control, pool, match: str) -> None:
+    if control is None or len(control) == 0 or pool is None:
+        return
+    ctrl = evaluate_images(candidates, control, pool, match=match)
+    result.metrics["memorised_control"] = ctrl.metrics["memorised"]
+    result.metrics["control_size"] = len(control)
+    result.metrics["one_to_one_ssim>=0.4_control"] = ctrl.metrics["one_to_one_ssim>=0.4"]
+    result.metrics["memorised_control_note"] = (
+        "the memorisation count computed for unseen images (non-members) in place of the training images; "
+        "a leak shows as memorised well above memorised_control")
+
+
+def victim_info(victim, train) -> dict[str, Any]:
+    info = {k: victim.metrics.get(k) for k in ("train_accuracy", "test_accuracy", "final_loss", "stationarity_residual", "epochs")}
+    info.update(arch=victim.arch, task=victim.task, loss=victim.loss, weight_decay=victim.weight_decay, data=train.spec)
+    return info
+
+
+def victim_failures(victim, train) -> list[str]:
+    """The attack's assumptions that fail for an exhume victim (its stationarity, its layers)."""
+    from exhume.evaluation.assumptions import STATIONARITY_LIMIT, stationarity_failure, unmodelled_layers
+
+    failures = unmodelled_layers(victim.model, train.centred[:2].float())
+    residual = victim.metrics.get("stationarity_residual")
+    if residual is not None:
+        failures += stationarity_failure({"value": residual, "limit": STATIONARITY_LIMIT})
+    return failures
+
+
+def _write(result: EvalResult, candidates, train_x, pool, out: Path, figures: bool) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    result.save(out)
+    if figures:
+        plot_sorted_ssim(result, out / "ssim_sorted.png")
+        if "margin" in result.arrays:
+            plot_ssim_vs_margin(result, out / "ssim_vs_margin.png")
+        pairs_grid(candidates, train_x, pool, result, out / "best_pairs.png", which="best")
+        pairs_grid(candidates, train_x, pool, result, out / "worst_pairs.png", which="worst")
+        candidates_grid(candidates, out / "candidates.png")
 
 
 def summary_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:

@@ -32,6 +32,7 @@ from exhume.files.jsonio import write_json
 from exhume.files.schemas import read_victim_meta
 from exhume.losses import check_loss
 from exhume.models import build_model
+from exhume.victim.wrap import Audited, two_logit_probe
 
 FORMAT_VERSION = 1
 
@@ -43,7 +44,7 @@ class AttackerView:
     model: nn.Module
     task: str
     input_shape: tuple[int, ...]
-    mean: torch.Tensor
+    mean: torch.Tensor  # the data mean the inputs are centred by: one number, one per channel, or (C, H, W)
     loss: str | None = None
     weight_decay: float | None = None
     num_classes: int | None = None
@@ -55,9 +56,27 @@ class AttackerView:
         if self.loss is not None:
             check_loss(self.loss)
         check_finite(self.model)
-        self.mean = torch.as_tensor(self.mean, dtype=torch.float32).reshape(self.input_shape)
+        self.mean = broadcast_stat(self.mean, tuple(self.input_shape), "the data mean")  # scalar / per channel / image
         if not torch.isfinite(self.mean).all():
             raise VictimError("the victim's data mean holds NaN/inf values; expected finite pixel means")
+        if self.task == "binary" and not isinstance(self.model, Audited) and two_logit_probe(self.model, tuple(self.input_shape)):
+            # two logits (cross-entropy): margin = logit[1] - logit[0], whose logistic loss is that cross-entropy
+            self.model = Audited(self.model, torch.ones(()), "two-logit", positive=1)
+            self.loss = "logistic" if self.loss == "cross-entropy" else self.loss
+
+
+def broadcast_stat(value, input_shape: tuple[int, ...], what: str) -> torch.Tensor:
+    """A scalar, per-channel ``(C,)`` or full ``(C, H, W)`` statistic as a ``(C, H, W)`` tensor."""
+    t = torch.as_tensor(value, dtype=torch.float32)
+    c = input_shape[0]
+    if t.numel() == 1:
+        return t.reshape(()).expand(input_shape).clone()
+    if t.dim() == 1 and t.numel() == c:
+        return t.reshape(c, *([1] * (len(input_shape) - 1))).expand(input_shape).clone()
+    if t.numel() == math.prod(input_shape):
+        return t.reshape(input_shape).clone()
+    raise ConfigError(f"{what} has {t.numel()} values (shape {tuple(t.shape)}); expected one number, one per channel "
+                      f"({c}), or a full input {tuple(input_shape)}")
 
 
 def check_finite(model: nn.Module, source: str = "the model") -> None:
@@ -107,8 +126,13 @@ class Victim:
         if self.data_spec is None:
             raise VictimError(f"victim {self.path or ''} has no data spec: its training set cannot be rebuilt")
         task = rebuild_task(self.data_spec, ds)  # regression victims included (data.tasks knows the kinds)
-        if self.train_indices is not None and not np.array_equal(np.sort(task.indices), np.sort(self.train_indices)):
-            raise VictimError("the rebuilt training set does not match the saved training indices")
+        if self.train_indices is None:
+            raise VictimError(f"victim {self.path or ''} has a data spec but no train_indices.npy, so the rebuilt training set "
+                              "cannot be checked against the one it was trained on; for a model trained outside exhume, "
+                              "use 'exhume audit' (or exhume.evaluate(recon, train=(x, y), unseen=x_unseen)) with its own images")
+        if not np.array_equal(np.sort(task.indices), np.sort(self.train_indices)):
+            raise VictimError("the training set rebuilt from the data spec does not match the saved training indices "
+                              "(train_indices.npy); refusing to evaluate against other images")
         return task
 
     def save(self, folder: str | Path) -> Path:
@@ -154,11 +178,13 @@ def _json_default(o: Any) -> Any:
 def load_victim(folder: str | Path) -> Victim:
     folder = Path(folder)
     if not folder.exists():
-        raise VictimError(f"victim folder {folder} does not exist; expected a folder written by 'exhume train'")
+        raise VictimError(f"victim folder {folder} does not exist; expected a folder written by 'exhume train' "
+                          "(for a model you trained yourself, use 'exhume audit --model FILE.py:Class --weights ...')")
     meta_path, weights_path = folder / "victim.json", folder / "model.safetensors"
     for p in (meta_path, weights_path):
         if not p.is_file():
-            raise VictimError(f"{p} is missing; a victim folder holds victim.json and model.safetensors")
+            raise VictimError(f"{p} is missing; a victim folder holds victim.json and model.safetensors "
+                              "(for a model you trained yourself, use 'exhume audit')")
     meta = read_victim_meta(meta_path)
     try:
         tensors = load_file(str(weights_path))

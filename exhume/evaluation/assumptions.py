@@ -1,0 +1,168 @@
+"""Does the stationarity attack's model of the victim hold? Evaluator-side checks for the verdict.
+
+The KKT attack inverts ``θ = Σ_i λ_i ∇_θ h(Φ(θ; x_i), y_i)``, which holds when (a) training ended
+at (or near) a stationary point of ``mean_i ℓ_i + (w/2)‖θ‖²`` (or, without weight decay, near the
+max-margin KKT point), (b) the network is what the attack differentiates: piecewise-linear
+activations (ReLU, leaky ReLU) and no layer whose training-time behaviour differs from its
+evaluation-time one (BatchNorm's batch statistics, dropout). When they fail, an attack that finds
+nothing says little, so the verdict is *inconclusive* rather than *no evidence*.
+
+**Relative stationarity residual** on the real training data (needs the training set, so only the
+evaluator computes it):
+
+- with weight decay ``w > 0``: ``‖∇_θ objective‖ / ‖w·θ‖`` (the number ``exhume train`` reports),
+  which equals ``‖θ − Σ_i λ_i ∇_θ(−ℓ_i)‖ / ‖θ‖`` with the exact ``λ_i = 1/(n·w)``;
+- without: ``min_{λ ≥ 0} ‖θ − Σ_i λ_i ∇_θ margin_i‖ / ‖θ‖`` (Haim et al.'s KKT condition, the
+  best non-negative multipliers by NNLS).
+
+0 is exact stationarity, 1 is no better than ``λ = 0``.
+
+**Thresholds**, from ``benchmarks/audit_thresholds.py`` (8 small victims, 2 CPU cores; see
+``benchmarks/README.md``, "Audit thresholds"): victims trained with weight decay until their loss plateaued measured
+0.18-0.32 (exhume's GD victims on 8×8 digits and MNIST, 400-6000 epochs) and 0.19-0.44 (a user's
+biased MLP trained with torch.optim.SGD), one stopped after 100 epochs 8.3; without weight decay
+0.17-0.31. ``STATIONARITY_LIMIT = 0.5`` sits above every plateau. The attack's own final residual
+was 0.01-0.13 where it converged and 1.07 on a victim trained briefly without weight decay:
+``ATTACK_RESIDUAL_LIMIT = 0.5``. A residual below the limit is necessary, not sufficient (the
+briefly trained victim without weight decay measured 0.17; the fit check catches it).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad
+from torch.overrides import TorchFunctionMode
+
+from exhume.losses import margin
+
+#: victims above this relative stationarity residual on their own training data are "far from a
+#: stationary point" (measurements in benchmarks/audit_thresholds.md)
+STATIONARITY_LIMIT = 0.5
+#: attacks whose own final relative residual (exact ReLU derivative) stays above this did not find a KKT point
+ATTACK_RESIDUAL_LIMIT = 0.5
+
+_SMOOTH = {F.gelu: "GELU", torch.tanh: "tanh", F.tanh: "tanh", torch.Tensor.tanh: "tanh", torch.sigmoid: "sigmoid",
+           F.sigmoid: "sigmoid", torch.Tensor.sigmoid: "sigmoid", F.silu: "SiLU", F.elu: "ELU", F.selu: "SELU",
+           F.celu: "CELU", F.softplus: "softplus", F.mish: "Mish", F.hardswish: "hardswish", F.softsign: "softsign",
+           F.logsigmoid: "logsigmoid", F.layer_norm: "LayerNorm", F.group_norm: "GroupNorm", torch.exp: "exp",
+           torch.Tensor.exp: "exp", F.softmax: "softmax", torch.softmax: "softmax", torch.Tensor.softmax: "softmax"}
+
+
+class _Recorder(TorchFunctionMode):
+    """Records the smooth (non-piecewise-linear) functions a forward pass calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = _SMOOTH.get(func)
+        if name is not None and name not in self.seen:
+            self.seen.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def unmodelled_layers(model: nn.Module, sample: torch.Tensor) -> list[str]:
+    """Plain-words reasons for each part of ``model`` the attack does not model (empty: none).
+
+    Looks at the modules (BatchNorm, dropout) and traces one forward pass on ``sample`` for
+    non-piecewise-linear functions (GELU, tanh, sigmoid, SiLU, LayerNorm, softmax, ...), so
+    functional calls inside ``forward`` are seen as well as ``nn`` modules.
+    """
+    reasons: list[str] = []
+    norms = sorted({type(m).__name__ for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)})
+    if norms:
+        reasons.append(f"the network has {', '.join(norms)} layers: trained in training mode they use batch statistics, "
+                       "so the weights are not a stationary point of the network the attack differentiates")
+    drops = [m for m in model.modules() if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0]
+    if drops:
+        reasons.append("the network has dropout layers: training with dropout does not end at a stationary point of the "
+                       "network without dropout that the attack differentiates")
+    rec = _Recorder()
+    was_training = model.training
+    model.eval()
+    with torch.no_grad(), rec:
+        model(sample)
+    model.train(was_training)
+    if rec.seen:
+        reasons.append(f"the network uses {', '.join(rec.seen)}, which the attack does not model: it assumes piecewise-linear "
+                       "activations such as ReLU (its multiplier scale and ReLU surrogate rely on them)")
+    return reasons
+
+
+def _flat_grads(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-sample ``∇_θ margin_i`` as the columns of a ``(p, n)`` matrix (a plain loop: any module)."""
+    cols = []
+    def one(p, xi, yi):
+        return margin(functional_call(model, p, (xi,)), yi).sum()
+
+    for i in range(x.shape[0]):
+        g = grad(one)(params, x[i:i + 1], y[i:i + 1])
+        cols.append(torch.cat([g[k].reshape(-1) for k in params]))
+    return torch.stack(cols, dim=1)
+
+
+def kkt_residual_nnls(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chunk: int = 64) -> float:
+    """``min_{λ ≥ 0} ‖θ − Σ_i λ_i ∇_θ margin_i‖ / ‖θ‖`` (the no-weight-decay KKT residual)."""
+    from scipy.optimize import nnls
+
+    model = model.double().eval()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    theta = torch.cat([v.reshape(-1) for v in params.values()])
+    x, y = x.double(), (y.double() if y.is_floating_point() else y)
+    cols = [_flat_grads(model, params, x[i:i + chunk], y[i:i + chunk]) for i in range(0, x.shape[0], chunk)]
+    g = torch.cat(cols, dim=1)
+    q, r = torch.linalg.qr(g, mode="reduced")  # ‖θ − Gλ‖² = ‖Qᵀθ − Rλ‖² + ‖θ‖² − ‖Qᵀθ‖²
+    qt = q.T @ theta
+    _, rnorm = nnls(r.numpy(), qt.numpy(), maxiter=50 * r.shape[1])
+    outside = max(float(theta @ theta - qt @ qt), 0.0)
+    return float((rnorm**2 + outside) ** 0.5 / theta.norm().clamp_min(1e-30))
+
+
+def relative_stationarity(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str, weight_decay: float) -> dict:
+    """The relative stationarity residual of ``model`` on its training data ``(x, y)`` (model inputs)."""
+    import copy
+
+    from exhume.victim.train import stationarity_residual
+
+    work = copy.deepcopy(model).double().eval()
+    yy = y.double() if y.is_floating_point() else y
+    if weight_decay > 0:
+        value = stationarity_residual(work, x.double(), yy, loss, weight_decay)
+        how = "‖∇ objective‖ / ‖weight_decay·θ‖ on the training data (0 = stationary)"
+    else:
+        value = kkt_residual_nnls(work, x, yy)
+        how = "min over λ ≥ 0 of ‖θ − Σ λ_i ∇θ margin_i‖ / ‖θ‖ on the training data (no weight decay; 0 = KKT point)"
+    return {"value": float(value), "definition": how, "limit": STATIONARITY_LIMIT}
+
+
+def stationarity_failure(measured: dict) -> list[str]:
+    """The plain-words failure for a measured residual above its limit (empty when below)."""
+    value, limit = measured["value"], measured["limit"]
+    if value is None or value <= limit:
+        return []
+    return [f"the model is far from a stationary point of its training objective on the given training data "
+            f"(relative stationarity residual {value:.3g} > {limit:g}): it was trained too briefly, with other settings "
+            "(weight decay, loss, normalisation) than stated, or on other data, and the attack inverts the stationarity equation"]
+
+
+def attack_failures(recon) -> list[str]:
+    """The attack's own final residual, when it reports one, above ``ATTACK_RESIDUAL_LIMIT``."""
+    value = (recon.summary or {}).get("final_relative_stationarity")
+    if value is None or value <= ATTACK_RESIDUAL_LIMIT:
+        return []
+    return [f"the attack did not find candidates that satisfy the stationarity equation (its final relative residual "
+            f"{value:.3g} > {ATTACK_RESIDUAL_LIMIT:g}); a longer budget or other settings may"]
+
+
+def fit_failure(margins, weight_decay: float) -> list[str]:
+    """Without weight decay the attack assumes the max-margin KKT point: every training image fitted."""
+    import numpy as np
+
+    wrong = int(np.sum(np.asarray(margins) <= 0))
+    if weight_decay > 0 or wrong == 0:
+        return []
+    return [f"{wrong} of {len(margins)} training images are not fitted (margin <= 0): a model trained without weight decay "
+            "reaches the max-margin point the attack assumes only after fitting all its training data, so it was trained too briefly"]

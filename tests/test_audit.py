@@ -1,0 +1,192 @@
+"""`exhume audit` / `exhume.audit`: a user's own model class, weights and images in, a verdict out."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+from sklearn.datasets import load_digits
+
+import exhume
+from exhume.audit import audit
+from exhume.cli import main
+from exhume.evaluation.verdict import VERDICTS
+from exhume.victim import TrainConfig, make_victim
+
+ROOT = Path(__file__).resolve().parents[1]
+USER_MODEL = '''
+import torch
+from torch import nn
+
+
+class TinyNet(nn.Module):
+    """A user's MLP for 8x8 digits: biases everywhere, widths exhume never builds."""
+
+    def __init__(self, hidden: int = 24, second: int = 12):
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, second), nn.ReLU(),
+                                  nn.Linear(second, 1))
+
+    def forward(self, x):
+        return self.body(x)
+'''
+MEAN, STD = 0.3, 0.4
+
+
+def _train(model, x, y, wd, epochs, lr=0.2):
+    """A plain PyTorch loop (not exhume's): full-batch SGD, BCE-with-logits, inputs (x - 0.3) / 0.4."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr, weight_decay=wd)
+    xt, yt = (torch.from_numpy(x) - MEAN) / STD, torch.from_numpy(y).float()
+    for _ in range(epochs):
+        opt.zero_grad()
+        torch.nn.functional.binary_cross_entropy_with_logits(model(xt).squeeze(1), yt).backward()
+        opt.step()
+    return model
+
+
+@pytest.fixture(scope="module")
+def user(tmp_path_factory):
+    """The user's files: model.py, weights (safetensors and a .pt state dict), train.npz, unseen.npz."""
+    root = tmp_path_factory.mktemp("user")
+    (root / "model.py").write_text(USER_MODEL)
+    sys.path.insert(0, str(root))
+    try:
+        from model import TinyNet
+    finally:
+        sys.path.remove(str(root))
+    digits = load_digits()
+    images, labels = (digits.images / 16.0).astype(np.float32)[:, None], digits.target
+    order = np.random.default_rng(0).permutation(len(images))
+    train, unseen = order[:20], order[20:220]
+    x, y = images[train], (labels[train] % 2).astype(np.int64)
+    np.savez(root / "train.npz", x=(x[:, 0] * 255).round().astype(np.uint8), y=y)
+    np.savez(root / "unseen.npz", x=images[unseen])
+    torch.manual_seed(0)
+    net = _train(TinyNet(hidden=24), x, y, wd=5e-3, epochs=1500)
+    save_file(net.state_dict(), str(root / "net.safetensors"))
+    torch.save(net.state_dict(), root / "net.pt")
+    torch.save(net, root / "whole.pt")  # a pickled module: must be refused
+    return {"root": root, "cls": TinyNet, "x": x, "y": y, "unseen": images[unseen]}
+
+
+def test_audit_cli_on_a_users_own_model_writes_a_verdict_and_a_report(user, tmp_path):
+    """Subprocess, stderr not a terminal: exit 0, metrics.json with verdict / p-value / counts, a report chromium loads."""
+    from test_report import open_in_chromium
+
+    root, out = user["root"], tmp_path / "audit"
+    (tmp_path / "audit.toml").write_text(
+        f'model = "{root / "model.py"}:TinyNet"\nweights = "{root / "net.safetensors"}"\ntrain = "{root / "train.npz"}"\n'
+        f'unseen = "{root / "unseen.npz"}"\nnormalize = "{MEAN},{STD}"\nloss = "bce"\nweight_decay = 0.5\n[model_args]\nhidden = 24\n')
+    cmd = [sys.executable, "-m", "exhume", "audit", "--config", str(tmp_path / "audit.toml"), "--weight-decay", "5e-3",
+           "--max-seconds", "60", "-p", "iterations=200", "-o", str(out)]
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) <= 8  # no bar frames: a line per ~10 s at most
+    m = json.loads((out / "evaluation" / "metrics.json").read_text())
+    assert m["verdict"] in VERDICTS and m["verdict_reason"] and m["alpha"] == 0.05
+    assert 0 <= m["p_value"] <= 1 and m["n_train"] == 20 and m["control_size"] == 20 and m["pool_size"] == 180
+    assert m["victim"]["weight_decay"] == 5e-3  # the flag overrides the config
+    assert m["victim"]["normalisation"] == "(x - mean) / std" and m["victim"]["positive_class"] == 1
+    assert m["attack"]["iterations"] == 200
+    assert f"verdict: {m['verdict'].upper()}" in proc.stdout
+    got = open_in_chromium(out / "report.html", tmp_path)
+    assert got["ready"] == "complete" and f"Verdict: {m['verdict'].upper()}" in got["verdict"]
+    assert len(got["images"]) == 5 and all(c and w > 0 for c, w, _, _ in got["images"])
+    assert got["errors"] == [] and [r for r in got["resources"] if not r.startswith("data:")] == []
+
+
+def test_brief_training_without_weight_decay_is_inconclusive_with_the_reason(user):
+    torch.manual_seed(1)
+    net = _train(user["cls"](hidden=24), user["x"], user["y"], wd=0.0, epochs=15)
+    r = audit(net, (user["x"], user["y"]), user["unseen"], loss="logistic", weight_decay=0, normalize=(MEAN, STD),
+              attack_args={"iterations": 300}, progress=False)
+    assert r.verdict == "inconclusive", r.reason
+    assert "trained too briefly" in r.reason or "did not find candidates" in r.reason
+    assert r.metrics["assumption_failures"] and r.metrics["verdict"] == "inconclusive"
+
+
+@pytest.fixture(scope="module")
+def leaky():
+    """A small victim that truly leaks: bias-free MLP on 20 MNIST digits (measured 11 of 20 memorised, control 0)."""
+    torch.manual_seed(0)
+    victim = make_victim("mnist", "odd-even", 20, "mlp:32;bias=none;init=1e-3",
+                         TrainConfig(loss="logistic", lr=0.2, weight_decay=5e-3, max_epochs=400), seed=0, progress=False, test_size=0)
+    from exhume.data import dataset_of, make_pool
+
+    train = victim.load_train_set()
+    unseen = make_pool(dataset_of(victim.data_spec), "odd-even", 300, exclude=train.indices, seed=3)
+    return victim, train, unseen
+
+
+def test_a_model_that_leaks_gets_leaks(leaky):
+    victim, train, unseen = leaky
+    labels = (train.y.numpy() > 0).astype(np.int64)  # one logit: label 1 is +1
+    r = exhume.audit(victim.model, (train.x.numpy(), labels), unseen.x.numpy(), loss="logistic", weight_decay=5e-3,
+                     normalize=(train.mean, 1.0), attack_args={"iterations": 1500}, progress=False)
+    # measured: memorised 11 of 20, control 0 of 20, p = 1e-4
+    assert r.verdict == "leaks", r.reason
+    assert r.metrics["p_value"] < 0.01 and r.metrics["memorised"] > r.metrics["memorised_control"]
+
+
+def test_a_model_that_never_saw_the_images_never_gets_leaks(leaky):
+    victim, train, unseen = leaky
+    other_x, other_y = unseen.x[:20].numpy(), (unseen.y[:20].numpy() > 0).astype(np.int64)  # not its training images
+    r = exhume.audit(victim.model, (other_x, other_y), unseen.x[20:].numpy(), loss="logistic", weight_decay=5e-3,
+                     normalize=(train.mean, 1.0), attack_args={"iterations": 500}, progress=False)
+    assert r.verdict in ("no evidence", "inconclusive"), r.reason
+    assert r.metrics["victim"]["stationarity_residual"] > 0.5  # its training data is not these images
+
+
+def _args(user, tmp_path, **over):
+    root = user["root"]
+    base = {"--model": f"{root / 'model.py'}:TinyNet", "--weights": str(root / "net.safetensors"), "--train": str(root / "train.npz"),
+            "--unseen": str(root / "unseen.npz"), "--normalize": f"{MEAN},{STD}", "--loss": "logistic", "--weight-decay": "5e-3",
+            "-o": str(tmp_path / "out"), "--no-progress": None}
+    base.update(over)
+    argv = ["audit"]
+    for k, v in base.items():
+        if v is not False:
+            argv += [k] if v is None else [k, v]
+    return argv
+
+
+@pytest.mark.parametrize("over, needle", [
+    ({"--model": "{root}/model.py:NoSuchNet"}, "defines no class 'NoSuchNet'; nn.Module classes found there: TinyNet"),
+    ({"--model": "{root}/nope.py:TinyNet"}, "nope.py does not exist"),
+    ({"--model-args": '{"hidden": 30}'}, "net.safetensors: body.1.weight has shape (24, 64) but TinyNet expects (30, 64)"),
+    ({"--weights": "{root}/whole.pt"}, "whole.pt holds pickled Python objects"),
+    ({"--weights": "{root}/pickle.safetensors"}, "pickle.safetensors is not a readable safetensors file (a torch.save file"),
+    ({"--train": "{root}/nox.npz"}, "nox.npz has no array 'x'"),
+    ({"--train": "{root}/big.npz"}, "unseen.npz: images of shape (1, 8, 8), but {root}/big.npz holds (1, 10, 10)"),
+    ({"--train": "{root}/big.npz", "--unseen": "{root}/big.npz"},
+     "big.npz: the model failed on a batch of the training images, shape (2, 1, 10, 10)"),
+    ({"--weight-decay": "-1"}, "weight_decay must be >= 0"),
+    ({"--loss": False}, "loss is not given"),
+    ({"--weight-decay": False}, "weight_decay is not given"),
+    ({"--normalize": False}, "normalize is not given"),
+    ({"--normalize": "0.3"}, "expected an even count"),
+])
+def test_bad_inputs_give_one_line_naming_the_file_and_exit_2(user, tmp_path, capsys, over, needle):
+    root = user["root"]
+    (root / "pickle.safetensors").write_bytes((root / "net.pt").read_bytes())
+    np.savez(root / "nox.npz", images=user["x"], y=user["y"])
+    np.savez(root / "big.npz", x=np.zeros((4, 10, 10), np.float32), y=np.array([0, 1, 0, 1]))
+    over = {k: v.replace("{root}", str(root)) if isinstance(v, str) else v for k, v in over.items()}
+    assert main(_args(user, tmp_path, **over)) == 2
+    err = capsys.readouterr().err
+    assert needle.replace("{root}", str(root)) in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_pt_state_dict_loads_like_safetensors(user, tmp_path):
+    from exhume.audit import load_model_class, load_weights
+
+    a = load_weights(load_model_class(f"{user['root'] / 'model.py'}:TinyNet", {"hidden": 24}), user["root"] / "net.pt")
+    b = load_weights(load_model_class(f"{user['root'] / 'model.py'}:TinyNet", {"hidden": 24}), user["root"] / "net.safetensors")
+    assert all(torch.equal(a.state_dict()[k], b.state_dict()[k]) for k in a.state_dict())
