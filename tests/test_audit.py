@@ -94,7 +94,8 @@ def test_audit_cli_on_a_users_own_model_writes_a_verdict_and_a_report(user, tmp_
     assert 0 <= m["p_value"] <= 1 and m["n_train"] == 20 and m["control_size"] == 20 and m["pool_size"] == 180
     assert m["victim"]["weight_decay"] == 5e-3  # the flag overrides the config
     assert m["victim"]["normalisation"] == "(x - mean) / std" and m["victim"]["positive_class"] == 1
-    assert m["attack"]["iterations"] == 200
+    restarts = m["attack"]["config"]["portfolio"]["restarts"]  # the audit spends its budget on the attack's portfolio
+    assert len(restarts) >= 1 and all(r["iterations"] == 200 for r in restarts) and m["attack"]["iterations"] == 200 * len(restarts)
     assert f"verdict: {m['verdict'].upper()}" in proc.stdout
     got = open_in_chromium(out / "report.html", tmp_path)
     assert got["ready"] == "complete" and f"Verdict: {m['verdict'].upper()}" in got["verdict"]
