@@ -137,7 +137,7 @@ def test_resume_continues_exactly_where_the_interrupted_run_stopped(tmp_path):
     torch.manual_seed(0)
     model = UserNet(d=12)
     view = AttackerView(model=model, task="binary", input_shape=(12,), mean=torch.zeros(12), n_train_hint=4)
-    kw = dict(lr=1e-3, checkpoint_every=20)
+    kw = dict(lr=1e-3, checkpoint_every=20, lr_schedule="constant")  # cosine follows the budget, which changes here
     full = get_attack("kkt", iterations=80, **kw).run(view, progress=False, seed=3)
     get_attack("kkt", iterations=40, **kw).run(view, out=tmp_path, progress=False, seed=3)  # "interrupted" at 40
     assert (tmp_path / "checkpoint.pt").exists()
@@ -146,7 +146,7 @@ def test_resume_continues_exactly_where_the_interrupted_run_stopped(tmp_path):
     assert torch.allclose(resumed.candidates, full.candidates, atol=1e-6)
     assert torch.allclose(resumed.scores, full.scores, atol=1e-6)
     with pytest.raises(ExhumeError, match="lr"):
-        get_attack("kkt", iterations=90, lr=5e-3, checkpoint_every=20).run(view, out=tmp_path, resume=True, progress=False, seed=3)
+        get_attack("kkt", iterations=90, lr=5e-3, checkpoint_every=20, lr_schedule="constant").run(view, out=tmp_path, resume=True, progress=False, seed=3)
 
 
 def test_resume_refuses_a_corrupt_checkpoint(tmp_path):

@@ -35,8 +35,17 @@ size (``m/2`` by default).
 **Optimiser.** The reference uses SGD with momentum 0.9 (``optimizer="sgd"``, available); Adam is
 the default here (SGD diverges readily because the loss's curvature in ``x̂`` grows with ``λ²``).
 
-The measurements behind these defaults (TV weight, the auto-scale factor, Adam against SGD) are
-in ``benchmarks/README.md``, "Measurements behind the kkt defaults".
+**Which iterate is returned** (:mod:`exhume.attacks.snapshots`). The learning rates follow a
+cosine decay to zero over the budget (``lr_schedule="cosine"``; the budget is ``iterations`` or
+``max_seconds``, whichever ends first, so a run resumed with a larger budget follows a new
+schedule), the returned iterate is an exponential moving average of the iterates
+(``average_decay=0.99``), and every ``snapshot_every`` iterations the attack's own loss judges the
+averaged iterate; the lowest is kept (``keep="best"``) and its iteration is recorded in
+``summary["kept_iteration"]``. ``lr_schedule="constant", average_decay=0, keep="last"`` is the
+behaviour before.
+
+The measurements behind these defaults (TV weight, the auto-scale factor, Adam against SGD, the
+schedule and averaging on the victim zoo) are in ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ from exhume.attacks.checkpoint import resumable_settings
 from exhume.attacks.formulation import FORMULATIONS, Formulation, resolve
 from exhume.attacks.loop import CANDIDATE_PARAMS, attack_loop, budget_params, make_optimizer, open_run
 from exhume.attacks.priors import range_penalty, tv_term
+from exhume.attacks.snapshots import IterateTracker
 from exhume.attacks.stationarity import stationarity_residual
 from exhume.errors import ConfigError, DivergenceError
 from exhume.losses import LOSSES
@@ -97,6 +107,13 @@ class KKTAttack(Attack):
         "tv_weight": Param(0.0, float, "weight of the total-variation (smoothness) prior on image candidates; "
                            "0 = off (MLPs), about 1e-4 for CNNs", low=0.0),
         "dual_weight": Param(5.0, float, "weight of the λ ≥ λ_min penalty", low=0.0),
+        "average_decay": Param(0.99, float, "the returned iterate is an exponential moving average of the iterates "
+                               "with this decay (0 = the last iterate)", low=0.0, high=0.99999),
+        "keep": Param("best", str, "which averaged iterate to return: the snapshot the attack's own loss ranks "
+                      "lowest ('best') or the final one ('last')", choices=("best", "last")),
+        "snapshot_every": Param(500, int, "iterations between snapshot comparisons", low=1),
+        "lr_schedule": Param("cosine", str, "learning-rate schedule over the budget (iterations or max_seconds, "
+                             "whichever ends first)", choices=("constant", "cosine")),
     }
 
     def __init__(self, **kwargs: Any) -> None:
@@ -128,9 +145,10 @@ class KKTAttack(Attack):
         p = self.problem(view, torch.device(device), seed, init)
         opt_x = make_optimizer(cfg["optimizer"], [p.x], cfg["lr"], cfg["momentum"])
         opt_u = make_optimizer(cfg["optimizer"], [p.u], cfg["lr_lambda"], cfg["momentum"])
-        run = open_run(out, resume, {"x": p.x, "u": p.u}, {"opt_x": opt_x, "opt_u": opt_u},
+        tracker = IterateTracker({"x": p.x, "u": p.u}, cfg["average_decay"], cfg["snapshot_every"], cfg["keep"])
+        run = open_run(out, resume, {"x": p.x, "u": p.u, **tracker.state()}, {"opt_x": opt_x, "opt_u": opt_u},
                        {"config": resumable_settings(cfg), "seed": seed, "m": p.m})
-        step = self.stepper(p, (opt_x, opt_u), run.history)
+        step = self.stepper(p, (opt_x, opt_u), run.history, tracker)
 
         def emit(it: int, elapsed: float) -> None:
             with torch.no_grad():
@@ -139,19 +157,25 @@ class KKTAttack(Attack):
 
         end = attack_loop("kkt attack", cfg, run, step, progress=progress, emit=None if callback is None else emit,
                           emit_every=callback_every)
+        if tracker.best_iteration != end.done:
+            tracker.consider(end.done, self.criterion(p))
+        kept_x, kept_u = tracker.best["x"], tracker.best["u"]
         with torch.no_grad():
-            final_stat = float(stationarity_residual(p.model, p.params, p.x, p.y, p.form.scale * p.u, None, p.form.objective) / p.theta2)
-            candidates = (p.x + p.mean).float().cpu()
+            final_stat = float(stationarity_residual(p.model, p.params, kept_x, p.y, p.form.scale * kept_u, None, p.form.objective) / p.theta2)
+            candidates = (kept_x + p.mean).float().cpu()
         return Reconstruction(
             method=self.name,
             candidates=candidates,
             labels=p.y.cpu(),
-            scores=(p.form.scale * p.u).detach().float().cpu(),
+            scores=(p.form.scale * kept_u).detach().float().cpu(),
             config={**cfg, "m": p.m, "n_guess": p.n, "lambda_scale_value": p.form.scale, **p.form.info, **init_record(init_name)},
             seed=seed,
             loss_history=run.history,
             summary={"iterations": end.done, "seconds": round(end.elapsed, 3), "final_relative_stationarity": final_stat,
-                     "final_relative_stationarity_note": "with the exact ReLU derivative"},
+                     "final_relative_stationarity_note": "with the exact ReLU derivative, of the returned iterate",
+                     "kept_iteration": tracker.best_iteration, "kept_criterion": tracker.best_score,
+                     "kept_iterate": (f"exponential moving average (decay {cfg['average_decay']:g})" if cfg["average_decay"] > 0
+                                      else "iterate") + f", {cfg['keep']} snapshot every {cfg['snapshot_every']} iterations"},
         )
 
     def problem(self, view, dev: torch.device, seed: int, init: torch.Tensor | None) -> Problem:
@@ -168,19 +192,40 @@ class KKTAttack(Attack):
         return Problem(model, params, sum((v**2).sum() for v in params.values()), n, m, form,
                        view.mean.to(dev, dtype), form.labels.to(dev), x, u)
 
-    def stepper(self, p: Problem, opts: tuple[torch.optim.Optimizer, ...], history: list[dict[str, float]]):
-        """One optimisation step on the loss of the module docstring (appends to ``history`` when logging)."""
+    def terms(self, p: Problem, x: torch.Tensor, u: torch.Tensor):
+        """The loss of the module docstring at ``(x, u)`` and its stationarity, dual and prior terms."""
         cfg = self.config
         lo, hi, shift = (0.0, 1.0, p.mean) if cfg["prior"] == "display" else (-1.0, 1.0, torch.zeros_like(p.mean))
+        stat = stationarity_residual(p.model, p.params, x, p.y, p.form.scale * u, cfg["alpha"], p.form.objective) / p.theta2
+        dual = u.new_zeros(()) if p.form.signed else (torch.relu(cfg["lambda_min"] - u) ** 2).sum()
+        v = x + shift
+        prior = range_penalty(v, lo, hi)
+        loss = stat + cfg["dual_weight"] * dual + cfg["prior_weight"] * prior
+        if cfg["tv_weight"] > 0:
+            loss = loss + cfg["tv_weight"] * tv_term(v)
+        return loss, stat, dual, prior
+
+    def criterion(self, p: Problem):
+        """The attacker-side criterion of a snapshot: the attack's own loss (lower is better)."""
+
+        def score(t: dict[str, torch.Tensor]) -> float:
+            with torch.no_grad():
+                return float(self.terms(p, t["x"], t["u"])[0])
+
+        return score
+
+    def stepper(self, p: Problem, opts: tuple[torch.optim.Optimizer, ...], history: list[dict[str, float]],
+                tracker: IterateTracker):
+        """One optimisation step on the loss of the module docstring (appends to ``history`` when logging)."""
+        cfg = self.config
+        score = self.criterion(p)
 
         def step(it: int, log: bool, clock) -> dict[str, str] | None:
-            stat = stationarity_residual(p.model, p.params, p.x, p.y, p.form.scale * p.u, cfg["alpha"], p.form.objective) / p.theta2
-            dual = p.u.new_zeros(()) if p.form.signed else (torch.relu(cfg["lambda_min"] - p.u) ** 2).sum()
-            v = p.x + shift
-            prior = range_penalty(v, lo, hi)
-            loss = stat + cfg["dual_weight"] * dual + cfg["prior_weight"] * prior
-            if cfg["tv_weight"] > 0:
-                loss = loss + cfg["tv_weight"] * tv_term(v)
+            if cfg["lr_schedule"] == "cosine":
+                frac = max(it / cfg["iterations"], clock() / cfg["max_seconds"] if cfg["max_seconds"] else 0.0)
+                for opt, key in zip(opts, ("lr", "lr_lambda")):
+                    opt.param_groups[0]["lr"] = cfg[key] * 0.5 * (1.0 + math.cos(math.pi * min(frac, 1.0)))
+            loss, stat, dual, prior = self.terms(p, p.x, p.u)
             if not torch.isfinite(loss):
                 raise DivergenceError(f"kkt attack diverged at iteration {it} (loss {float(loss.detach())}); lower lr (now {cfg['lr']})")
             for opt in opts:
@@ -188,6 +233,9 @@ class KKTAttack(Attack):
             loss.backward()
             for opt in opts:
                 opt.step()
+            tracker.update({"x": p.x, "u": p.u})
+            if it % cfg["snapshot_every"] == 0:
+                tracker.consider(it, score)
             if not log:
                 return None
             rec = {"iteration": it, "loss": float(loss.detach()), "stationarity": float(stat.detach()),

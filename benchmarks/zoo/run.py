@@ -1,0 +1,238 @@
+"""Build the victim zoo and attack every victim at an equal wall-clock budget, in parallel.
+
+    python benchmarks/zoo/run.py all --out runs/zoo --seconds 90 --slots 8 --cores-per-job 2 \\
+        --fashion-root /usr/share/datasets/fashion-mnist --methods new old reference
+
+Each job (one victim × one method) runs in its own process pinned to ``--cores-per-job`` cores with
+``taskset`` (``OMP_NUM_THREADS`` and torch's thread count set to match); the attack gets
+``--seconds`` of wall time, then the job evaluates with :func:`exhume.evaluate` (1000 unseen pool
+images, the control count on held-out non-members; evaluation time is not part of the budget).
+
+Methods:
+
+- ``new``: the default attack, ``exhume.attack(victim, seconds=...)`` style: the restart portfolio with
+  its default variants and kkt's current defaults (:func:`new_default`).
+- ``old``: one kkt run with the defaults of main before issue 10 (``OLD_KKT``: last iterate, constant
+  learning rate, no averaging).
+- ``reference``: the published recipe (``benchmarks/zoo/reference.py``).
+- ``kkt:{json}``: one kkt run with these parameter overrides (for choosing the defaults).
+- ``pfR:{json}``: R restarts of kkt with the overrides, budget split evenly, candidates pooled.
+
+``table`` gathers ``results.csv``, ``results.json`` and ``table.md`` from the job files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))  # the repository root
+sys.path.insert(0, str(HERE))
+
+#: kkt as on main before issue 10: the last iterate, constant learning rate (other defaults unchanged)
+OLD_KKT = {"average_decay": 0.0, "keep": "last", "lr_schedule": "constant"}
+
+
+def pooled(recons, method: str, extra: dict):
+    import torch
+
+    from exhume.attacks.base import Reconstruction
+
+    return Reconstruction(method=method, candidates=torch.cat([r.candidates for r in recons]),
+                          labels=torch.cat([r.labels for r in recons]), scores=torch.cat([r.scores for r in recons]),
+                          config={**recons[0].config, **extra}, seed=recons[0].seed,
+                          summary={"iterations": [r.summary["iterations"] for r in recons],
+                                   "seconds": round(sum(r.summary["seconds"] for r in recons), 3),
+                                   "kept_iteration": [r.summary.get("kept_iteration") for r in recons]})
+
+
+def restarts(view, seconds: float, seed: int, variants: list[dict]):
+    """Sequential restarts, the budget split evenly, candidates pooled (the portfolio without its machinery)."""
+    from exhume.attacks import get_attack
+
+    each = seconds / len(variants)
+    runs = [get_attack("kkt", iterations=10_000_000, max_seconds=each, **v).run(view, seed=seed + 100 * i, progress=False)
+            for i, v in enumerate(variants)]
+    return pooled(runs, "kkt-restarts", {"variants": variants, "seconds_each": each})
+
+
+def new_default(view, seconds: float, seed: int):
+    """The new default attack at this budget: exhume's portfolio when present, else its restarts here."""
+    try:
+        from exhume.portfolio import run_portfolio
+        from exhume.portfolio.variants import default_restarts
+    except ImportError:
+        return restarts(view, seconds, seed, [{}] * max(1, min(8, round(seconds / 45))))
+    return run_portfolio(view, method="kkt", seconds=seconds, seed=seed, restarts=default_restarts("kkt", seconds),
+                         progress=False)
+
+
+def attack(view, method: str, seconds: float, seed: int):
+    from exhume.attacks import get_attack
+
+    if method == "new":
+        return new_default(view, seconds, seed)
+    if method == "old":
+        return get_attack("kkt", iterations=10_000_000, max_seconds=seconds, **OLD_KKT).run(view, seed=seed, progress=False)
+    if method == "reference":
+        from reference import run_reference
+
+        return run_reference(view, seconds, seed=seed)
+    kind, _, overrides = method.partition(":")
+    kw = json.loads(overrides) if overrides else {}
+    if kind == "kkt":
+        return get_attack("kkt", iterations=10_000_000, max_seconds=seconds, **kw).run(view, seed=seed, progress=False)
+    if kind.startswith("pf"):
+        return restarts(view, seconds, seed, [kw] * int(kind[2:]))
+    raise SystemExit(f"unknown method {method!r}")
+
+
+def job(args) -> None:
+    import torch
+
+    import exhume
+    from exhume.victim import load_victim
+
+    torch.set_num_threads(args.threads)
+    victim = load_victim(args.victim)
+    t0 = time.perf_counter()
+    recon = attack(victim.attacker_view(), args.method, args.seconds, args.seed)
+    wall = time.perf_counter() - t0
+    res = exhume.evaluate(recon, victim, pool_size=1000, figures=False)
+    m = res.metrics
+    row = {"victim": Path(args.victim).name, "method": args.method, "seed": args.seed, "budget_s": args.seconds,
+           "attack_wall_s": round(wall, 1), "iterations": recon.summary.get("iterations"),
+           "kept_iteration": recon.summary.get("kept_iteration"), "candidates": int(recon.candidates.shape[0]),
+           "memorised": m["memorised"], "control": m.get("memorised_control"),
+           "one_to_one": m["one_to_one_ssim>=0.4"], "one_to_one_control": m.get("one_to_one_ssim>=0.4_control"),
+           "victim_train_accuracy": victim.metrics.get("train_accuracy"), "victim_epochs": victim.metrics.get("epochs")}
+    Path(args.result).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.result).write_text(json.dumps(row, default=str))
+    print(json.dumps(row, default=str), flush=True)
+
+
+def build(args) -> None:
+    import torch
+
+    from zoo import BY_NAME, build as build_victim
+
+    torch.set_num_threads(args.threads)
+    v = build_victim(BY_NAME[args.name], args.out, args.fashion_root)
+    print(args.name, {k: v.metrics.get(k) for k in ("train_accuracy", "test_accuracy", "epochs", "stationarity_residual")}, flush=True)
+
+
+def parallel(commands: list[list[str]], slots: int, cores: int, log: Path, first: int = 0) -> None:
+    """Run the commands, at most ``slots`` at a time, each pinned to its own ``cores`` cores (from core ``first``)."""
+    free = [list(range(first + i * cores, first + (i + 1) * cores)) for i in range(slots)]
+    running: list[tuple[subprocess.Popen, list[int]]] = []
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as fh:
+        for cmd in commands:
+            while not free:
+                for p, c in list(running):
+                    if p.poll() is not None:
+                        running.remove((p, c))
+                        free.append(c)
+                time.sleep(0.5)
+            c = free.pop(0)
+            env = {**os.environ, "OMP_NUM_THREADS": str(cores), "MKL_NUM_THREADS": str(cores)}
+            pinned = ["taskset", "-c", ",".join(map(str, c))] + cmd + ["--threads", str(cores)]
+            running.append((subprocess.Popen(pinned, stdout=fh, stderr=subprocess.STDOUT, env=env), c))
+        for p, _ in running:
+            p.wait()
+
+
+def run_all(args) -> None:
+    from zoo import ZOO
+
+    out = Path(args.out)
+    me = [sys.executable, str(Path(__file__).resolve())]
+    names = args.victims or [v.name for v in ZOO]
+    todo = [me + ["build", "--name", n, "--out", str(out / "victims" / n)] + (["--fashion-root", args.fashion_root] if args.fashion_root else [])
+            for n in names if not (out / "victims" / n / "victim.json").exists()]
+    t0 = time.perf_counter()
+    parallel(todo, args.slots, args.cores_per_job, out / "log.txt", args.first_core)
+    print(f"built {len(todo)} victims in {time.perf_counter() - t0:.0f} s", flush=True)
+    jobs = []
+    for method in args.methods:
+        for n in names:
+            tag = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in method)[:80]
+            result = out / "results" / f"{n}__{tag}__s{args.seed}.json"
+            if not result.exists():
+                jobs.append(me + ["job", "--victim", str(out / "victims" / n), "--method", method, "--seconds", str(args.seconds),
+                                  "--seed", str(args.seed), "--result", str(result)])
+    t0 = time.perf_counter()
+    parallel(jobs, args.slots, args.cores_per_job, out / "log.txt", args.first_core)
+    print(f"ran {len(jobs)} jobs in {time.perf_counter() - t0:.0f} s", flush=True)
+    table(args)
+
+
+def table(args) -> None:
+    out = Path(args.out)
+    rows = [json.loads(p.read_text()) for p in sorted((out / "results").glob("*.json"))]
+    if not rows:
+        return
+    keys = list(rows[0])
+    with (out / "results.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    (out / "results.json").write_text(json.dumps(rows, indent=1, default=str))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    victims = list(dict.fromkeys(r["victim"] for r in rows))
+    cell = {(r["victim"], r["method"]): r for r in rows}
+
+    def fmt(r):
+        if r is None:
+            return "–"
+        its = r["iterations"]
+        its = "+".join(str(i) for i in its) if isinstance(its, list) else str(its)
+        return f"{r['memorised']} / {r['control']} ({r['one_to_one']}; {its} it)"
+
+    lines = ["| victim | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+    lines += [f"| {v} | " + " | ".join(fmt(cell.get((v, m))) for m in methods) + " |" for v in victims]
+    text = ("memorised / control (one-to-one SSIM ≥ 0.4; iterations per restart)\n\n" + "\n".join(lines) + "\n")
+    (out / "table.md").write_text(text)
+    print(text)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("all")
+    a.add_argument("--out", default="runs/zoo")
+    a.add_argument("--seconds", type=float, default=90.0)
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--slots", type=int, default=1)
+    a.add_argument("--cores-per-job", type=int, default=2)
+    a.add_argument("--first-core", type=int, default=0, help="leave the cores below this one free")
+    a.add_argument("--fashion-root", default=None)
+    a.add_argument("--victims", nargs="*", default=None)
+    a.add_argument("--methods", nargs="+", default=["new", "old", "reference"])
+    b = sub.add_parser("build")
+    b.add_argument("--name", required=True)
+    b.add_argument("--out", required=True)
+    b.add_argument("--fashion-root", default=None)
+    b.add_argument("--threads", type=int, default=2)
+    j = sub.add_parser("job")
+    for k in ("--victim", "--method", "--result"):
+        j.add_argument(k, required=True)
+    j.add_argument("--seconds", type=float, required=True)
+    j.add_argument("--seed", type=int, default=0)
+    j.add_argument("--threads", type=int, default=2)
+    t = sub.add_parser("table")
+    t.add_argument("--out", default="runs/zoo")
+    args = ap.parse_args(argv)
+    {"all": run_all, "build": build, "job": job, "table": table}[args.cmd](args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,69 @@
+"""The victim zoo: the victims the attack's defaults are chosen on (never the demo alone).
+
+Each entry is what ``exhume train`` would build from the same flags (``command`` prints it); the
+zoo builds them with :func:`exhume.victim.make_victim`, which the CLI calls. Training is capped
+by ``epochs`` and ``seconds`` (on 2 cores); Haim's regime (weight decay 0, first layer N(0,1)·1e-4,
+"towards 1e6 epochs") is capped at what fits in its ``seconds`` (the reached epoch count is in the
+victim's metrics and in the table).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ZooVictim:
+    name: str
+    data: str
+    task: str
+    n: int
+    arch: str
+    wd: float
+    seed: int = 0
+    lr: float = 0.2
+    epochs: int = 1_000_000
+    seconds: float = 60.0
+    loss: str | None = None  # None: by task (logistic for binary, cross-entropy for multiclass)
+
+    def command(self, out: str = "runs/zoo/victims") -> str:
+        root = " --root $FASHION" if self.data == "fashion-mnist" else ""
+        loss = f" --loss {self.loss}" if self.loss else ""
+        return (f"exhume train -o {out}/{self.name} --data {self.data}{root} --task {self.task} -n {self.n} "
+                f"--arch '{self.arch}'{loss} --lr {self.lr:g} --wd {self.wd:g} --epochs {self.epochs} "
+                f"--seconds {self.seconds:g} --seed {self.seed}")
+
+
+ZOO = (
+    # the demo's victim (exhume/demo.py): 784-256-256-1 bias-free, 100 MNIST digits, wd 5e-3, 6000 epochs
+    ZooVictim("mnist-256-wd5e-3", "mnist", "odd-even", 100, "mlp:256,256;bias=none;init=1e-4", 5e-3, 0, epochs=6000),
+    ZooVictim("mnist-256-wd5e-3-s1", "mnist", "odd-even", 100, "mlp:256,256;bias=none;init=1e-4", 5e-3, 1, seconds=45),
+    # Haim's regime: no weight decay, small first-layer init, trained as long as fits
+    ZooVictim("mnist-256-haim", "mnist", "odd-even", 100, "mlp:256,256;bias=none;init=1e-4", 0.0, 2, seconds=90),
+    ZooVictim("mnist-1000-bias1-wd1e-3", "mnist", "odd-even", 100, "mlp:1000,1000;bias=first;init=1e-4", 1e-3, 3, seconds=60),
+    ZooVictim("fashion-256-wd5e-3", "fashion-mnist", "odd-even", 100, "mlp:256,256;bias=none;init=1e-4", 5e-3, 0, seconds=60),
+    ZooVictim("fashion-1000-bias1-wd1e-3", "fashion-mnist", "odd-even", 100, "mlp:1000,1000;bias=first;init=1e-4", 1e-3, 1, seconds=60),
+    ZooVictim("fashion-256-haim", "fashion-mnist", "odd-even", 100, "mlp:256,256;bias=none;init=1e-4", 0.0, 2, seconds=90),
+    ZooVictim("digits-1hidden-bias-wd1e-3", "digits", "odd-even", 100, "mlp:256;bias=all", 1e-3, 0, seconds=45),
+    ZooVictim("digits-multiclass-wd5e-3", "digits", "multiclass", 100, "mlp:256,256;bias=none;init=1e-4", 5e-3, 1, seconds=45),
+    ZooVictim("digits-cnn-wd5e-3", "digits", "odd-even", 100, "cnn:16;fc=256;pool=avg", 5e-3, 2, seconds=60),
+)
+
+BY_NAME = {v.name: v for v in ZOO}
+
+
+def build(spec: ZooVictim, out, fashion_root: str | None = None):
+    """Train ``spec`` and save it to ``out`` (a folder); returns the Victim."""
+    from exhume.victim import TrainConfig, make_victim
+    from exhume.victim.build import DEFAULT_LOSS
+
+    kind = "multiclass" if spec.task == "multiclass" else "binary"
+    cfg = TrainConfig(loss=spec.loss or DEFAULT_LOSS[kind], optimizer="gd", lr=spec.lr, weight_decay=spec.wd,
+                      max_epochs=spec.epochs, max_seconds=spec.seconds)
+    root = fashion_root if spec.data == "fashion-mnist" else None
+    victim = make_victim(spec.data, spec.task, spec.n, spec.arch, cfg, seed=spec.seed, root=root, progress=False,
+                         dtype=torch.float32)
+    victim.save(out)
+    return victim

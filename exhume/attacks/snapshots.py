@@ -1,0 +1,59 @@
+"""Which iterate an attack returns: an average of late iterates and the snapshot its own criterion prefers.
+
+The last iterate of a long optimisation carries the pixel noise of its last steps and, on some
+victims, drifts away from the training images after a plateau. :class:`IterateTracker` keeps
+
+- an exponential moving average of the iterates (``decay`` β; the first ``1/(1−β)`` iterations are
+  averaged uniformly, β_t = min(β, 1 − 1/t), so the start carries no bias towards zero). The
+  averaged pixel noise of uncorrelated steps shrinks like ``sqrt((1−β)/(1+β))``;
+- the *snapshot*: every ``every`` iterations the attacker-side criterion (the attack's own loss,
+  computed from the weights alone) is evaluated on the averaged iterate, and the lowest one is kept
+  with its iteration number, so a longer run never returns an iterate its own criterion ranks worse.
+
+``decay=0`` tracks the last iterate itself (no averaging).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+class IterateTracker:
+    def __init__(self, tensors: dict[str, torch.Tensor], decay: float, every: int, keep: str = "best") -> None:
+        self.decay, self.every, self.keep = float(decay), int(every), keep
+        self.avg = {k: v.detach().clone() for k, v in tensors.items()}
+        self.best = {k: v.detach().clone() for k, v in tensors.items()}
+        self.count = 0  # iterates averaged so far
+        self.best_score = float("inf")
+        self.best_iteration = 0
+
+    @torch.no_grad()
+    def update(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Fold in the iterate after one more step."""
+        self.count += 1
+        w = 1.0 - min(self.decay, 1.0 - 1.0 / self.count)
+        for k, v in tensors.items():
+            self.avg[k].lerp_(v.detach(), w)
+
+    def consider(self, iteration: int, score_of: Callable[[dict[str, torch.Tensor]], float]) -> float:
+        """Score the averaged iterate and keep it if the criterion prefers it (lower is better)."""
+        score = float(score_of(self.avg))
+        if self.keep == "last" or score <= self.best_score:  # a NaN score never replaces a snapshot
+            self.best_score, self.best_iteration = score, iteration
+            for k, v in self.avg.items():
+                self.best[k].copy_(v)
+        return score
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """Tensors for a checkpoint (resuming continues the same average and snapshot)."""
+        return {**{f"avg_{k}": v for k, v in self.avg.items()}, **{f"best_{k}": v for k, v in self.best.items()}}
+
+    def progress(self) -> dict[str, float]:
+        return {"count": self.count, "best_score": self.best_score, "best_iteration": self.best_iteration}
+
+    def restore(self, progress: dict[str, float]) -> None:
+        self.count = int(progress.get("count", 0))
+        self.best_score = float(progress.get("best_score", float("inf")))
+        self.best_iteration = int(progress.get("best_iteration", 0))
