@@ -10,8 +10,9 @@ images, the control count on held-out non-members; evaluation time is not part o
 
 Methods:
 
-- ``new``: the default attack, ``exhume.attack(victim, seconds=...)`` style: the restart portfolio with
-  its default variants and kkt's current defaults (:func:`new_default`).
+- ``new``: the default attack, ``exhume.attack(victim, max_seconds=...)``: the restart portfolio
+  (its default variants and number of restarts, restarts side by side on the job's cores) with
+  kkt's current defaults.
 - ``old``: one kkt run with the defaults of main before issue 10 (``OLD_KKT``: last iterate, constant
   learning rate, no averaging).
 - ``reference``: the published recipe (``benchmarks/zoo/reference.py``).
@@ -64,14 +65,10 @@ def restarts(view, seconds: float, seed: int, variants: list[dict]):
 
 
 def new_default(view, seconds: float, seed: int):
-    """The new default attack at this budget: exhume's portfolio when present, else its restarts here."""
-    try:
-        from exhume.portfolio import run_portfolio
-        from exhume.portfolio.variants import default_restarts
-    except ImportError:
-        return restarts(view, seconds, seed, [{}] * max(1, min(8, round(seconds / 45))))
-    return run_portfolio(view, method="kkt", seconds=seconds, seed=seed, restarts=default_restarts("kkt", seconds),
-                         progress=False)
+    """The new default attack at this budget: exhume's restart portfolio with its default variants and restarts."""
+    from exhume.portfolio import run_portfolio
+
+    return run_portfolio(view, "kkt", max_seconds=seconds, seed=seed, progress=False)
 
 
 def attack(view, method: str, seconds: float, seed: int):

@@ -91,7 +91,8 @@ def _concat(results: list[tuple[Any, Reconstruction]], view) -> dict[str, torch.
         parts["restart"].append(torch.full((m,), restart.index, dtype=torch.long))
         parts["index"].append(torch.arange(m))
         it = rec.provenance.get("iteration")
-        parts["iteration"].append(it.long() if it is not None else torch.full((m,), int(rec.summary.get("iterations", -1))))
+        kept = rec.summary.get("kept_iteration", rec.summary.get("iterations", -1))  # kkt: the snapshot it returned
+        parts["iteration"].append(it.long() if it is not None else torch.full((m,), int(kept)))
         parts["rank"].append(rank_scores(view, rec))
     return {k: torch.cat(v) for k, v in parts.items()}
 

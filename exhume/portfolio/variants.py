@@ -1,15 +1,14 @@
 """Which restarts a portfolio runs: the variant list per attack and the default number of restarts.
 
-PROVISIONAL. This file is the one place that says which settings the restarts of a portfolio try;
-the research on which variants pay (issue 10, "robust defaults, chosen on a victim zoo") edits it.
 Restart ``k`` runs with seed ``seed + k`` and the overrides ``DEFAULT_VARIANTS[method][k % len]``
 on top of the caller's keyword arguments, so restart 0 is always the caller's own settings.
 
-The provisional kkt set: half the restarts keep the defaults (the issue measured 4 default
-restarts with different seeds, pooled, at 23 memorised against 13 for one run of the same total
-budget on the demo victim); the others try a softer and a sharper ReLU surrogate derivative
-(α = 10 and 40 around the default 19), the setting that decides how the non-smooth stationarity
-equation is approximated. These values are choices, not measurements.
+kkt's restarts differ by their seed only, each with kkt's defaults (a cosine learning-rate decay
+over the restart's own budget and the averaged iterate, :mod:`exhume.attacks.kkt`). What was
+measured: on the demo victim, 4 restarts of 45 s with different seeds, pooled, gave 23 memorised
+against 13 for one 180-s run (issue 10); the single runs found different digits. Variants of the
+surrogate slope α, the λ scale or the optimiser were not measured on the zoo
+(``benchmarks/zoo``), so none is in the default set; pass ``variants=`` to try them.
 """
 
 from __future__ import annotations
@@ -18,12 +17,7 @@ import math
 from typing import Any
 
 DEFAULT_VARIANTS: dict[str, list[dict[str, Any]]] = {
-    "kkt": [
-        {},
-        {"alpha": 10.0},
-        {},
-        {"alpha": 40.0},
-    ],
+    "kkt": [{}],
 }
 
 # Seconds one restart should get before a further restart pays more than a longer run: the
