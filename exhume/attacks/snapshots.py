@@ -21,18 +21,31 @@ import torch
 
 
 class IterateTracker:
+    """The averaged iterate, the kept snapshot and their counters, all as tensors (saved in checkpoints)."""
+
     def __init__(self, tensors: dict[str, torch.Tensor], decay: float, every: int, keep: str = "best") -> None:
         self.decay, self.every, self.keep = float(decay), int(every), keep
         self.avg = {k: v.detach().clone() for k, v in tensors.items()}
         self.best = {k: v.detach().clone() for k, v in tensors.items()}
-        self.count = 0  # iterates averaged so far
-        self.best_score = float("inf")
-        self.best_iteration = 0
+        # iterates averaged so far, the kept snapshot's criterion and iteration
+        self.meta = torch.tensor([0.0, float("inf"), 0.0], dtype=torch.float64)
+
+    @property
+    def count(self) -> int:
+        return int(self.meta[0])
+
+    @property
+    def best_score(self) -> float:
+        return float(self.meta[1])
+
+    @property
+    def best_iteration(self) -> int:
+        return int(self.meta[2])
 
     @torch.no_grad()
     def update(self, tensors: dict[str, torch.Tensor]) -> None:
         """Fold in the iterate after one more step."""
-        self.count += 1
+        self.meta[0] += 1
         w = 1.0 - min(self.decay, 1.0 - 1.0 / self.count)
         for k, v in tensors.items():
             self.avg[k].lerp_(v.detach(), w)
@@ -41,19 +54,12 @@ class IterateTracker:
         """Score the averaged iterate and keep it if the criterion prefers it (lower is better)."""
         score = float(score_of(self.avg))
         if self.keep == "last" or score <= self.best_score:  # a NaN score never replaces a snapshot
-            self.best_score, self.best_iteration = score, iteration
+            self.meta[1], self.meta[2] = score, iteration
             for k, v in self.avg.items():
                 self.best[k].copy_(v)
         return score
 
     def state(self) -> dict[str, torch.Tensor]:
-        """Tensors for a checkpoint (resuming continues the same average and snapshot)."""
-        return {**{f"avg_{k}": v for k, v in self.avg.items()}, **{f"best_{k}": v for k, v in self.best.items()}}
-
-    def progress(self) -> dict[str, float]:
-        return {"count": self.count, "best_score": self.best_score, "best_iteration": self.best_iteration}
-
-    def restore(self, progress: dict[str, float]) -> None:
-        self.count = int(progress.get("count", 0))
-        self.best_score = float(progress.get("best_score", float("inf")))
-        self.best_iteration = int(progress.get("best_iteration", 0))
+        """The tensors a checkpoint holds: restoring them in place resumes the same average and snapshot."""
+        return {"tracker_meta": self.meta, **{f"avg_{k}": v for k, v in self.avg.items()},
+                **{f"best_{k}": v for k, v in self.best.items()}}
