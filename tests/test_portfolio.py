@@ -129,8 +129,12 @@ def test_resume_mid_portfolio_runs_only_the_rest_and_matches_an_uninterrupted_ru
     def interrupted(view, method, restart, folder, resume, device, progress):
         calls.append((restart.index, resume))
         if restart.index == 2:  # restart 2 gets 20 of its 40 iterations, then the user presses Ctrl-C
-            get_attack(method, **{**restart.kwargs, "iterations": 20}).run(view, out=folder, seed=restart.seed, progress=False)
-            raise KeyboardInterrupt
+
+            def ctrl_c(*args, **kwargs):
+                raise KeyboardInterrupt
+
+            get_attack(method, **restart.kwargs).run(view, out=folder, seed=restart.seed, progress=False,
+                                                    callback=ctrl_c, callback_every=20)
         return real(view, method, restart, folder, resume, device, progress)
 
     monkeypatch.setattr(runner, "run_restart", interrupted)
