@@ -109,7 +109,8 @@ def test_tiny_multiclass_victim_points_on_the_margin_are_recovered():
     view = AttackerView(model=model.float(), task="multiclass", input_shape=(2,), mean=mean.float(), loss="cross-entropy",
                         weight_decay=1e-3, num_classes=3, n_train_hint=24)
     # the 'loss' form is exact for cross-entropy with weight decay
-    recon = get_attack("kkt", iterations=3000, optimizer="sgd", lr=1e-3, init_scale=0.01, formulation="loss").run(view, progress=False)
+    recon = get_attack("kkt", iterations=3000, optimizer="sgd", lr=1e-3, init_scale=0.01, formulation="loss",
+                       lr_schedule="constant").run(view, progress=False)  # a small constant SGD step, as in the 2D toy
     assert recon.labels.tolist()[:6] == [0, 1, 2, 0, 1, 2] and recon.labels.dtype == torch.int64
     with torch.no_grad():
         m = margin(model((x - mean).float()), y)
@@ -127,7 +128,8 @@ def test_tiny_regression_victim_points_with_large_residual_are_recovered():
     model, _ = _train(MLP(2, [100], 1, bias=False), x - mean, y, "squared", wd=3e-3, epochs=5_000, lr=0.3)
     view = AttackerView(model=model.float(), task="regression", input_shape=(2,), mean=mean.float(), loss="squared",
                         weight_decay=3e-3, n_train_hint=20)
-    recon = get_attack("kkt", iterations=3000, optimizer="sgd", lr=3e-3, init_scale=0.01).run(view, progress=False)
+    recon = get_attack("kkt", iterations=3000, optimizer="sgd", lr=3e-3, init_scale=0.01,
+                       lr_schedule="constant").run(view, progress=False)
     assert recon.config["formulation"] == "output"
     assert (recon.scores > 0).any() and (recon.scores < 0).any()  # signed multipliers
     with torch.no_grad():

@@ -184,7 +184,7 @@ def test_spawned_workers_take_a_users_module(monkeypatch):
     monkeypatch.setattr(runner, "start_method", lambda device: "spawn")  # a fresh interpreter imports this test module
     spawned = run_portfolio(view, restarts=2, workers=2, progress=False, **kw)  # (the path for GPUs and macOS)
     assert torch.allclose(one.candidates, spawned.candidates, atol=1e-4)  # spawned workers may run more threads
-    assert sorted(spawned.provenance["restart"].unique().tolist()) == [0, 1]
+    assert spawned.provenance["members"].any(0).tolist() == [True, True]  # both restarts ran and were pooled
 
 
 def test_restarts_one_is_exactly_one_run(victim_dir, tmp_path):
@@ -270,7 +270,7 @@ def _two_workers_one_study(victim_dir, tmp_path, storage):
         assert p.returncode == 0, err[-2000:]
     recon = load_reconstruction(tmp_path / "pooled")
     assert recon.summary["restarts_complete"] == 4
-    assert sorted(recon.provenance["restart"].unique().tolist()) == [0, 1, 2, 3]
+    assert recon.provenance["members"].any(0).tolist() == [True] * 4  # every restart pooled (some may be merged away)
     from exhume.portfolio.store import ResultTable, engine_url
 
     s = optuna.load_study(study_name=study, storage=engine_url(storage))
