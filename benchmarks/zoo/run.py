@@ -117,8 +117,8 @@ def job(args) -> None:
 
 def build(args) -> None:
     import torch
-
-    from zoo import BY_NAME, build as build_victim
+    from zoo import BY_NAME
+    from zoo import build as build_victim
 
     torch.set_num_threads(args.threads)
     v = build_victim(BY_NAME[args.name], args.out, args.fashion_root)

@@ -15,7 +15,7 @@ victims, drifts away from the training images after a plateau. :class:`IterateTr
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
