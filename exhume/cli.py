@@ -7,26 +7,9 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from exhume.errors import ConfigError, DivergenceError, ExhumeError
-
-
-def _parse_value(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
-        return text
-
-
-def _params(pairs: Sequence[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for pair in pairs or ():
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--param expects key=value, got {pair!r}")
-        out[key.strip().replace("-", "_")] = _parse_value(value.strip())
-    return out
+from exhume.params import parse_params
 
 
 def _common(p: argparse.ArgumentParser, out_default: str | None = None) -> None:
@@ -177,7 +160,7 @@ def _restarts(text: str | None) -> int | str | None:
 def _cmd_attack(args: argparse.Namespace) -> int:
     import exhume
 
-    kwargs = _params(args.param)
+    kwargs = parse_params(args.param)
     for key in ("dtype", "iterations", "max_seconds"):
         if getattr(args, key) is not None:
             kwargs[key] = getattr(args, key)
@@ -242,7 +225,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     victim = exhume.load_victim(args.victim)
     summary = tune(victim.attacker_view(), args.trials, args.out, trial_seconds=args.trial_seconds, storage=args.storage,
                    study_name=args.study_name, seed=args.seed, device=args.device, prune=not args.no_prune,
-                   progress=not args.no_progress, victim_path=str(Path(args.victim).resolve()), fixed=_params(args.param),
+                   progress=not args.no_progress, victim_path=str(Path(args.victim).resolve()), fixed=parse_params(args.param),
                    heartbeat_interval=args.heartbeat, grace_period=4 * args.heartbeat)
     print(json.dumps(summary, indent=2, default=str))
     if summary.get("best_trial") is None:

@@ -33,7 +33,7 @@ def run_demo(out: str | Path = "runs/demo", seed: int = 0, device: str = "cpu", 
              train_seconds: float | None = None, attack_seconds: float | None = None, resume: bool = False,
              progress: bool = True) -> dict[str, Any]:
     import exhume
-    from exhume.api import check_device
+    from exhume.device import check_device
     from exhume.evaluation.run import format_table, summary_rows
     from exhume.victim import TrainConfig, load_victim, make_victim
 

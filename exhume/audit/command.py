@@ -109,7 +109,7 @@ def parse_normalize(value: Any):
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:
     """The config file's settings with the command line's on top."""
-    from exhume.cli import _params
+    from exhume.params import parse_params
 
     cfg = _read_config(args.config)
     for key in KEYS:
@@ -122,7 +122,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         if value is not None:
             cfg[key] = value
     if args.param:
-        cfg["attack_args"] = {**cfg.get("attack_args", {}), **_params(args.param)}
+        cfg["attack_args"] = {**cfg.get("attack_args", {}), **parse_params(args.param)}
     for key in ("model", "weights", "train", "unseen"):
         if not cfg.get(key):
             raise ConfigError(f"--{key} is not given (nor in --config); exhume audit needs --model, --weights, --train and --unseen")
@@ -156,8 +156,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _audit(model, x, y, unseen, cfg: dict[str, Any], out: Path, progress: bool):
-    from exhume.api import check_device
     from exhume.audit import audit
+    from exhume.device import check_device
 
     return audit(model, (x, y), unseen, loss=cfg.get("loss"), weight_decay=cfg.get("weight_decay"),
                  normalize=parse_normalize(cfg.get("normalize")), task=cfg.get("task"), positive_class=cfg.get("positive_class"),

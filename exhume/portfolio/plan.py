@@ -109,3 +109,15 @@ def make_plan(method: str, restarts: int | str | None, *, seed: int = 0, max_sec
         get_attack(method, **kwargs)  # an invalid variant or setting fails here, before anything runs
         plan.append(Restart(k, int(seed) + k, over, kwargs))
     return Plan(method, tuple(plan), int(seed), None if max_seconds is None else float(max_seconds), workers)
+
+
+DEFAULT_STUDY = "exhume-portfolio"
+
+
+def as_view(victim):
+    from exhume.victim import AttackerView, Victim
+
+    view = victim.attacker_view() if isinstance(victim, Victim) else victim
+    if not isinstance(view, AttackerView):
+        raise ConfigError(f"a portfolio needs a Victim or AttackerView, got {type(victim).__name__}")
+    return view

@@ -8,20 +8,9 @@ from typing import Any
 
 from exhume.attacks import Reconstruction
 from exhume.errors import ConfigError
-from exhume.portfolio.plan import Plan, make_plan
+from exhume.portfolio.plan import DEFAULT_STUDY, Plan, as_view, make_plan
 from exhume.portfolio.pool import DUPLICATE_NCC, pool
 from exhume.portfolio.store import LocalStore
-
-DEFAULT_STUDY = "exhume-portfolio"
-
-
-def as_view(victim):
-    from exhume.victim import AttackerView, Victim
-
-    view = victim.attacker_view() if isinstance(victim, Victim) else victim
-    if not isinstance(view, AttackerView):
-        raise ConfigError(f"a portfolio needs a Victim or AttackerView, got {type(victim).__name__}")
-    return view
 
 
 def run_portfolio(victim, method: str = "kkt", *, max_seconds: float | None = None, restarts: int | str | None = None,
@@ -46,7 +35,7 @@ def run_portfolio(victim, method: str = "kkt", *, max_seconds: float | None = No
     machines) and their results are stored in that database, from which this call pools.
     ``merge_threshold``: the NCC above which two same-label candidates are merged (1.0: never).
     """
-    from exhume.api import check_device
+    from exhume.device import check_device
 
     check_device(device)
     if not 0.0 <= merge_threshold <= 1.0:

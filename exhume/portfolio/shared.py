@@ -158,9 +158,8 @@ def portfolio_worker(victim, *, storage: str, study_name: str | None = None, wor
                      out: str | Path | None = None, device: str = "cpu", progress: bool = True) -> int:
     """Work on a portfolio created elsewhere (``exhume attack --storage URL --worker``): claim and run
     restarts until none is waiting, store their results in the database, and return how many ran here."""
-    from exhume.api import check_device
-    from exhume.portfolio.plan import default_workers
-    from exhume.portfolio.run import DEFAULT_STUDY, as_view
+    from exhume.device import check_device
+    from exhume.portfolio.plan import DEFAULT_STUDY, as_view, default_workers
 
     check_device(device)
     view = as_view(victim)

@@ -1,0 +1,26 @@
+"""``-p key=value`` attack parameters from the command line (values read as JSON where they parse)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from exhume.errors import ConfigError
+
+
+def parse_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return text
+
+
+def parse_params(pairs: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--param expects key=value, got {pair!r}")
+        out[key.strip().replace("-", "_")] = parse_value(value.strip())
+    return out
