@@ -22,7 +22,7 @@ def test_train_attack_evaluate_end_to_end(tmp_path, capsys):
     assert recon["summary"]["iterations"] == 80 and recon["config"]["m"] == 20
     assert main(["evaluate", str(a), "--against", str(v), "--pool-size", "50"]) == 0
     out = capsys.readouterr().out
-    assert "MEMORISED" in out and "SSIM >= 0.4 (one-to-one, Hungarian)" in out
+    assert "MEMORISED" in out and "SSIM >= 0.4 (one-to-one, Hungarian)" in out and "VERDICT" in out
     metrics = json.loads((a / "evaluation" / "metrics.json").read_text())
     for key in ("ssim>=0.4", "ssim>=0.5", "one_to_one_ssim>=0.4", "memorised", "pool_size", "ssim_window"):
         assert key in metrics

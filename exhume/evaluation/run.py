@@ -212,6 +212,9 @@ def summary_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
     if metrics.get("membership_auc") is not None:
         rows.append(("membership AUC (0.5: candidates cannot tell members)", f"{metrics['membership_auc']:.3f}"))
     rows.append(("SSIM window", metrics["ssim_window"]))
+    if metrics.get("verdict") is not None:
+        p = metrics.get("p_value")
+        rows.append(("VERDICT", f"{str(metrics['verdict']).upper()}" + ("" if p is None else f" (p = {p:.2g})")))
     return rows
 
 
