@@ -54,7 +54,8 @@ def attack(victim: Victim | AttackerView, method: str = "kkt", seed: int = 0, ou
         from exhume.files.runfolder import own_run_folder
 
         # a portfolio keeps its restarts (checkpoints included) in OUT/restarts/<k>/
-        with own_run_folder(out, resume=resume, force=force, run_files=("reconstruction.json", "restarts"), resume_from="restarts"):
+        with own_run_folder(out, resume=resume, force=force, run_files=("reconstruction.json", "restarts"), resume_from="restarts") as folder:
+            check_owner(folder, victim, resume)
             return portfolio()
     view = victim.attacker_view() if isinstance(victim, Victim) else victim
     if not isinstance(view, AttackerView):
@@ -86,6 +87,18 @@ def attack(victim: Victim | AttackerView, method: str = "kkt", seed: int = 0, ou
         result = _finish(atk.run(view, out=out, seed=seed, device=device, resume=resume, progress=progress, **init_kw), victim)
         result.save(out)
     return result
+
+
+def check_owner(folder: Path, victim, resume: bool) -> None:
+    """A portfolio folder records its victim's fingerprint; a resume for other weights is refused."""
+    from exhume.files.runfolder import RunFolderError, fingerprint
+    from exhume.portfolio.plan import as_view
+
+    mark, fp = Path(folder) / "victim.fingerprint", fingerprint(as_view(victim).model)
+    if resume and mark.is_file() and mark.read_text().strip() != fp:
+        raise RunFolderError(f"cannot resume: the restarts in {folder} were computed for another victim "
+                             f"(fingerprint {mark.read_text().strip()}, this victim's {fp}); choose another -o or pass --force")
+    mark.write_text(fp + "\n")
 
 
 def _finish(result: Reconstruction, victim: Victim | AttackerView) -> Reconstruction:

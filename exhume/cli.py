@@ -138,7 +138,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     loss = DEFAULT_LOSS[task_kind(args.task)] if args.loss == "auto" else args.loss
     cfg = TrainConfig(loss=loss, optimizer=args.optimizer, lr=args.lr, weight_decay=args.wd, max_epochs=args.epochs,
                       max_seconds=args.seconds, loss_threshold=args.loss_threshold, residual_threshold=args.residual_threshold)
-    from exhume.api import check_device
+    from exhume.device import check_device
 
     victim = make_victim(args.data, args.task, args.n, args.arch, cfg, seed=args.seed, root=args.root,
                          progress=not args.no_progress, dtype=getattr(torch, args.dtype), device=check_device(args.device))

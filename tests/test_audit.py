@@ -101,6 +101,14 @@ def test_audit_cli_on_a_users_own_model_writes_a_verdict_and_a_report(user, tmp_
     assert got["ready"] == "complete" and f"Verdict: {m['verdict'].upper()}" in got["verdict"]
     assert len(got["images"]) == 5 and all(c and w > 0 for c, w, _, _ in got["images"])
     assert got["errors"] == [] and [r for r in got["resources"] if not r.startswith("data:")] == []
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    again = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert again.returncode == 2 and "already holds a run" in again.stderr and "--force" in again.stderr
+    forced = subprocess.run(cmd[:-2] + ["-p", "iterations=20", "--force", "-o", str(out)], check=False, capture_output=True,
+                            text=True, timeout=300, env=env, cwd=tmp_path)
+    assert forced.returncode == 0, forced.stderr
+    redone = json.loads((out / "evaluation" / "metrics.json").read_text())["attack"]["config"]["portfolio"]["restarts"]
+    assert all(r["iterations"] == 20 for r in redone)
 
 
 def test_brief_training_without_weight_decay_is_inconclusive_with_the_reason(user):

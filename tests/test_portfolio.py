@@ -4,6 +4,7 @@ reproducibility, starved restarts, parallel workers with a user's own module, sh
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -232,6 +233,12 @@ def test_portfolio_folder_is_owned_like_a_single_run(victim_dir, tmp_path):
         exhume.attack(victim, "kkt", out=out, **kw)
     again = exhume.attack(victim, "kkt", out=out, resume=True, **kw)  # both restarts reused
     assert torch.equal(first.candidates, again.candidates)
+    other = victim.attacker_view()
+    with torch.no_grad():
+        other.model = copy.deepcopy(victim.model)
+        next(other.model.parameters()).add_(1e-3)  # other weights: the stored restarts are not theirs
+    with pytest.raises(exhume.ExhumeError, match="another victim"):
+        exhume.attack(other, "kkt", out=out, resume=True, **kw)
     (out / "restarts" / "1" / "marker").write_text("from the replaced run")
     exhume.attack(victim, "kkt", out=out, force=True, **kw)
     assert not (out / "restarts" / "1" / "marker").exists()

@@ -57,6 +57,7 @@ def add_parser(sub) -> None:
     p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE", help="an attack parameter, e.g. -p lr=0.02")
     p.add_argument("--alpha", type=float, default=None, help="significance level of the one-sided Fisher test (default 0.05)")
     p.add_argument("-o", "--out", default=None, help="folder to write (default runs/audit)")
+    p.add_argument("--force", action="store_true", help="replace an earlier audit's attack run in --out")
     p.add_argument("--seed", type=int, default=None, help="attack and pool/control split seed (default 0)")
     p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default cpu)")
     p.add_argument("--no-progress", action="store_true", help="hide progress output")
@@ -143,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
                         "the unseen images must be of the same kind and size as the training images")
     out = Path(cfg.get("out") or "runs/audit")
     try:
-        result = _audit(model, x, y, unseen, cfg, out, progress=not args.no_progress)
+        result = _audit(model, x, y, unseen, cfg, out, progress=not args.no_progress, force=args.force)
     except DataError as e:  # about the training data and the model: name the file
         raise DataError(f"{cfg['train']}: {e}") from None
     m = result.metrics
@@ -155,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _audit(model, x, y, unseen, cfg: dict[str, Any], out: Path, progress: bool):
+def _audit(model, x, y, unseen, cfg: dict[str, Any], out: Path, progress: bool, force: bool = False):
     from exhume.audit import audit
     from exhume.device import check_device
 
@@ -163,5 +164,5 @@ def _audit(model, x, y, unseen, cfg: dict[str, Any], out: Path, progress: bool):
                  normalize=parse_normalize(cfg.get("normalize")), task=cfg.get("task"), positive_class=cfg.get("positive_class"),
                  max_seconds=float(cfg.get("max_seconds") or 300.0), method=cfg.get("method") or "kkt",
                  attack_args=cfg.get("attack_args"), alpha=float(cfg.get("alpha") or 0.05), out=out, seed=int(cfg.get("seed") or 0),
-                 device=check_device(cfg.get("device") or "cpu"), progress=progress,
+                 device=check_device(cfg.get("device") or "cpu"), progress=progress, force=force,
                  settings={k: v for k, v in cfg.items() if k in ("model", "model_args", "weights", "train", "unseen", "normalize")})

@@ -115,7 +115,8 @@ def _labels(y, task: str, k: int, positive_class) -> tuple[torch.Tensor, Any]:
 def audit(model: nn.Module, train, unseen, *, loss: str | None = None, weight_decay: float | None = None, normalize=None,
           task: str | None = None, positive_class: int | None = None, max_seconds: float = DEFAULT_SECONDS,
           method: str = "kkt", attack_args: dict[str, Any] | None = None, alpha: float = 0.05, out: str | Path | None = None,
-          seed: int = 0, device: str = "cpu", progress: bool = True, settings: dict[str, Any] | None = None) -> AuditResult:
+          seed: int = 0, device: str = "cpu", progress: bool = True, settings: dict[str, Any] | None = None,
+          force: bool = False) -> AuditResult:
     """Audit ``model`` (trained on ``train = (x, y)``) for training-data leakage; see the module docstring.
 
     ``x``: display-space images (floats in [0, 1] or uint8), ``(N, C, H, W)``, ``(N, H, W)`` or
@@ -124,6 +125,7 @@ def audit(model: nn.Module, train, unseen, *, loss: str | None = None, weight_de
     logits). ``weight_decay``: the L2 coefficient ``w`` of ``mean loss + (w/2)‖θ‖²``, i.e. the
     ``weight_decay`` of ``torch.optim.SGD``/``Adam`` (0 for none). ``normalize``: ``(mean, std)``
     (scalars, per channel, or images) the model's inputs were normalised with, or ``"none"``.
+    ``force=True`` replaces an earlier audit's attack run in ``out``.
     """
     import exhume  # the public exhume.attack: whatever runs it (e.g. a restart portfolio) applies here
     from exhume.evaluation.assumptions import fit_failure, relative_stationarity, stationarity_failure, unmodelled_layers
@@ -167,7 +169,7 @@ def audit(model: nn.Module, train, unseen, *, loss: str | None = None, weight_de
                         weight_decay=float(weight_decay), num_classes=k if task == "multiclass" else None, n_train_hint=len(x))
     out = None if out is None else Path(out)
     kwargs = {"iterations": 10_000_000, "max_seconds": float(max_seconds), **(attack_args or {})}
-    recon = exhume.attack(view, method=method, seed=seed, out=out, device=device, progress=progress, **kwargs)
+    recon = exhume.attack(view, method=method, seed=seed, out=out, device=device, progress=progress, force=force, **kwargs)
     with torch.no_grad():
         from exhume.losses import margin
 

@@ -27,7 +27,7 @@ import torch
 
 from exhume.errors import ConfigError
 from exhume.experiments.registry import register_experiment
-from exhume.files.jsonio import read_json
+from exhume.files.jsonio import read_json, write_json
 
 GRID = (0.0, 0.25, 0.5, 0.75, 1.0)  # the paper's 5x5 grid (--full)
 CPU_GRID = (0.0, 0.5, 1.0)  # the CPU default's 3x3 grid (a converged ReLU lower level costs ~1 s per outer step)
@@ -159,7 +159,7 @@ def _one_run(attack: str, view, refs, heldout, l1: float, l2: float, s: dict, fo
         "seconds": round(seconds, 2),
     }
     row["follows_init"] = row["nearest_set"] == row["init_nearest_set"]
-    (folder / "row.json").write_text(json.dumps(row, indent=2))
+    write_json(folder / "row.json", row)  # atomic: --resume reuses finished cells
     if progress:
         print(f"  {attack:7s} l1={l1:<4g} l2={l2:<4g} d_train {row['d_train']:.2f}  d_partition {row['d_partition']:.2f}  "
               f"d_noise {row['d_noise']:.2f}  nearest {row['nearest_set']:9s} (init: {row['init_nearest_set']})  "
@@ -360,5 +360,5 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "files": {"table_csv": str(out / "table.csv"), "table_json": str(out / "table.json"),
                   "verdict": str(out / "verdict.md"), "figures": figures},
     }
-    (out / "table.json").write_text(json.dumps({"rows": rows, **result}, indent=2, default=str))
+    write_json(out / "table.json", {"rows": rows, **result}, default=str)
     return result

@@ -61,6 +61,8 @@ def atomic_write(path: str | Path, data: bytes) -> None:
     try:
         with open(tmp, "wb") as f:
             f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before it replaces the previous file
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)

@@ -48,12 +48,16 @@ def _alive(pid: int) -> bool:
 
 
 def _take(lock: Path) -> bool:
+    """Create ``lock`` holding this pid in one step (a hard link of a written file), so that no
+    other process ever reads it empty and mistakes it for a stale lock."""
+    tmp = lock.with_name(f"{lock.name}.{os.getpid()}.tmp")
+    tmp.write_text(str(os.getpid()))
     try:
-        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        os.link(tmp, lock)
     except FileExistsError:
         return False
-    with os.fdopen(fd, "w") as f:
-        f.write(str(os.getpid()))
+    finally:
+        tmp.unlink(missing_ok=True)
     return True
 
 

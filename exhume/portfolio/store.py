@@ -15,12 +15,12 @@ that ran it. Restarts are claimed through the Optuna study (:mod:`exhume.portfol
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from exhume.attacks import Reconstruction, load_reconstruction
 from exhume.errors import ConfigError, ExhumeError
+from exhume.files.jsonio import read_json, write_json
 
 TABLE = "exhume_portfolio_result"
 
@@ -39,10 +39,9 @@ class LocalStore:
         folder = self.folder(restart.index)
         if folder is None or not (folder / "restart.json").is_file():
             return None
-        try:
-            saved = json.loads((folder / "restart.json").read_text())
-        except (json.JSONDecodeError, OSError) as e:
-            raise ExhumeError(f"{folder / 'restart.json'} is not readable ({e}); delete the folder to run that restart again") from None
+        saved = read_json(folder / "restart.json", ExhumeError, "a restart record written by a portfolio (delete the folder to run it again)")
+        if not isinstance(saved, dict) or not isinstance(saved.get("row"), dict):
+            raise ExhumeError(f"{folder / 'restart.json'}: expected an object with 'plan' and 'row'; delete the folder to run that restart again")
         if saved.get("plan") != json.loads(json.dumps(restart.record())):
             return None  # other settings: run it again (its checkpoint decides whether it can resume)
         if saved["row"].get("status") != "complete":
@@ -56,9 +55,7 @@ class LocalStore:
         folder.mkdir(parents=True, exist_ok=True)
         if recon is not None:
             recon.save(folder)
-        tmp = folder / "restart.json.tmp"
-        tmp.write_text(json.dumps({"plan": restart.record(), "row": row}, indent=2, default=str))
-        os.replace(tmp, folder / "restart.json")
+        write_json(folder / "restart.json", {"plan": restart.record(), "row": row}, default=str)  # atomic, written last
 
 
 def engine_url(url: str) -> str:
