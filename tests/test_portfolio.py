@@ -108,6 +108,21 @@ def test_pool_merges_near_duplicates_keeps_provenance_and_round_trips(tmp_path):
     assert back.config["portfolio"] == json.loads(json.dumps(out.config["portfolio"]))
 
 
+def test_candidates_still_near_the_mean_are_not_merged_copies_of_an_image_are():
+    from exhume.portfolio.pool import near_duplicates
+
+    g = torch.Generator().manual_seed(1)
+    mean = torch.rand(1, 8, 8, generator=g) * 0.5
+    digit = (mean + 0.4 * torch.rand(1, 8, 8, generator=g)).clamp(0, 1)
+    near_mean = mean + 0.01 * torch.randn(6, 1, 8, 8, generator=g)  # under-converged: the mean plus a little noise
+    copies = digit + 0.01 * torch.randn(3, 1, 8, 8, generator=g)
+    cands, labels = torch.cat([near_mean, copies]), torch.ones(9)
+    kept, owner = near_duplicates(cands, labels, torch.arange(9), mean=mean)
+    assert kept.tolist() == [0, 1, 2, 3, 4, 5, 6] and owner[7:].tolist() == [6, 6]
+    kept_raw, _ = near_duplicates(cands, labels, torch.arange(9))  # without the mean taken out, they all look alike
+    assert len(kept_raw) < 7
+
+
 def test_starved_rule():
     assert starved({0: 1000, 1: 900, 2: 300}) == [2]
     assert starved({0: 1000, 1: 600}) == [] and starved({0: 5}) == []
