@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _postgres import postgres_dsn
 from torch import nn
 
 import exhume
@@ -264,14 +265,7 @@ def test_portfolio_folder_is_owned_like_a_single_run(victim_dir, tmp_path):
 
 # -- one study, two workers ----------------------------------------------------------------------
 
-def _dsn() -> str:
-    dsn = os.environ.get("EXHUME_TEST_POSTGRES")
-    if dsn:
-        return dsn
-    msg = "EXHUME_TEST_POSTGRES is not set (a postgresql:// URL of a scratch database; .ci/run starts one)"
-    if os.environ.get("CI"):
-        pytest.fail(msg)
-    pytest.skip(msg + "; set CI=1 to make this a failure")
+_dsn = postgres_dsn
 
 
 def _attack(victim_dir, out, storage, study, *extra):

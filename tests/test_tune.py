@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _postgres import postgres_dsn
 
 optuna = pytest.importorskip("optuna") if not os.environ.get("CI") else __import__("optuna")
 
@@ -149,14 +150,7 @@ def test_tune_names_no_best_when_every_trial_diverged(victim_dir, tmp_path, caps
 
 # -- a shared study on a real PostgreSQL server ------------------------------------------------------
 
-def _dsn() -> str:
-    dsn = os.environ.get("EXHUME_TEST_POSTGRES")
-    if dsn:
-        return dsn
-    msg = "EXHUME_TEST_POSTGRES is not set (a postgresql:// URL of a scratch database; .ci/run starts one)"
-    if os.environ.get("CI"):
-        pytest.fail(msg)
-    pytest.skip(msg + "; set CI=1 to make this a failure")
+_dsn = postgres_dsn
 
 
 def _worker(victim_dir, out, dsn, study, trials, seconds):

@@ -1,0 +1,18 @@
+"""The scratch PostgreSQL database the shared-study tests use (``.ci/run`` starts one)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def postgres_dsn() -> str:
+    """``EXHUME_TEST_POSTGRES``; without it the test skips, or fails when ``CI`` is set."""
+    dsn = os.environ.get("EXHUME_TEST_POSTGRES")
+    if dsn:
+        return dsn
+    msg = "EXHUME_TEST_POSTGRES is not set (a postgresql:// URL of a scratch database; .ci/run starts one)"
+    if os.environ.get("CI"):
+        pytest.fail(msg)
+    pytest.skip(msg + "; set CI=1 to make this a failure")
