@@ -34,11 +34,24 @@ def restart_rows(portfolio: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def sizing_line(portfolio: dict[str, Any]) -> str | None:
+    """How the number of restarts was chosen (a time budget with restarts="auto"), or None."""
+    s = portfolio.get("sizing")
+    if not s:
+        return None
+    rate = "no rate (the probe diverged)" if s.get("rate") is None else f"{s['rate']:.1f} iterations/s at {s['threads']} thread(s)"
+    expected = "" if s.get("expected_iterations") is None else f", ~{s['expected_iterations']} iterations each"
+    return (f"restarts sized by a {s['probe_seconds']:.1f}-s probe run ({rate}): {s['restarts']} restart(s) on "
+            f"{s['workers']} worker(s) in the {s['seconds']:.1f} s left{expected}; {s['reason']}")
+
+
 def summary_lines(summary: dict[str, Any], portfolio: dict[str, Any]) -> list[str]:
-    """Lines for a terminal: the pooled count, one line per restart, and the starved warnings."""
+    """Lines for a terminal: the pooled count, how the restarts were sized, one line per restart, the starved warnings."""
     merged = summary.get("candidates_before_merge", 0) - summary.get("candidates", 0)
     lines = [f"pooled {summary.get('candidates')} candidates from {summary.get('restarts_complete')} of {summary.get('restarts')} "
              f"restarts ({merged} near-duplicates merged) in {summary.get('seconds', 0):.1f} s"]
+    if sizing_line(portfolio):
+        lines.append(sizing_line(portfolio))
     head = ("restart", "seed", "variant", "iterations", "seconds", "stationarity", "status")
     rows = [head] + [tuple("-" if row[h] is None else str(row[h]) for h in head) for row in restart_rows(portfolio)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]

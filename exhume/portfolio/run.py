@@ -8,9 +8,11 @@ from typing import Any
 
 from exhume.attacks import Reconstruction
 from exhume.errors import ConfigError
-from exhume.portfolio.plan import DEFAULT_STUDY, Plan, as_view, make_plan
+from exhume.portfolio import sizing as sizing_mod
+from exhume.portfolio.plan import DEFAULT_STUDY, Plan, as_view, default_workers, make_plan
 from exhume.portfolio.pool import DUPLICATE_NCC, pool
 from exhume.portfolio.store import LocalStore
+from exhume.portfolio.variants import variants_for
 
 
 def run_portfolio(victim, method: str = "kkt", *, max_seconds: float | None = None, restarts: int | str | None = None,
@@ -25,7 +27,8 @@ def run_portfolio(victim, method: str = "kkt", *, max_seconds: float | None = No
     applied over ``attack_kwargs``; ``max_seconds`` is the budget of the whole portfolio, split
     over waves of ``workers`` parallel restarts (default: the local cores, at most 8); an
     ``iterations=`` budget applies to each restart. ``restarts``: a number, or ``"auto"``/None
-    (:func:`exhume.portfolio.variants.default_restarts`).
+    (:mod:`exhume.portfolio.sizing`: with a time budget the attack's iteration rate is probed first
+    and the restarts get enough iterations each; without one, one restart per worker).
 
     With ``out``, every restart is stored in ``OUT/restarts/<k>/`` as soon as it finishes and the
     pooled result in ``OUT``; ``resume=True`` reuses the finished restarts and continues an
@@ -41,9 +44,15 @@ def run_portfolio(victim, method: str = "kkt", *, max_seconds: float | None = No
     if not 0.0 <= merge_threshold <= 1.0:
         raise ConfigError(f"merge_threshold must be in [0, 1] (1 = never merge), got {merge_threshold!r}")
     view = as_view(victim)
+    t0 = time.perf_counter()
+    sizing = None
+    if restarts in (None, "auto") and max_seconds is not None:
+        make_plan(method, 1, seed=seed, max_seconds=max_seconds, workers=workers, variants=variants,
+                  attack_kwargs=attack_kwargs)  # every setting is validated before the probe runs
+        sizing = measured_sizing(view, method, attack_kwargs, max_seconds, workers, seed, device, out, resume, variants)
+        restarts, workers, max_seconds = sizing.restarts, sizing.workers, sizing.seconds
     plan = make_plan(method, restarts, seed=seed, max_seconds=max_seconds, workers=workers, variants=variants,
                      attack_kwargs=attack_kwargs)
-    t0 = time.perf_counter()
     if storage is None:
         results, rows = run_local(view, plan, out, resume, device, progress)
     else:
@@ -55,6 +64,8 @@ def run_portfolio(victim, method: str = "kkt", *, max_seconds: float | None = No
     recon.summary["seconds"] = round(time.perf_counter() - t0, 3)
     if storage is not None:
         recon.config["portfolio"]["study"] = study_name or DEFAULT_STUDY
+    if sizing is not None:
+        recon.config["portfolio"]["sizing"] = sizing.record()
     victim_path = getattr(victim, "path", None)
     if victim_path is not None:
         recon.victim_path = str(victim_path)
@@ -100,3 +111,16 @@ def run_local(view, plan: Plan, out, resume: bool, device: str, progress: bool):
         errors = sorted({row.get("error", row["status"]) for row in rows.values()})
         raise ConfigError(f"no restart of the {plan.method} portfolio finished: {'; '.join(errors)}")
     return results, rows
+
+
+def measured_sizing(view, method: str, attack_kwargs: dict[str, Any], budget: float, workers: int | None, seed: int,
+                    device: str, out, resume: bool, variants) -> sizing_mod.Sizing:
+    """The restarts and workers for ``budget`` seconds: the stored decision on resume, else a fresh probe."""
+    stored = sizing_mod.load(out) if resume else None
+    if stored is not None:
+        return stored
+    base = {**attack_kwargs, **(variants[0] if variants else variants_for(method)[0])}
+    chosen = sizing_mod.size(view, method, base, float(budget), default_workers() if workers is None else workers,
+                             fixed_workers=workers is not None, seed=seed, device=device)
+    sizing_mod.save(out, chosen)
+    return chosen

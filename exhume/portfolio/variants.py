@@ -23,7 +23,7 @@ DEFAULT_VARIANTS: dict[str, list[dict[str, Any]]] = {
 # Seconds one restart should get before a further restart pays more than a longer run: the
 # issue's measurement on the demo victim (one kkt run plateaus after about 35-45 s on 2 cores).
 SECONDS_PER_RESTART = 45.0
-MAX_AUTO_RESTARTS = 32
+MAX_AUTO_RESTARTS = 64
 
 
 def has_plan(method: str) -> bool:

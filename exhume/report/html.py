@@ -213,7 +213,7 @@ def render(run: str | Path) -> str:
 
 def _portfolio_section(portfolio: dict[str, Any], attack: dict[str, Any], metrics: dict[str, Any]) -> str:
     """The restarts of a pooled run: each one's seed, variant and budget, starved ones, and who found what."""
-    from exhume.portfolio.report import restart_rows, starved_warnings
+    from exhume.portfolio.report import restart_rows, sizing_line, starved_warnings
 
     per = metrics.get("memorised_per_restart") or []
     head = ["restart", "seed", "variant", "iterations", "seconds", "stationarity", "status"] + (["memorised (own candidates)"] if per else [])
@@ -228,6 +228,8 @@ def _portfolio_section(portfolio: dict[str, Any], attack: dict[str, Any], metric
            f"({_e(attack.get('candidates_before_merge'))} before near-duplicates were merged: {_e(portfolio.get('merge'))}). "
            f"Candidates are sorted by an attacker-side rank ({_e(portfolio.get('rank'))}).</p>",
            "<table><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr>" + "".join(body) + "</table>"]
+    if sizing_line(portfolio):
+        out.insert(1, f"<p class=\"note\" id=\"sizing\">{_e(sizing_line(portfolio))}.</p>")
     for line in starved_warnings(attack):
         out.append(f"<p class=\"verdict\" id=\"starved\">{_e(line)}</p>")
     hist = metrics.get("memorised_found_by")
