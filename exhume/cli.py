@@ -247,10 +247,21 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     return run(args)
 
 
+CHUNK_ENDED = 3
+
+
 def _cmd_experiment(args: argparse.Namespace) -> int:
     from exhume.experiments import get_experiment
+    from exhume.experiments.registry import ChunkEnd, chunk_deadline
 
-    result = get_experiment(args.experiment).run(args)
+    try:
+        with chunk_deadline(getattr(args, "chunk_seconds", None)):
+            result = get_experiment(args.experiment).run(args)
+    except ChunkEnd:
+        print(f"exhume experiment {args.experiment}: this chunk's {args.chunk_seconds:g} s are up; finished cases, the "
+              f"victim in training and the attack in progress are checkpointed in {args.out}: run the same command "
+              "with --resume to continue", file=sys.stderr)
+        return CHUNK_ENDED
     print(json.dumps(result, indent=2, default=str, ensure_ascii=False))
     return 0
 

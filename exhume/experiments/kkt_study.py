@@ -39,27 +39,56 @@ class Case:
 
 
 def run_case(case: Case, iterations: int, seed: int, out: Path, device: str, progress: bool,
-             figures: bool = False, victim=None) -> tuple[dict[str, Any], dict[str, np.ndarray], Any]:
+             figures: bool = False, victim=None, resume: bool = False) -> tuple[dict[str, Any], dict[str, np.ndarray], Any]:
     """Train (unless ``victim`` is given: one trained for an earlier case), attack, evaluate.
-    Returns the table row, the per-image arrays and the victim."""
+    Returns the table row, the per-image arrays and the victim.
+
+    With ``resume``, a finished case (``case.json`` and ``arrays.npz`` in its folder) is read back
+    instead of run, a saved victim is reused, a victim whose training was cut short continues from
+    ``victim-training.pt``, and an attack continues from its checkpoint: a ``--full`` experiment
+    runs in chunks (``--chunk-seconds``), each continuing where the last one stopped.
+    """
     import exhume
     from exhume.data import DEFAULT_LOSS, task_kind
-    from exhume.victim import TrainConfig, make_victim
+    from exhume.files.jsonio import read_json
+    from exhume.victim import TrainConfig, load_victim, make_victim
 
     t0 = time.perf_counter()
     cfg = TrainConfig(loss=DEFAULT_LOSS[task_kind(case.task)], lr=case.lr, weight_decay=case.wd, max_epochs=case.epochs)
     folder = out / case.label.replace(" ", "_").replace("/", "-")
-    if victim is None:
-        victim = make_victim(case.data, case.task, case.n, case.arch, cfg, seed=seed, progress=progress, test_size=500)
-        victim.save(folder / "victim")
-    else:
+    if resume and (folder / "case.json").is_file() and (folder / "arrays.npz").is_file():
+        done = read_json(folder / "case.json", what="a finished experiment case")
+        with np.load(folder / "arrays.npz", allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        print(f"  finished in an earlier chunk: {folder / 'case.json'}")
+        return done["row"], arrays, victim if victim is not None else load_victim(done["victim"])
+    if victim is not None:
         print(f"  reusing the victim trained for an earlier case: {victim.path}")
-    recon = exhume.attack(victim, "kkt", seed=seed, restarts=1, out=folder / "attack", device=device, progress=progress, iterations=iterations,
-                          **dict(case.attack))
+    elif resume and (folder / "victim" / "victim.json").is_file():
+        victim = load_victim(folder / "victim")
+        print(f"  reusing the victim trained in an earlier chunk: {victim.path}")
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
+        victim = make_victim(case.data, case.task, case.n, case.arch, cfg, seed=seed, progress=progress, test_size=500,
+                             checkpoint=folder / "victim-training.pt", resume=resume)
+        victim.save(folder / "victim")
+        victim = load_victim(folder / "victim")  # its path is recorded, so later chunks and shared cases find it
+    attack_dir = folder / "attack"
+    if resume and (attack_dir / "reconstruction.json").is_file():
+        recon = exhume.load_reconstruction(attack_dir)
+    else:
+        recon = exhume.attack(victim, "kkt", seed=seed, restarts=1, out=attack_dir, device=device, progress=progress,
+                              iterations=iterations, resume=resume and (attack_dir / "checkpoint.pt").is_file(), **dict(case.attack))
     result = exhume.evaluate(recon, victim, out=folder / "evaluation", figures=figures)
-    m = result.metrics
+    row = _row(case, victim, recon, result.metrics, time.perf_counter() - t0)
+    arrays = {"ssim": result.arrays["ssim"], "margin": result.arrays.get("margin"), "memorised": result.arrays.get("memorised")}
+    _save_case(folder, row, arrays, victim)
+    return row, arrays, victim
+
+
+def _row(case: Case, victim, recon, m: dict[str, Any], seconds: float) -> dict[str, Any]:
     params = sum(p.numel() for p in victim.model.parameters())
-    row = {
+    return {
         "case": case.label, "task": case.task, "n": case.n, "arch": case.arch, "weight_decay": case.wd,
         "epochs": victim.metrics["epochs"], "attack_params": json.dumps(dict(case.attack)),
         "parameters": params, "params_per_nd": params / (case.n * int(np.prod(victim.input_shape))),
@@ -69,10 +98,20 @@ def run_case(case: Case, iterations: int, seed: int, out: Path, device: str, pro
         "memorised": m["memorised"], "memorised_control": m.get("memorised_control"),
         "reconstructed_fraction": m["one_to_one_ssim>=0.4"] / case.n, "memorised_fraction": m["memorised"] / case.n,
         "margin_spearman_rho": m.get("margin_spearman_rho"), "attack_seconds": recon.summary["seconds"],
-        "case_seconds": round(time.perf_counter() - t0, 1),
+        "case_seconds": round(seconds, 1),
     }
-    arrays = {"ssim": result.arrays["ssim"], "margin": result.arrays.get("margin"), "memorised": result.arrays.get("memorised")}
-    return row, arrays, victim
+
+
+def _save_case(folder: Path, row: dict[str, Any], arrays: dict[str, Any], victim) -> None:
+    """``arrays.npz`` first, then ``case.json`` (atomic): a case counts as finished only when both are there."""
+    import io
+
+    from exhume.files.jsonio import atomic_write, write_json
+
+    buffer = io.BytesIO()
+    np.savez(buffer, **{k: np.asarray(v) for k, v in arrays.items() if v is not None})
+    atomic_write(folder / "arrays.npz", buffer.getvalue())
+    write_json(folder / "case.json", {"row": row, "victim": str(victim.path)})
 
 
 def write_table(rows: list[dict[str, Any]], out: Path, name: str) -> None:
@@ -98,6 +137,10 @@ def _arguments(default_epochs: int = 6000):
         p.add_argument("--iterations", type=int, default=None, help="attack iterations per case (default 4000; --full 50000)")
         p.add_argument("--epochs", type=int, default=None,
                        help=f"victim training epochs per case (default {default_epochs}; --full 100000)")
+        p.add_argument("--resume", action="store_true", help="reuse the finished cases in --out and continue the victim "
+                       "training and the attack in progress from their checkpoints")
+        p.add_argument("--chunk-seconds", type=float, default=None, help="stop after this much wall time, checkpointed "
+                       "(exit code 3); run the same command with --resume to go on: --full on a CPU, chunk by chunk")
     return add
 
 
@@ -121,7 +164,7 @@ def _run_all(cases: list[Case], args, epochs: int, iterations: int, out: Path, p
         print(f"case {case.label}: {asdict(case)}")
         key = replace(case, label="", attack=())
         row, arr, victims[key] = run_case(case, iterations, args.seed, out, args.device, progress, figures=figures,
-                                          victim=victims.get(key))
+                                          victim=victims.get(key), resume=args.resume)
         print(f"  -> one-to-one SSIM>=0.4 {row['one_to_one_ssim>=0.4']}/{case.n}, memorised {row['memorised']} "
               f"(control {row['memorised_control']}), {row['case_seconds']} s")
         rows.append(row)
@@ -227,7 +270,7 @@ def multiclass_experiment(args: argparse.Namespace) -> dict[str, Any]:
     for k, task in MC_CLASSES.items():
         case = Case(f"{k} classes", task=task, n=k * per_class, arch=arch, epochs=epochs)
         print(f"case {case.label}: {asdict(case)}")
-        row, arrays, victim = run_case(case, iterations, args.seed, out, args.device, progress)
+        row, arrays, victim = run_case(case, iterations, args.seed, out, args.device, progress, resume=args.resume)
         row.update(_per_class(row, arrays, victim))
         print(f"  -> memorised {row['memorised']}/{case.n} (per class {row['memorised_per_class']}), "
               f"control {row['memorised_control']}, {row['case_seconds']} s")

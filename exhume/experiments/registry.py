@@ -8,7 +8,10 @@ headline numbers, including what the paper found and what this run found, side b
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,3 +43,31 @@ def get_experiment(name: str) -> Experiment:
     if name not in EXPERIMENTS:
         raise ConfigError(f"unknown experiment {name!r}; known: {', '.join(sorted(EXPERIMENTS)) or 'none'}")
     return EXPERIMENTS[name]
+
+
+class ChunkEnd(KeyboardInterrupt):
+    """A chunk's time is up (``--chunk-seconds``): raised where the run is, so that training and
+    attacks write their checkpoints as on Ctrl-C; ``--resume`` continues."""
+
+
+@contextmanager
+def chunk_deadline(seconds: float | None) -> Iterator[None]:
+    """Raise :class:`ChunkEnd` in the main thread after ``seconds`` of wall time (None: never)."""
+    if seconds is None:
+        yield
+        return
+    if not seconds > 0:
+        raise ConfigError(f"--chunk-seconds must be a positive number of seconds, got {seconds!r}")
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        raise ConfigError("--chunk-seconds needs POSIX timers in the main thread; stop the run yourself and use --resume")
+
+    def fire(signum, frame):
+        raise ChunkEnd()
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, float(seconds))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

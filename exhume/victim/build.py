@@ -9,6 +9,7 @@ kinds (binary, multiclass, regression) are defined in :mod:`exhume.data.tasks`.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -59,18 +60,24 @@ def make_victim(
     dtype: torch.dtype = torch.float32,
     device: str = "cpu",
     exclude_from_test: np.ndarray | None = None,
+    checkpoint: str | Path | None = None,
+    resume: bool = False,
 ) -> Victim:
     """Select ``n`` training images, build the architecture and train it (seeded).
 
     ``train``: a :class:`TrainConfig` (full-batch, the default) or a :class:`MiniBatchConfig`.
     The test images (``test_size``) are disjoint from the training set (and from
-    ``exclude_from_test``, e.g. a held-out set the evaluator keeps apart).
+    ``exclude_from_test``, e.g. a held-out set the evaluator keeps apart). ``checkpoint``: a file
+    that full-batch training writes as it goes (:func:`~exhume.victim.train.train_victim`);
+    ``resume=True`` continues from it.
     """
     ds = load_dataset(data, root=root)
     task_data = select_task(ds, task, n, seed=seed)
     kind = task_data.task
     train = train or TrainConfig(loss=DEFAULT_LOSS[kind])
     check_task_loss(kind, train.loss)
+    if isinstance(train, MiniBatchConfig) and checkpoint is not None:
+        raise ConfigError("training checkpoints are written by full-batch training (TrainConfig), not mini-batch training")
     if isinstance(train, MiniBatchConfig) and kind == "regression":
         raise ConfigError("mini-batch training handles classification tasks (binary, multiclass), not regression")
     spec = parse_arch(arch) if isinstance(arch, str) else dict(arch)
@@ -81,7 +88,7 @@ def make_victim(
     if kind in ("binary", "regression"):
         y = y.to(dtype)
     start = time.perf_counter()
-    metrics = fit(model, x, y, kind, train, seed, progress)
+    metrics = fit(model, x, y, kind, train, seed, progress, checkpoint=checkpoint, resume=resume)
     if test_size > 0:
         excl = np.asarray(task_data.indices)
         if exclude_from_test is not None:
@@ -118,11 +125,11 @@ def make_minibatch_victim(data: str = "mnist", task: str = "multiclass", n: int 
 
 
 def fit(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, kind: str, train: TrainConfig | MiniBatchConfig,
-        seed: int, progress: bool) -> dict[str, Any]:
+        seed: int, progress: bool, checkpoint: str | Path | None = None, resume: bool = False) -> dict[str, Any]:
     """Train ``model`` in place with either trainer; returns its metrics (accuracy and margins included)."""
     if isinstance(train, MiniBatchConfig):
         return train_minibatch(model, x, y, train, seed=seed, progress=progress)
-    metrics = train_victim(model, x, y, train, progress=progress)
+    metrics = train_victim(model, x, y, train, progress=progress, checkpoint=checkpoint, resume=resume)
     metrics["train_accuracy"] = accuracy(model, x, y, kind)
     if kind != "regression":
         with torch.no_grad():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -68,58 +69,142 @@ def stationarity_residual(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lo
     return float((num / den).detach())
 
 
-def train_victim(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: TrainConfig, progress: bool = True) -> dict[str, Any]:
-    """Train ``model`` in place on centred inputs ``x``; returns training metrics."""
+CHECKPOINT_SECONDS = 60.0
+
+
+def _data_digest(x: torch.Tensor, y: torch.Tensor) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for t in (x, y):
+        h.update(str((tuple(t.shape), str(t.dtype))).encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _training_state(config: TrainConfig, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
+    """What a resumed training must share with its checkpoint (the epoch budget may grow)."""
+    return {"loss": config.loss, "optimizer": config.optimizer, "lr": config.lr, "weight_decay": config.weight_decay,
+            "data": _data_digest(x, y)}
+
+
+def _save_training(path, model: nn.Module, opt: torch.optim.Optimizer, epoch: int, elapsed: float,
+                   history: list[tuple[int, float]], same: dict[str, Any]) -> None:
+    import io
+
+    from exhume.files.jsonio import atomic_write
+
+    buffer = io.BytesIO()
+    torch.save({"model": {k: v.detach().cpu() for k, v in model.state_dict().items()}, "optimizer": opt.state_dict(),
+                "epoch": epoch, "elapsed": elapsed, "history": [list(h) for h in history], "settings": same}, buffer)
+    atomic_write(path, buffer.getbuffer())
+
+
+def _load_training(path, model: nn.Module, opt: torch.optim.Optimizer, same: dict[str, Any]) -> tuple[int, float, list]:
+    """Restore ``model`` and ``opt`` from a training checkpoint; returns ``(epoch, elapsed, history)``."""
+    from exhume.errors import ExhumeError
+
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+        epoch, elapsed, history, settings = int(payload["epoch"]), float(payload["elapsed"]), list(payload["history"]), payload["settings"]
+    except Exception as e:  # noqa: BLE001 - any failure to read is one user-facing problem
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise ExhumeError(f"cannot resume training from {path}: not a readable exhume training checkpoint "
+                          f"({type(e).__name__}: {first}); delete it to train from the start") from None
+    for key, value in same.items():
+        if settings.get(key) != value:
+            shown = "other images or labels" if key == "data" else f"{key}={settings.get(key)!r}"
+            raise ExhumeError(f"cannot resume training from {path}: it was written with {shown}, this run has "
+                              f"{'these' if key == 'data' else f'{key}={value!r}'}; delete it to train from the start")
+    if epoch < 0 or not math.isfinite(elapsed) or elapsed < 0:
+        raise ExhumeError(f"cannot resume training from {path}: epoch {epoch}, elapsed {elapsed} out of range")
+    try:
+        model.load_state_dict(payload["model"])
+        opt.load_state_dict(payload["optimizer"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as e:
+        raise ExhumeError(f"cannot resume training from {path}: it does not fit this model ({str(e).splitlines()[0]})") from None
+    return epoch, elapsed, [tuple(h) for h in history]
+
+
+def train_victim(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: TrainConfig, progress: bool = True,
+                 checkpoint=None, resume: bool = False, checkpoint_seconds: float = CHECKPOINT_SECONDS) -> dict[str, Any]:
+    """Train ``model`` in place on centred inputs ``x``; returns training metrics.
+
+    With ``checkpoint`` (a file path), the model, the optimiser state and the progress are written
+    there every ``checkpoint_seconds`` of training and when the run is interrupted (Ctrl-C,
+    SIGTERM, a chunk's deadline: any KeyboardInterrupt); ``resume=True`` continues from it when it
+    exists (same loss, optimiser, learning rate, weight decay and data, else an error). Full-batch
+    training is deterministic, so a resumed victim equals one trained without a break;
+    ``max_seconds`` counts the training time of every chunk.
+    """
     params = [p for p in model.parameters() if p.requires_grad]
     if config.optimizer == "gd":
         opt: torch.optim.Optimizer = torch.optim.SGD(params, lr=config.lr)
     else:
         opt = torch.optim.Adam(params, lr=config.lr)
     history: list[tuple[int, float]] = []
-    start = time.perf_counter()
+    first, elapsed0 = 1, 0.0
+    same = _training_state(config, x, y) if checkpoint is not None else {}
+    if checkpoint is not None and resume and os.path.isfile(checkpoint):
+        done, elapsed0, history = _load_training(checkpoint, model, opt, same)
+        first = done + 1
+    start = time.perf_counter() - elapsed0
+    saved_at = time.perf_counter()
     stop_reason = "max_epochs"
     bar = Progress("train victim", config.max_epochs, config.max_seconds, unit="ep", disable=not progress)
-    epoch = 0
-    for epoch in range(1, config.max_epochs + 1):
-        opt.zero_grad(set_to_none=True)
-        data_loss = per_sample_loss(config.loss, model(x), y).mean()
-        obj = data_loss
-        if config.weight_decay > 0:
-            obj = obj + 0.5 * config.weight_decay * sum((p**2).sum() for p in params)
-        obj.backward()
-        opt.step()
-        value = float(data_loss.detach())
-        if not math.isfinite(value):
-            bar.close()
-            raise DivergenceError(f"training diverged at epoch {epoch} (loss {value}); lower the learning rate (lr={config.lr})")
-        if epoch % config.log_every == 0 or epoch == 1:
-            history.append((epoch, value))
-            bar.update(epoch, loss=f"{value:.3g}")
-        else:
-            bar.update(epoch)
-        if config.loss_threshold is not None and value < config.loss_threshold:
-            stop_reason = "loss_threshold"
-            break
-        if config.max_seconds is not None and time.perf_counter() - start > config.max_seconds:
-            stop_reason = "max_seconds"
-            break
-        if (
-            config.residual_threshold is not None
-            and config.weight_decay > 0
-            and epoch % config.log_every == 0
-            and stationarity_residual(model, x, y, config.loss, config.weight_decay) < config.residual_threshold
-        ):
-            stop_reason = "residual_threshold"
-            break
-    bar.close()
+    done = first - 1  # the last epoch whose update is complete
+    try:
+        for epoch in range(first, config.max_epochs + 1):
+            opt.zero_grad(set_to_none=True)
+            data_loss = per_sample_loss(config.loss, model(x), y).mean()
+            obj = data_loss
+            if config.weight_decay > 0:
+                obj = obj + 0.5 * config.weight_decay * sum((p**2).sum() for p in params)
+            obj.backward()
+            opt.step()
+            done = epoch
+            value = float(data_loss.detach())
+            if not math.isfinite(value):
+                raise DivergenceError(f"training diverged at epoch {epoch} (loss {value}); lower the learning rate (lr={config.lr})")
+            if epoch % config.log_every == 0 or epoch == 1:
+                history.append((epoch, value))
+                bar.update(epoch, loss=f"{value:.3g}")
+            else:
+                bar.update(epoch)
+            if checkpoint is not None and time.perf_counter() - saved_at > checkpoint_seconds:
+                _save_training(checkpoint, model, opt, done, time.perf_counter() - start, history, same)
+                saved_at = time.perf_counter()
+            if config.loss_threshold is not None and value < config.loss_threshold:
+                stop_reason = "loss_threshold"
+                break
+            if config.max_seconds is not None and time.perf_counter() - start > config.max_seconds:
+                stop_reason = "max_seconds"
+                break
+            if (
+                config.residual_threshold is not None
+                and config.weight_decay > 0
+                and epoch % config.log_every == 0
+                and stationarity_residual(model, x, y, config.loss, config.weight_decay) < config.residual_threshold
+            ):
+                stop_reason = "residual_threshold"
+                break
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM, a chunk's deadline: keep what was trained
+        if checkpoint is not None:
+            _save_training(checkpoint, model, opt, done, time.perf_counter() - start, history, same)
+        raise
+    finally:
+        bar.close()
+    if checkpoint is not None:
+        _save_training(checkpoint, model, opt, done, time.perf_counter() - start, history, same)
     with torch.no_grad():
         final_loss = float(per_sample_loss(config.loss, model(x), y).mean())
     residual = stationarity_residual(model, x, y, config.loss, config.weight_decay) if config.weight_decay > 0 else None
     return {
-        "epochs": epoch,
+        "epochs": done,
         "seconds": round(time.perf_counter() - start, 3),
         "stop_reason": stop_reason,
         "final_loss": final_loss,
         "stationarity_residual": residual,
         "loss_history": history,
+        **({"resumed_from_epoch": first - 1} if first > 1 else {}),
     }

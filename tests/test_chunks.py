@@ -1,0 +1,125 @@
+"""Long experiments in chunks: a victim's training checkpoints and resumes to the same weights, a
+checkpoint for other settings or a corrupt one is refused with one line, and a kkt experiment cut
+into chunks by ``--chunk-seconds`` ends with the table of an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from exhume.cli import main
+from exhume.errors import ExhumeError
+from exhume.victim import TrainConfig
+from exhume.victim.train import train_victim
+
+CFG = TrainConfig(loss="logistic", lr=0.1, weight_decay=1e-3, max_epochs=300)
+
+
+def _data():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(24, 1, 8, 8, generator=g), (torch.arange(24) % 2 * 2 - 1).float()
+
+
+def _model():
+    torch.manual_seed(1)
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 1), nn.Flatten(0))
+
+
+def _cut_at(model: nn.Module, call: int) -> None:
+    """Ctrl-C during the ``call``-th forward pass (the epoch ``call`` never completes)."""
+    seen = [0]
+
+    def hook(module, inputs):
+        seen[0] += 1
+        if seen[0] == call:
+            raise KeyboardInterrupt
+
+    model.register_forward_pre_hook(hook)
+
+
+def test_interrupted_training_resumes_to_the_same_weights(tmp_path):
+    x, y = _data()
+    ref = _model()
+    ref_metrics = train_victim(ref, x, y, CFG, progress=False)
+    cut = _model()
+    _cut_at(cut, 120)
+    with pytest.raises(KeyboardInterrupt):
+        train_victim(cut, x, y, CFG, progress=False, checkpoint=tmp_path / "t.pt")
+    assert torch.load(tmp_path / "t.pt", weights_only=True)["epoch"] == 119
+    resumed = _model()  # a fresh initialisation: everything comes from the checkpoint
+    metrics = train_victim(resumed, x, y, CFG, progress=False, checkpoint=tmp_path / "t.pt", resume=True)
+    assert metrics["resumed_from_epoch"] == 119 and metrics["epochs"] == ref_metrics["epochs"] == 300
+    assert metrics["loss_history"] == ref_metrics["loss_history"]
+    for a, b in zip(ref.parameters(), resumed.parameters()):
+        assert torch.equal(a, b)
+    again = _model()  # without resume=True the checkpoint is ignored and overwritten
+    assert "resumed_from_epoch" not in train_victim(again, x, y, CFG, progress=False, checkpoint=tmp_path / "t.pt")
+
+
+def test_a_checkpoint_for_other_settings_or_a_corrupt_one_is_refused(tmp_path):
+    x, y = _data()
+    model = _model()
+    train_victim(model, x, y, TrainConfig(loss="logistic", lr=0.1, weight_decay=1e-3, max_epochs=5), progress=False,
+                 checkpoint=tmp_path / "t.pt")
+    other_lr = TrainConfig(loss="logistic", lr=0.05, weight_decay=1e-3, max_epochs=10)
+    with pytest.raises(ExhumeError, match=r"written with lr=0\.1, this run has lr=0\.05"):
+        train_victim(_model(), x, y, other_lr, progress=False, checkpoint=tmp_path / "t.pt", resume=True)
+    with pytest.raises(ExhumeError, match="written with other images or labels"):
+        train_victim(_model(), x, -y, CFG, progress=False, checkpoint=tmp_path / "t.pt", resume=True)
+    wider = nn.Sequential(nn.Flatten(), nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 1), nn.Flatten(0))
+    with pytest.raises(ExhumeError, match="does not fit this model"):
+        train_victim(wider, x, y, CFG, progress=False, checkpoint=tmp_path / "t.pt", resume=True)
+    data = (tmp_path / "t.pt").read_bytes()
+    (tmp_path / "t.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ExhumeError, match="not a readable exhume training checkpoint"):
+        train_victim(_model(), x, y, CFG, progress=False, checkpoint=tmp_path / "t.pt", resume=True)
+
+
+def _cases():
+    from exhume.experiments.kkt_study import Case
+
+    return [Case(f"n={n}", n=n, arch="mlp:32,32;bias=none;init=1e-4") for n in (10, 16)]
+
+
+def _run(out, resume: bool):
+    from types import SimpleNamespace
+
+    from exhume.experiments.kkt_study import _run_all
+
+    args = SimpleNamespace(seed=0, device="cpu", resume=resume)
+    rows, arrays = _run_all(_cases(), args, 2500, 1500, out, progress=False)
+    return [{k: v for k, v in r.items() if not k.endswith("seconds")} for r in rows], arrays
+
+
+def test_kkt_cases_in_chunks_end_with_the_uninterrupted_table(tmp_path):
+    """Training, attack and finished cases all resume: 1.5-s chunks give the rows of one long run."""
+    from exhume.experiments.registry import ChunkEnd, chunk_deadline
+
+    whole, whole_arrays = _run(tmp_path / "whole", resume=False)
+    chunks, resumed_training = 0, False
+    while True:
+        chunks += 1
+        assert chunks < 60
+        try:
+            with chunk_deadline(1.5):
+                rows, arrays = _run(tmp_path / "chunked", resume=chunks > 1)
+            break
+        except ChunkEnd:
+            resumed_training |= any(p.is_file() for p in (tmp_path / "chunked").glob("*/victim-training.pt"))
+    assert chunks >= 3 and resumed_training, "the run was really cut, also during a victim's training"
+    assert rows == whole
+    for a, b in zip(arrays, whole_arrays):
+        assert all((a[k] == b[k]).all() for k in ("ssim", "margin", "memorised"))
+
+
+def test_chunk_seconds_on_the_command_line(tmp_path, capsys):
+    args = ["experiment", "multiclass", "--iterations", "20", "--epochs", "30", "--no-progress", "-o", str(tmp_path / "m")]
+    assert main([*args, "--chunk-seconds", "0.2"]) == 3
+    assert "run the same command with --resume to continue" in capsys.readouterr().err
+    assert main([*args, "--resume"]) == 0
+    assert json.loads((tmp_path / "m" / "multiclass.json").read_text())["rows"][0]["classes"] == 2
+    assert main([*args, "--chunk-seconds", "-1"]) == 2
+    assert "--chunk-seconds must be a positive number" in capsys.readouterr().err
