@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from exhume.portfolio.report import sizing_line
 from exhume.victim.recipe import PAPER_ARCH, PAPER_TRAIN
 
 DEMO_DATA = {"data": "mnist", "task": "odd-even", "n": 100, "arch": PAPER_ARCH}
@@ -22,8 +23,9 @@ DEMO_DATA = {"data": "mnist", "task": "odd-even", "n": 100, "arch": PAPER_ARCH}
 # after 4000 attack iterations, against 29 / 10 after 28,000 iterations for one trained for 60 s
 # (about 25,000 epochs); see the margin experiment. max_seconds only caps a slow machine.
 DEMO_TRAIN = {"loss": "logistic", **PAPER_TRAIN, "max_epochs": 6000, "max_seconds": 60.0}
-# The attack is the default restart portfolio (exhume.portfolio): restarts of about 45 s side by side on
-# the local cores, candidates pooled. One kkt run at a constant learning rate plateaued after ~35 s at about
+# The attack is the default restart portfolio (exhume.portfolio): restarts side by side on the local
+# cores, sized from the attack's measured iteration rate (exhume/portfolio/sizing.py: 45 s each on this
+# victim, ~3,000 iterations), candidates pooled. One kkt run at a constant learning rate plateaued after ~35 s at about
 # 13 memorised (benchmarks/bench_quality.py); with the cosine schedule one 40-s run got 22 (benchmarks/zoo),
 # and restarts with other seeds find other digits. 360 s keeps the whole demo under 10 minutes on 2 cores.
 DEMO_ATTACK: dict[str, Any] = {"iterations": 1_000_000, "max_seconds": 360.0}
@@ -60,12 +62,16 @@ def run_demo(out: str | Path = "runs/demo", seed: int = 0, device: str = "cpu", 
     if attack_seconds:
         attack_kwargs["max_seconds"] = attack_seconds
     print(f"[2/3] kkt attack from the weights alone, {attack_kwargs['max_seconds']:.0f} s budget")
-    resume_attack = resume and (attack_dir / "checkpoint.pt").is_file()  # the demo replaces its own earlier run otherwise
+    # the demo replaces its own earlier run unless resumed (a portfolio keeps its restarts in restarts/)
+    resume_attack = resume and ((attack_dir / "checkpoint.pt").is_file() or (attack_dir / "restarts").is_dir())
     recon = exhume.attack(victim, method="kkt", seed=seed, out=attack_dir, resume=resume_attack, force=not resume_attack, device=device,
                           progress=progress, **attack_kwargs)
     per = recon.summary.get("iterations_per_restart")
     print(f"      {recon.summary['iterations']} iterations in {recon.summary['seconds']:.0f} s"
           + (f" ({len(per)} restarts: {', '.join(map(str, per))})" if per else ""))
+    sized = sizing_line(recon.config.get("portfolio") or {})
+    if sized:
+        print(f"      {sized}")
     print("[3/3] evaluating against the 100 training digits and 1000 unseen digits")
     result = exhume.evaluate(recon, victim, pool_size=1000, out=eval_dir)
     wall = time.perf_counter() - t0

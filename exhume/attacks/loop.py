@@ -26,6 +26,7 @@ import torch
 
 from exhume.attacks.base import DTYPES, Param
 from exhume.attacks.checkpoint import load_checkpoint, save_checkpoint
+from exhume.interrupts import whole_step
 from exhume.progress import Progress
 
 OPTIMIZERS = ("adam", "sgd")
@@ -124,8 +125,9 @@ def run_loop(desc: str, total: int, max_seconds: float | None, start: int, elaps
     try:
         for it in range(start + 1, total + 1):
             log = it % log_every == 0 or it == 1
-            postfix = step(it, log, clock)
-            done = it
+            with whole_step():  # an interrupt lands before or after the update and its count, never between
+                postfix = step(it, log, clock)
+                done = it
             elapsed = clock()
             bar.update(it, **(postfix or {}))
             if it % checkpoint_every == 0:

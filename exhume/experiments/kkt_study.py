@@ -71,8 +71,7 @@ def run_case(case: Case, iterations: int, seed: int, out: Path, device: str, pro
         folder.mkdir(parents=True, exist_ok=True)
         victim = make_victim(case.data, case.task, case.n, case.arch, cfg, seed=seed, progress=progress, test_size=500,
                              checkpoint=folder / "victim-training.pt", resume=resume)
-        victim.save(folder / "victim")
-        victim = load_victim(folder / "victim")  # its path is recorded, so later chunks and shared cases find it
+        victim.save(folder / "victim")  # sets victim.path: later chunks and cases that share the victim find it
     attack_dir = folder / "attack"
     if resume and (attack_dir / "reconstruction.json").is_file():
         recon = exhume.load_reconstruction(attack_dir)

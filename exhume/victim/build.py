@@ -75,11 +75,7 @@ def make_victim(
     task_data = select_task(ds, task, n, seed=seed)
     kind = task_data.task
     train = train or TrainConfig(loss=DEFAULT_LOSS[kind])
-    check_task_loss(kind, train.loss)
-    if isinstance(train, MiniBatchConfig) and checkpoint is not None:
-        raise ConfigError("training checkpoints are written by full-batch training (TrainConfig), not mini-batch training")
-    if isinstance(train, MiniBatchConfig) and kind == "regression":
-        raise ConfigError("mini-batch training handles classification tasks (binary, multiclass), not regression")
+    _check_training(train, kind, checkpoint)
     spec = parse_arch(arch) if isinstance(arch, str) else dict(arch)
     num_classes = num_classes_of(ds, task) if kind == "multiclass" else None
     torch.manual_seed(seed)
@@ -122,6 +118,14 @@ def make_minibatch_victim(data: str = "mnist", task: str = "multiclass", n: int 
     1,000 images, multiclass, ``MiniBatchConfig()``)."""
     return make_victim(data, task, n, arch, train or MiniBatchConfig(), seed=seed, root=root, test_size=test_size,
                        progress=progress, exclude_from_test=exclude_from_test)
+
+
+def _check_training(train: TrainConfig | MiniBatchConfig, kind: str, checkpoint) -> None:
+    check_task_loss(kind, train.loss)
+    if isinstance(train, MiniBatchConfig) and checkpoint is not None:
+        raise ConfigError("training checkpoints are written by full-batch training (TrainConfig), not mini-batch training")
+    if isinstance(train, MiniBatchConfig) and kind == "regression":
+        raise ConfigError("mini-batch training handles classification tasks (binary, multiclass), not regression")
 
 
 def fit(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, kind: str, train: TrainConfig | MiniBatchConfig,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -12,6 +13,7 @@ import torch
 from torch import nn
 
 from exhume.errors import ConfigError, DivergenceError
+from exhume.interrupts import whole_step
 from exhume.losses import check_loss, per_sample_loss
 from exhume.progress import Progress
 
@@ -126,6 +128,29 @@ def _load_training(path, model: nn.Module, opt: torch.optim.Optimizer, same: dic
     return epoch, elapsed, [tuple(h) for h in history]
 
 
+def _epoch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: TrainConfig, params: list, opt) -> float:
+    """One full-batch step; returns the data loss before it."""
+    opt.zero_grad(set_to_none=True)
+    data_loss = per_sample_loss(config.loss, model(x), y).mean()
+    obj = data_loss
+    if config.weight_decay > 0:
+        obj = obj + 0.5 * config.weight_decay * sum((p**2).sum() for p in params)
+    obj.backward()
+    opt.step()
+    return float(data_loss.detach())
+
+
+def _stop_reason(model: nn.Module, x, y, config: TrainConfig, epoch: int, value: float, seconds: float) -> str | None:
+    if config.loss_threshold is not None and value < config.loss_threshold:
+        return "loss_threshold"
+    if config.max_seconds is not None and seconds > config.max_seconds:
+        return "max_seconds"
+    if (config.residual_threshold is not None and config.weight_decay > 0 and epoch % config.log_every == 0
+            and stationarity_residual(model, x, y, config.loss, config.weight_decay) < config.residual_threshold):
+        return "residual_threshold"
+    return None
+
+
 def train_victim(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: TrainConfig, progress: bool = True,
                  checkpoint=None, resume: bool = False, checkpoint_seconds: float = CHECKPOINT_SECONDS) -> dict[str, Any]:
     """Train ``model`` in place on centred inputs ``x``; returns training metrics.
@@ -138,55 +163,32 @@ def train_victim(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: Tra
     ``max_seconds`` counts the training time of every chunk.
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    if config.optimizer == "gd":
-        opt: torch.optim.Optimizer = torch.optim.SGD(params, lr=config.lr)
-    else:
-        opt = torch.optim.Adam(params, lr=config.lr)
+    opt = torch.optim.SGD(params, lr=config.lr) if config.optimizer == "gd" else torch.optim.Adam(params, lr=config.lr)
     history: list[tuple[int, float]] = []
-    first, elapsed0 = 1, 0.0
+    done, elapsed0 = 0, 0.0  # done: the last epoch whose update is complete
     same = _training_state(config, x, y) if checkpoint is not None else {}
     if checkpoint is not None and resume and os.path.isfile(checkpoint):
         done, elapsed0, history = _load_training(checkpoint, model, opt, same)
-        first = done + 1
-    start = time.perf_counter() - elapsed0
-    saved_at = time.perf_counter()
+    first, start, saved_at = done + 1, time.perf_counter() - elapsed0, time.perf_counter()
     stop_reason = "max_epochs"
     bar = Progress("train victim", config.max_epochs, config.max_seconds, unit="ep", disable=not progress)
-    done = first - 1  # the last epoch whose update is complete
     try:
         for epoch in range(first, config.max_epochs + 1):
-            opt.zero_grad(set_to_none=True)
-            data_loss = per_sample_loss(config.loss, model(x), y).mean()
-            obj = data_loss
-            if config.weight_decay > 0:
-                obj = obj + 0.5 * config.weight_decay * sum((p**2).sum() for p in params)
-            obj.backward()
-            opt.step()
-            done = epoch
-            value = float(data_loss.detach())
+            with whole_step() if checkpoint is not None else nullcontext():  # an interrupt lands before or after the update and its count
+                value = _epoch(model, x, y, config, params, opt)
+                done = epoch
             if not math.isfinite(value):
                 raise DivergenceError(f"training diverged at epoch {epoch} (loss {value}); lower the learning rate (lr={config.lr})")
-            if epoch % config.log_every == 0 or epoch == 1:
+            logged = epoch % config.log_every == 0 or epoch == 1
+            if logged:
                 history.append((epoch, value))
-                bar.update(epoch, loss=f"{value:.3g}")
-            else:
-                bar.update(epoch)
+            bar.update(epoch, **({"loss": f"{value:.3g}"} if logged else {}))
             if checkpoint is not None and time.perf_counter() - saved_at > checkpoint_seconds:
                 _save_training(checkpoint, model, opt, done, time.perf_counter() - start, history, same)
                 saved_at = time.perf_counter()
-            if config.loss_threshold is not None and value < config.loss_threshold:
-                stop_reason = "loss_threshold"
-                break
-            if config.max_seconds is not None and time.perf_counter() - start > config.max_seconds:
-                stop_reason = "max_seconds"
-                break
-            if (
-                config.residual_threshold is not None
-                and config.weight_decay > 0
-                and epoch % config.log_every == 0
-                and stationarity_residual(model, x, y, config.loss, config.weight_decay) < config.residual_threshold
-            ):
-                stop_reason = "residual_threshold"
+            reason = _stop_reason(model, x, y, config, epoch, value, time.perf_counter() - start)
+            if reason is not None:
+                stop_reason = reason
                 break
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM, a chunk's deadline: keep what was trained
         if checkpoint is not None:
@@ -199,12 +201,6 @@ def train_victim(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: Tra
     with torch.no_grad():
         final_loss = float(per_sample_loss(config.loss, model(x), y).mean())
     residual = stationarity_residual(model, x, y, config.loss, config.weight_decay) if config.weight_decay > 0 else None
-    return {
-        "epochs": done,
-        "seconds": round(time.perf_counter() - start, 3),
-        "stop_reason": stop_reason,
-        "final_loss": final_loss,
-        "stationarity_residual": residual,
-        "loss_history": history,
-        **({"resumed_from_epoch": first - 1} if first > 1 else {}),
-    }
+    return {"epochs": done, "seconds": round(time.perf_counter() - start, 3), "stop_reason": stop_reason,
+            "final_loss": final_loss, "stationarity_residual": residual, "loss_history": history,
+            **({"resumed_from_epoch": first - 1} if first > 1 else {})}

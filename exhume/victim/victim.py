@@ -156,9 +156,15 @@ class Victim:
             "metrics": self.metrics,
             "data_spec": self.data_spec,
         }
-        write_json(folder / "victim.json", meta, default=_json_default)
         if self.train_indices is not None:
-            np.save(folder / "train_indices.npy", np.asarray(self.train_indices, dtype=np.int64))
+            import io
+
+            from exhume.files.jsonio import atomic_write
+
+            buffer = io.BytesIO()
+            np.save(buffer, np.asarray(self.train_indices, dtype=np.int64))
+            atomic_write(folder / "train_indices.npy", buffer.getvalue())
+        write_json(folder / "victim.json", meta, default=_json_default)  # last: a folder with victim.json is complete
         self.path = folder
         return folder
 
