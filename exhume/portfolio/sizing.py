@@ -11,8 +11,8 @@ time, set-up included, is taken from the budget. From the measured rate :func:`c
 decides:
 
 - restarts get at least ``MIN_ITERATIONS_PER_RESTART`` iterations each (expected at the probe's
-  rate × ``PARALLEL_EFFICIENCY`` when workers share the machine) and at most
-  ``SECONDS_PER_RESTART`` seconds each where the rate allows more restarts;
+  rate × ``PARALLEL_EFFICIENCY`` when workers share the machine) and about
+  ``SECONDS_PER_RESTART`` seconds each (the number of waves rounded) where the rate allows more;
 - when even one wave of parallel restarts would leave each below that floor, and the caller did
   not fix the number of workers, the budget goes to **one run with all the cores**, which is the
   old single run with kkt's current defaults.
@@ -74,7 +74,7 @@ def choose(budget: float, rate: float, workers: int, *, fixed_workers: bool = Fa
     if per_wave < min_iterations and workers > 1 and not fixed_workers:
         return 1, 1, (f"one run on all cores: {workers} parallel restarts would get ~{per_wave:.0f} iterations each "
                       f"(< {min_iterations})")
-    waves_time = math.floor(budget / seconds_per_restart)
+    waves_time = round(budget / seconds_per_restart)  # rounded: the probe's few seconds must not drop a wave
     waves_iter = math.floor(per_wave / min_iterations)
     waves = max(1, min(waves_time, waves_iter))
     restarts = max(1, min(workers * waves, max_restarts))
