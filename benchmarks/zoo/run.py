@@ -105,7 +105,10 @@ def job(args) -> None:
     res = exhume.evaluate(recon, victim, pool_size=1000, figures=False)
     m = res.metrics
     row = {"victim": Path(args.victim).name, "method": args.method, "seed": args.seed, "budget_s": args.seconds,
-           "attack_wall_s": round(wall, 1), "iterations": recon.summary.get("iterations"),
+           "attack_wall_s": round(wall, 1),
+           "iterations": recon.summary.get("iterations_per_restart") or recon.summary.get("iterations"),
+           "restarts": recon.summary.get("restarts", 1),
+           "sizing": ((recon.config.get("portfolio") or {}).get("sizing") or {}).get("reason"),
            "kept_iteration": recon.summary.get("kept_iteration"), "candidates": int(recon.candidates.shape[0]),
            "memorised": m["memorised"], "control": m.get("memorised_control"),
            "one_to_one": m["one_to_one_ssim>=0.4"], "one_to_one_control": m.get("one_to_one_ssim>=0.4_control"),

@@ -80,7 +80,7 @@ def choose(budget: float, rate: float, workers: int, *, fixed_workers: bool = Fa
     restarts = max(1, min(workers * waves, max_restarts))
     bound = "iterations" if waves_iter < waves_time else "seconds"
     why = (f"{waves} wave(s) of {workers}: each restart ≥ {min_iterations} iterations" if bound == "iterations"
-           else f"{waves} wave(s) of {workers}: at most {seconds_per_restart:g} s per restart")
+           else f"{waves} wave(s) of {workers}: about {seconds_per_restart:g} s per restart")
     if waves == 1 and waves_iter == 0:
         why = f"one wave of {workers}: below {min_iterations} iterations per restart even so"
     if restarts < workers * waves:
