@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from exhume.errors import ConfigError, DataError
-from exhume.evaluation.assumptions import attack_failures
+from exhume.evaluation.assumptions import attack_failures, weak_regime_failure
 from exhume.evaluation.metrics import EvalResult, _jsonable, evaluate_images
 from exhume.evaluation.plots import candidates_grid, pairs_grid, plot_sorted_ssim, plot_ssim_vs_margin
 from exhume.evaluation.verdict import ALPHA, decide
@@ -90,6 +90,8 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
     result.metrics["attack"] = {"method": recon.method, "seed": recon.seed, "config": recon.config, **recon.summary}
     result.metrics["victim"] = info
     failures += attack_failures(recon)
+    if victim is not None:
+        failures += weak_regime_failure(recon.method, float(victim.weight_decay or 0.0))
     verdict = decide(result.metrics, failures, alpha)
     result.metrics.update(verdict=verdict["verdict"], verdict_reason=verdict["reason"], p_value=verdict["p_value"],
                           alpha=alpha, verdict_test=verdict["test"], assumption_failures=verdict["assumption_failures"])
