@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="exhume", description="Reconstruct training data from a network's weights and measure the leak.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("demo", help="train a small victim on bundled MNIST, attack it, evaluate (about 4 min on 2 CPU cores)")
+    p = sub.add_parser("demo", help="train a small victim on bundled MNIST, attack it, evaluate (about 6.5 min on 2 CPU cores: 6 min of attack)")
     _common(p, "runs/demo")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="precision of training and attack (default float32)")
     p.add_argument("--train-seconds", type=float, default=None, help="victim training budget (default: the demo's)")

@@ -220,7 +220,8 @@ class BilevelAttack(Attack):
                          "0 when H is positive definite; 0: exact implicit gradient)", low=0.0, allow_none=True),
         "inner_solver": Param("newton-cg", str, "lower-level solver (warm-started): damped Newton-CG on "
                               "Hessian-vector products to inner_tol, or L-BFGS", choices=("newton-cg", "lbfgs")),
-        "inner_steps": Param(50, int, "Newton (or L-BFGS) iterations of inner training per outer step", low=1),
+        "inner_steps": Param(100, int, "at most this many Newton (or L-BFGS) iterations of inner training per outer step "
+                             "(they stop at inner_tol; 50 left one of 20 solves on a tiny ReLU victim at 1.5e-4)", low=1),
         "inner_tol": Param(1e-9, float, "stop inner training at ‖∇_θ E‖ below this (L-BFGS: max |∇_θ E|)", low=0.0),
         "smooth": Param(100.0, float, "lower level on softplus(β·z)/β instead of ReLU (value and derivatives), "
                         "so that it has a stationary point; None: exact activations", low=0.0, allow_none=True),

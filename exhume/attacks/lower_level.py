@@ -41,6 +41,9 @@ def _hvp_of(t: torch.Tensor, g: torch.Tensor) -> Callable[[torch.Tensor], torch.
     return hvp
 
 
+ROUNDING = 1e-13  # relative size of a change in the objective that its floating-point value cannot resolve
+
+
 def _steihaug_cg(hvp, g: torch.Tensor, mu: float, iterations: int, rtol: float) -> tuple[torch.Tensor, int]:
     """Approximately solve ``(H + μI) d = −g``; on negative curvature return the iterate so far
     (or ``−g`` if none), as in Steihaug's truncated CG."""
@@ -86,6 +89,15 @@ def _newton_loop(f: Objective, theta: torch.Tensor, tol: float, max_iter: int, c
             t, value, g = _grad_graph(f, theta)
             gnorm = float(g.detach().norm())
             mu = mu / 3 if rho > 0.75 else mu
+        elif torch.isfinite(new_value) and abs(predicted) <= ROUNDING * max(1.0, abs(float(value))):
+            # the predicted decrease is below the objective's rounding: the value cannot rank the step
+            # (rho is noise there, and the damping would only grow); the gradient norm can
+            t2, value2, g2 = _grad_graph(f, (theta + d).detach())
+            if float(g2.detach().norm()) < gnorm:
+                theta, t, value, g = (theta + d).detach(), t2, value2, g2
+                gnorm = float(g.detach().norm())
+            else:
+                mu = max(mu * 4, 1e-8)
         else:
             mu = max(mu * 4, 1e-8)
     return theta, {"grad_norm": gnorm, "iterations": it, "hvps": hvps, "mu": mu, "value": float(value)}
