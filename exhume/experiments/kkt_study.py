@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -61,7 +62,7 @@ def run_case(case: Case, iterations: int, seed: int, out: Path, device: str, pro
         with np.load(folder / "arrays.npz", allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
         print(f"  finished in an earlier chunk: {folder / 'case.json'}")
-        return done["row"], arrays, victim if victim is not None else load_victim(done["victim"])
+        return done["row"], arrays, victim if victim is not None else load_victim(folder / done["victim"])
     if victim is not None:
         print(f"  reusing the victim trained for an earlier case: {victim.path}")
     elif resume and (folder / "victim" / "victim.json").is_file():
@@ -110,7 +111,7 @@ def _save_case(folder: Path, row: dict[str, Any], arrays: dict[str, Any], victim
     buffer = io.BytesIO()
     np.savez(buffer, **{k: np.asarray(v) for k, v in arrays.items() if v is not None})
     atomic_write(folder / "arrays.npz", buffer.getvalue())
-    write_json(folder / "case.json", {"row": row, "victim": str(victim.path)})
+    write_json(folder / "case.json", {"row": row, "victim": os.path.relpath(victim.path, folder)})  # relative: the run folder may move
 
 
 def write_table(rows: list[dict[str, Any]], out: Path, name: str) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from exhume.errors import ConfigError, DivergenceError
+from exhume.errors import ConfigError, DivergenceError, ExhumeError
 from exhume.interrupts import whole_step
 from exhume.losses import check_loss, per_sample_loss
 from exhume.progress import Progress
@@ -104,8 +104,6 @@ def _save_training(path, model: nn.Module, opt: torch.optim.Optimizer, epoch: in
 
 def _load_training(path, model: nn.Module, opt: torch.optim.Optimizer, same: dict[str, Any]) -> tuple[int, float, list]:
     """Restore ``model`` and ``opt`` from a training checkpoint; returns ``(epoch, elapsed, history)``."""
-    from exhume.errors import ExhumeError
-
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
         epoch, elapsed, history, settings = int(payload["epoch"]), float(payload["elapsed"]), list(payload["history"]), payload["settings"]
