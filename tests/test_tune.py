@@ -318,7 +318,10 @@ def test_postgres_concurrent_start_on_an_empty_database(victim_dir, tmp_path):
             _, err = w.communicate(timeout=180)
             assert w.returncode == 0, err[-2000:]
         s = load_study(scoped, tmp_path, "race")
-        assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in s.trials) == 2
+        # at least the budget: two workers that check the count at the same moment may both start a last
+        # trial (seen once in CI on a loaded 2-core machine: 3 complete); what this test is about is that
+        # both workers survive the race to create the schema and finish the study
+        assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in s.trials) >= 2
     finally:
         with engine.begin() as c:
             c.execute(sqlalchemy.text(f"DROP SCHEMA {schema} CASCADE"))
