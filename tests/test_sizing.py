@@ -4,33 +4,16 @@ fallback to one run for a slow victim, and a resume that reuses the stored decis
 from __future__ import annotations
 
 import pytest
+import test_portfolio
 import torch
 
 import exhume
 import exhume.portfolio.run as prun
 from exhume.portfolio import run_portfolio, sizing
 from exhume.portfolio.report import summary_lines
-from exhume.victim import TrainConfig, make_victim
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def victim_dir(tmp_path_factory):
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("sizing") / "victim"
-    cfg = TrainConfig(loss="logistic", optimizer="gd", lr=0.2, weight_decay=5e-3, max_epochs=200, max_seconds=10)
-    make_victim("mnist", "odd-even", 10, "mlp:32;bias=none;init=1e-3", cfg, seed=0, progress=False, test_size=20).save(folder)
-    torch.set_num_threads(before)
-    return folder
+one_thread = test_portfolio.one_thread  # the portfolio tests' fixtures: one torch thread, their tiny victim
+victim_dir = test_portfolio.victim_dir
 
 
 @pytest.mark.parametrize("budget, rate, workers, fixed, expect", [
