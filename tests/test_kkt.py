@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from exhume.attacks import get_attack
-from exhume.attacks.formulation import typical_margin
+from exhume.attacks.formulation import NO_DECAY_MARGIN, typical_margin
 from exhume.attacks.kkt import KKTAttack
 from exhume.attacks.stationarity import homogeneity_degree, stationarity_residual
 from exhume.attacks.surrogate import soft_activations, soft_relu
@@ -123,6 +123,27 @@ def test_2d_toy_recovers_the_points_on_the_margin():
     # would sit ~0.1 away (20 points in the unit square)
     assert dist[on_margin].max() < 0.03
     assert recon.summary["final_relative_stationarity"] < 0.3
+
+
+def test_without_weight_decay_the_lambda_scale_is_the_multiplier_at_the_assumed_margin():
+    """S = ‖θ‖²/(L·n·q₀) from the weights alone, not the S = 1 that found nothing on the zoo's Haim victims."""
+    from exhume.models import MLP
+
+    torch.manual_seed(0)
+    model = MLP(2, [64, 64], 1, bias=False)
+    view = AttackerView(model=model, task="binary", input_shape=(2,), mean=torch.zeros(2), loss="logistic",
+                        weight_decay=0.0, n_train_hint=7)
+    recon = get_attack("kkt", iterations=1).run(view, progress=False)
+    theta2 = sum(float((p.detach().double() ** 2).sum()) for p in model.parameters())
+    assert recon.config["homogeneity_degree"] == pytest.approx(3.0)
+    assert recon.config["assumed_margin"] == NO_DECAY_MARGIN
+    assert recon.config["lambda_scale_value"] == pytest.approx(theta2 / (3.0 * 7 * NO_DECAY_MARGIN), rel=1e-6)
+    # the assumed margin does not move with the weights: S grows as ‖θ‖²
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(2.0)
+    scaled = get_attack("kkt", iterations=1).run(view, progress=False)
+    assert scaled.config["lambda_scale_value"] == pytest.approx(recon.config["lambda_scale_value"] * 4.0, rel=1e-6)
 
 
 def test_attack_runs_on_a_module_exhume_did_not_build():

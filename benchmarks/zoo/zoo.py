@@ -50,6 +50,9 @@ ZOO = (
     ZooVictim("digits-1hidden-bias-wd1e-3", "digits", "odd-even", 100, "mlp:256;bias=all", 1e-3, 0, epochs=45_199),
     ZooVictim("digits-multiclass-wd5e-3", "digits", "multiclass", 100, "mlp:256,256;bias=none;init=1e-4", 5e-3, 1, epochs=35_302),
     ZooVictim("digits-cnn-wd5e-3", "digits", "odd-even", 100, "cnn:16;fc=256;pool=avg", 5e-3, 2, epochs=30_886),
+    # held out from the choice of the no-weight-decay λ scale (kkt's formulation.NO_DECAY_MARGIN)
+    ZooVictim("digits-multiclass-haim", "digits", "multiclass", 100, "mlp:256,256;bias=none;init=1e-4", 0.0, 3, epochs=40_000),
+    ZooVictim("digits-1hidden-bias-haim", "digits", "odd-even", 100, "mlp:256;bias=all", 0.0, 4, epochs=40_000),
 )
 
 BY_NAME = {v.name: v for v in ZOO}
