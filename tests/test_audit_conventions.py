@@ -140,3 +140,28 @@ def test_every_flag_has_help_and_attack_parameters_can_be_listed(capsys):
     assert "'adam'" in optimizer and "sgd" in optimizer and " | " in optimizer  # default and choices
     assert any(line.startswith("tv_weight ") and ">= 0.0" in line for line in out.splitlines())
     assert main(["attack", "--method", "nope", "--list-params"]) == 2
+
+
+def _kkt_result(scale: float, **config) -> Reconstruction:
+    cfg = {"formulation": "margin", "lambda_scale_value": scale, "homogeneity_degree": 3.0, "theta_squared": 120.0, **config}
+    return Reconstruction(method="kkt", candidates=torch.zeros(2, 1, 4, 4), labels=torch.tensor([1.0, -1.0]), scores=None, seed=0, config=cfg)
+
+
+def test_without_weight_decay_a_multiplier_scale_far_from_the_margins_makes_finding_nothing_inconclusive():
+    from exhume.evaluation.assumptions import NO_DECAY_SCALE_RANGE, scale_failure
+
+    margins = np.full(100, 16.0)  # typical multiplier 120 / (3 · 1600) = 0.025
+    assert scale_failure(_kkt_result(0.0125), margins, 0.0) == []  # half of it: where the attack works
+    assert scale_failure(_kkt_result(0.025 * NO_DECAY_SCALE_RANGE[1] * 0.99), margins, 0.0) == []
+    far = scale_failure(_kkt_result(1.0), margins, 0.0)  # the S = 1 that found nothing on the zoo
+    assert len(far) == 1 and "40×" in far[0] and "lambda_scale=0.0125" in far[0]
+    assert len(scale_failure(_kkt_result(0.002), margins, 0.0)) == 1  # far below: u cannot grow enough
+    # checked only where it was measured: kkt's margin form on models trained without weight decay
+    assert scale_failure(_kkt_result(1.0), margins, 5e-3) == []
+    assert scale_failure(_kkt_result(1.0, formulation="loss"), margins, 0.0) == []
+    bilevel = Reconstruction(method="bilevel", candidates=torch.zeros(2, 1, 4, 4), labels=torch.tensor([1.0, -1.0]), scores=None, seed=0, config={})
+    assert scale_failure(bilevel, margins, 0.0) == []
+    # and it turns "no evidence" into "inconclusive", never a found leak into anything else
+    base = {"memorised": 0, "memorised_control": 0, "n_train": 100, "control_size": 100, "pool_size": 900}
+    assert decide(base, far)["verdict"] == "inconclusive"
+    assert decide({**base, "memorised": 30}, far)["verdict"] == "leaks"

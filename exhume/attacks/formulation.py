@@ -108,7 +108,7 @@ def lambda_scale(form: str, loss: str | None, wd: float, model, params, input_sh
     if wd <= 0:
         typical = theta2 / (degree * n * NO_DECAY_MARGIN)
         return typical, {"lambda_scale_rule": f"no weight decay: S = ‖θ‖²/(L·n·q₀), q₀ = {NO_DECAY_MARGIN:g}",
-                         "homogeneity_degree": degree, "assumed_margin": NO_DECAY_MARGIN}
+                         "homogeneity_degree": degree, "assumed_margin": NO_DECAY_MARGIN, "theta_squared": theta2}
     m_star = typical_margin(wd * theta2 / degree)
     typical = 1.0 / (1.0 + math.exp(m_star)) / (n * wd)
     return AUTO_SCALE_FACTOR * typical, {
@@ -145,5 +145,8 @@ def resolve(view, model: nn.Module, form: str, loss: str | None, weight_decay: f
         s, info = lambda_scale(form, loss, wd, model, params, view.input_shape, n, dtype)
     else:
         s, info = float(scale), {"lambda_scale_rule": "given"}
+        if form == "margin" and wd <= 0:  # for the evaluator's check of the scale (evaluation.assumptions.scale_failure)
+            info.update(homogeneity_degree=homogeneity_degree(model, params, view.input_shape, dtype),
+                        theta_squared=float(sum((p.double() ** 2).sum() for p in params.values())))
     return Formulation(name=form, objective=objective, signed=form == "output", labels=labels, scale=s,
                        info={"formulation": form, "loss_assumed": loss, "weight_decay_assumed": wd, **info})

@@ -128,7 +128,7 @@ def audit(model: nn.Module, train, unseen, *, loss: str | None = None, weight_de
     ``force=True`` replaces an earlier audit's attack run in ``out``.
     """
     import exhume  # the public exhume.attack: whatever runs it (e.g. a restart portfolio) applies here
-    from exhume.evaluation.assumptions import fit_failure, relative_stationarity, stationarity_failure, unmodelled_layers, weak_regime_failure
+    from exhume.evaluation.assumptions import fit_failure, relative_stationarity, scale_failure, stationarity_failure, unmodelled_layers
     from exhume.evaluation.run import evaluate
     from exhume.report import write_report
     from exhume.victim import AttackerView
@@ -174,7 +174,7 @@ def audit(model: nn.Module, train, unseen, *, loss: str | None = None, weight_de
         from exhume.losses import margin
 
         margins = margin(wrapped(centred), y).double().numpy()
-    failures += fit_failure(margins, float(weight_decay)) + weak_regime_failure(method, float(weight_decay))
+    failures += fit_failure(margins, float(weight_decay)) + scale_failure(recon, margins, float(weight_decay))
     result = evaluate(recon, train=(x, None), unseen=unseen_x, margins=margins, assumptions=failures, alpha=alpha,
                       out=None if out is None else out / "evaluation")
     m = result.metrics

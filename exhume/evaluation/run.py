@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from exhume.errors import ConfigError, DataError
-from exhume.evaluation.assumptions import attack_failures, weak_regime_failure
+from exhume.evaluation.assumptions import attack_failures, scale_failure
 from exhume.evaluation.metrics import EvalResult, _jsonable, evaluate_images
 from exhume.evaluation.plots import candidates_grid, pairs_grid, plot_sorted_ssim, plot_ssim_vs_margin
 from exhume.evaluation.verdict import ALPHA, decide
@@ -91,7 +91,7 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
     result.metrics["victim"] = info
     failures += attack_failures(recon)
     if victim is not None:
-        failures += weak_regime_failure(recon.method, float(victim.weight_decay or 0.0))
+        failures += scale_failure(recon, margins, float(victim.weight_decay or 0.0))
     verdict = decide(result.metrics, failures, alpha)
     result.metrics.update(verdict=verdict["verdict"], verdict_reason=verdict["reason"], p_value=verdict["p_value"],
                           alpha=alpha, verdict_test=verdict["test"], assumption_failures=verdict["assumption_failures"])
