@@ -144,6 +144,9 @@ def test_without_weight_decay_the_lambda_scale_is_the_multiplier_at_the_assumed_
             p.mul_(2.0)
     scaled = get_attack("kkt", iterations=1).run(view, progress=False)
     assert scaled.config["lambda_scale_value"] == pytest.approx(recon.config["lambda_scale_value"] * 4.0, rel=1e-6)
+    # a portfolio variant scales the estimate; the recorded value is the one the attack used
+    halved = get_attack("kkt", iterations=1, lambda_scale_factor=0.5).run(view, progress=False)
+    assert halved.config["lambda_scale_value"] == pytest.approx(scaled.config["lambda_scale_value"] * 0.5, rel=1e-6)
 
 
 def test_attack_runs_on_a_module_exhume_did_not_build():
@@ -198,6 +201,7 @@ def test_repr_shows_the_arguments():
         ({"lr": "fast"}, "lr must be a number"),
         ({"iterations": 2.5}, "iterations must be an integer"),
         ({"alpha": float("nan")}, "alpha must be finite"),
+        ({"lambda_scale_factor": 0.0}, "lambda_scale_factor must be >= 1e-06"),
         ({"prior": "box"}, "prior must be one of"),
         ({"dtype": "float16"}, "dtype must be one of"),
         ({"lambda_scale": -2}, "lambda_scale"),

@@ -18,6 +18,7 @@ Methods:
 - ``reference``: the published recipe (``benchmarks/zoo/reference.py``).
 - ``kkt:{json}``: one kkt run with these parameter overrides (for choosing the defaults).
 - ``pfR:{json}``: R restarts of kkt with the overrides, budget split evenly, candidates pooled.
+- ``pfv:[{json}, ...]``: the default portfolio (sized by its probe) with these variants.
 
 ``table`` gathers ``results.csv``, ``results.json`` and ``table.md`` from the job files.
 """
@@ -86,6 +87,10 @@ def attack(view, method: str, seconds: float, seed: int):
     kw = json.loads(overrides) if overrides else {}
     if kind == "kkt":
         return get_attack("kkt", iterations=10_000_000, max_seconds=seconds, **kw).run(view, seed=seed, progress=False)
+    if kind == "pfv":  # the portfolio with these variants (a JSON list of overrides, restart k gets [k % len])
+        from exhume.portfolio import run_portfolio
+
+        return run_portfolio(view, "kkt", max_seconds=seconds, seed=seed, progress=False, variants=kw)
     if kind.startswith("pf"):
         return restarts(view, seconds, seed, [kw] * int(kind[2:]))
     raise SystemExit(f"unknown method {method!r}")

@@ -99,6 +99,8 @@ class KKTAttack(Attack):
         "lr_lambda": Param(1e-2, float, "learning rate for u (λ = S·u)", low=0.0, search=(2e-3, 5e-2, "log")),
         "lambda_min": Param(0.42, float, "dual-feasibility floor on u = λ/S", low=0.0, search=(0.1, 1.5, "log")),
         "lambda_scale": Param("auto", object, "S in λ = S·u: 'auto' or a positive number"),
+        "lambda_scale_factor": Param(1.0, float, "multiplies S (the 'auto' estimate or the given number); "
+                                     "a portfolio variant", low=1e-6),
         "formulation": Param("auto", str, "stationarity equation (see exhume/attacks/formulation.py)", choices=FORMULATIONS),
         "loss": Param(None, str, "the victim's training loss, if its metadata lacks it", choices=LOSSES, allow_none=True),
         "alpha": Param(19.0, float, "ReLU surrogate derivative sigmoid(α·z)", low=0.0, search=(5.0, 60.0, "log")),
@@ -187,6 +189,7 @@ class KKTAttack(Attack):
         n = cfg["n_guess"] or view.n_train_hint or 100
         m = cfg["m"] or (init.shape[0] if init is not None else 2 * n)
         form = resolve(view, model, cfg["formulation"], cfg["loss"], cfg["weight_decay"], cfg["lambda_scale"], params, n, m, dtype)
+        form.scale *= cfg["lambda_scale_factor"]
         gen = torch.Generator().manual_seed(seed)
         x = initial_candidates(init, m, view.input_shape, view.mean, cfg["init_scale"], gen, dtype).to(dev).requires_grad_()
         u = (torch.randn if form.signed else torch.rand)(m, generator=gen, dtype=dtype).to(dev).requires_grad_()

@@ -7,8 +7,10 @@ kkt's restarts differ by their seed only, each with kkt's defaults (a cosine lea
 over the restart's own budget and the averaged iterate, :mod:`exhume.attacks.kkt`). What was
 measured: on the demo victim, 4 restarts of 45 s with different seeds, pooled, gave 23 memorised
 against 13 for one 180-s run (issue 10); the single runs found different digits. Variants of the
-surrogate slope α, the λ scale or the optimiser were not measured on the zoo
-(``benchmarks/zoo``), so none is in the default set; pass ``variants=`` to try them.
+surrogate slope α or the optimiser were not measured on the zoo (``benchmarks/zoo``). The λ scale
+was (``lambda_scale_factor`` 0.5 and 2 on two of four restarts, four zoo victims, two seeds: 121
+memorised against 122 for seeds alone, ``benchmarks/README.md``), so none is in the default set;
+pass ``variants=`` to try them.
 """
 
 from __future__ import annotations
