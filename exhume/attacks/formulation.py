@@ -26,10 +26,12 @@ large shrinks the candidates towards the mean; one that is too small leaves ``u`
 takes iterations. On the two Haim victims of the zoo (median training margins 14 and 16) the best
 ``S`` of five tried was about half their typical multiplier (0.0125), and the ``S = 1`` used
 before found 0 and 2 memorised where this rule finds 10 and 9; on two digits victims held out
-from the choice it found 5 and 6 where ``S = 1`` found 0 (45-s runs on one core, ``benchmarks/README.md``). ``q₀`` is an assumption:
-a network trained for longer has larger margins, and since ``S`` grows as ``‖θ‖²`` while the true
-multipliers of a degree-``L`` network shrink as ``‖θ‖^(2−L)`` along a fixed direction, ``S`` is
-then too large; pass ``lambda_scale=`` to override it.
+from the choice it found 5 and 6 where ``S = 1`` found 0 (45-s runs on one core,
+``benchmarks/README.md``). ``q₀`` is an assumption: a network trained for longer has larger
+margins, and since ``S`` grows as ``‖θ‖²`` while the true multipliers of a degree-``L`` network
+shrink as ``‖θ‖^(2−L)`` along a fixed direction, ``S`` is then too large; pass ``lambda_scale=``
+to override it. The evaluator checks ``S`` against the real training margins
+(:func:`exhume.evaluation.assumptions.scale_failure`).
 """
 
 from __future__ import annotations

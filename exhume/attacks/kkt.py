@@ -22,8 +22,8 @@ pixel noise. During the attack every ReLU keeps its forward pass and uses
 
 **The multiplier scale S** (details in :mod:`exhume.attacks.formulation`). Without weight decay
 (Haim's max-margin setting) ``S = ‖θ‖²/(L·n·q₀)``: the multiplier of ``n`` training points at an
-assumed margin ``q₀ = 30``. A victim trained with weight decay ``w`` on ``mean_i ℓ_i + (w/2)‖θ‖²`` satisfies the
-same equation with ``λ_i = −ℓ'_i / (n·w)`` (Buzaglo et al.): for the logistic loss
+assumed margin ``q₀ = 30``. A victim trained with weight decay ``w`` on
+``mean_i ℓ_i + (w/2)‖θ‖²`` satisfies the same equation with ``λ_i = −ℓ'_i / (n·w)`` (Buzaglo et al.): for the logistic loss
 ``λ_i = σ(−margin_i)/(n·w)``, which is far below 1 when the training points are fitted. Since a
 homogeneous network trades the scale of ``λ`` against the scale of ``x̂``, a λ scale that is too
 large shrinks every candidate towards the data mean. ``lambda_scale="auto"`` estimates a typical

@@ -177,9 +177,12 @@ def scale_failure(recon, margins, weight_decay: float) -> list[str]:
     """Without weight decay the kkt attack assumes a margin (``formulation.NO_DECAY_MARGIN``); check it.
 
     Stationarity gives ``Σ_i λ_i·margin_i = ‖θ‖²/L``, so with the real training margins the typical
-    multiplier is ``‖θ‖²/(L·Σ_i margin_i)``. On the zoo's four victims trained without weight
-    decay the attack found training images with ``S`` between 0.2× and 1.2× of it (0.5× best) and
-    few or none at 0.08× and at 2–40×; outside that range finding nothing says little.
+    multiplier is ``‖θ‖²/(L·Σ_i margin_i)``. On the zoo's two Haim victims (45-s runs) the attack
+    memorised 6–11 training images with ``S`` between 0.2× and 1.2× of it (0.5× best), 2 at
+    0.08–0.1×, 1 and 7 at 2–2.4×, and 0 and 2 at 40–48× (the ``S = 1`` used before); outside
+    that range finding nothing says little. The rule's ``S`` lay at 0.41–0.61× on all four zoo
+    victims trained without weight decay. Not checked (no single ``S``) when pooled restarts used
+    different scales.
     """
     import numpy as np
 
