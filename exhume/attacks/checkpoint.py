@@ -1,9 +1,9 @@
 """Checkpoints for long attacks: tensors, optimiser states and progress, loaded safely.
 
-Written with ``torch.save`` to a temporary file and renamed into place (an interrupted or failed
-write never leaves a corrupt checkpoint nor a stray temporary file); read with
-``torch.load(weights_only=True)``, so a checkpoint can hold tensors, numbers, strings, lists and
-dicts but never executes code. Its structure is checked by :func:`exhume.files.schemas.check_checkpoint`.
+Written and read through :mod:`exhume.files.torchfile`: ``torch.save`` to a temporary file renamed
+into place (an interrupted or failed write never leaves a corrupt checkpoint nor a stray temporary
+file), ``torch.load(weights_only=True)`` under a size limit, so a checkpoint can hold tensors,
+numbers, strings, lists and dicts but never executes code. Its structure is checked by :func:`exhume.files.schemas.check_checkpoint`.
 
 :func:`run_owner` (set by :func:`exhume.attack`) stamps every checkpoint with the victim's weight
 fingerprint and bounds the iteration a resumed checkpoint may claim; a checkpoint written for
@@ -13,7 +13,6 @@ another victim is refused.
 from __future__ import annotations
 
 import contextvars
-import io
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,8 +21,8 @@ from typing import Any
 import torch
 
 from exhume.errors import ExhumeError
-from exhume.files.jsonio import atomic_write
 from exhume.files.schemas import check_checkpoint
+from exhume.files.torchfile import load_torch, save_torch
 
 _OWNER: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("exhume_run_owner", default=None)
 
@@ -46,9 +45,7 @@ def save_checkpoint(path: Path, tensors: dict[str, torch.Tensor], optimizers: di
         "state": state,
         "victim": (_OWNER.get() or {}).get("victim"),
     }
-    buffer = io.BytesIO()
-    torch.save(payload, buffer)
-    atomic_write(path, buffer.getbuffer())  # a full disk raises OSError and leaves no temporary file
+    save_torch(path, payload)
 
 
 def load_checkpoint(path: Path, tensors: dict[str, torch.Tensor], optimizers: dict[str, torch.optim.Optimizer], expect: dict[str, Any]) -> dict[str, Any]:
@@ -57,11 +54,7 @@ def load_checkpoint(path: Path, tensors: dict[str, torch.Tensor], optimizers: di
     ``expect`` lists settings that must match the checkpoint's (resuming with other settings
     would silently mix two runs).
     """
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any failure to read is the same user-facing problem
-        first = str(e).splitlines()[0] if str(e) else ""
-        raise ExhumeError(f"cannot resume from {path}: not a readable exhume checkpoint ({type(e).__name__}: {first})") from None
+    payload = load_torch(path, "cannot resume", "exhume checkpoint")
     owner = _OWNER.get() or {}
     state = check_checkpoint(payload, f"checkpoint {path}", tensors, optimizers, owner.get("max_iteration"))
     if owner.get("victim") is not None and payload.get("victim") != owner["victim"]:

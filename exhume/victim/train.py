@@ -92,25 +92,23 @@ def _training_state(config: TrainConfig, x: torch.Tensor, y: torch.Tensor) -> di
 
 def _save_training(path, model: nn.Module, opt: torch.optim.Optimizer, epoch: int, elapsed: float,
                    history: list[tuple[int, float]], same: dict[str, Any]) -> None:
-    import io
+    from exhume.files.torchfile import save_torch
 
-    from exhume.files.jsonio import atomic_write
-
-    buffer = io.BytesIO()
-    torch.save({"model": {k: v.detach().cpu() for k, v in model.state_dict().items()}, "optimizer": opt.state_dict(),
-                "epoch": epoch, "elapsed": elapsed, "history": [list(h) for h in history], "settings": same}, buffer)
-    atomic_write(path, buffer.getbuffer())
+    save_torch(path, {"model": {k: v.detach().cpu() for k, v in model.state_dict().items()}, "optimizer": opt.state_dict(),
+                      "epoch": epoch, "elapsed": elapsed, "history": [list(h) for h in history], "settings": same})
 
 
 def _load_training(path, model: nn.Module, opt: torch.optim.Optimizer, same: dict[str, Any]) -> tuple[int, float, list]:
     """Restore ``model`` and ``opt`` from a training checkpoint; returns ``(epoch, elapsed, history)``."""
+    from exhume.files.torchfile import load_torch
+
+    advice = "delete it to train from the start"
+    payload = load_torch(path, "cannot resume training", "exhume training checkpoint", advice)
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
         epoch, elapsed, history, settings = int(payload["epoch"]), float(payload["elapsed"]), list(payload["history"]), payload["settings"]
-    except Exception as e:  # noqa: BLE001 - any failure to read is one user-facing problem
-        first = str(e).splitlines()[0] if str(e) else ""
+    except (KeyError, IndexError, TypeError, ValueError) as e:
         raise ExhumeError(f"cannot resume training from {path}: not a readable exhume training checkpoint "
-                          f"({type(e).__name__}: {first}); delete it to train from the start") from None
+                          f"(missing or malformed field: {type(e).__name__}: {e}); {advice}") from None
     for key, value in same.items():
         if settings.get(key) != value:
             shown = "other images or labels" if key == "data" else f"{key}={settings.get(key)!r}"

@@ -1,0 +1,65 @@
+"""torch.save files (attack and training checkpoints): atomic writes, weights-only reads under a size limit."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+
+import pytest
+import torch
+
+from exhume.errors import ExhumeError
+from exhume.files import torchfile
+from exhume.files.torchfile import load_torch, save_torch
+
+
+class _Payload:
+    """Unpickling this would write a file: a weights-only load must refuse it without running it."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def __reduce__(self):
+        return (open, (str(self.target), "w"))
+
+
+def test_round_trip_leaves_no_temporary_file(tmp_path):
+    save_torch(tmp_path / "c.pt", {"x": torch.arange(3.0), "n": 4, "s": "ok", "h": [[1, 0.5]]})
+    back = load_torch(tmp_path / "c.pt", "cannot resume", "exhume checkpoint")
+    assert torch.equal(back["x"], torch.arange(3.0)) and back["n"] == 4 and back["s"] == "ok" and back["h"] == [[1, 0.5]]
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]
+
+
+def test_truncated_missing_and_oversized_files_are_one_clear_error(tmp_path, monkeypatch):
+    save_torch(tmp_path / "c.pt", {"x": torch.zeros(1000)})
+    data = (tmp_path / "c.pt").read_bytes()
+    (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ExhumeError, match=r"cannot resume from .*cut\.pt: not a readable exhume checkpoint"):
+        load_torch(tmp_path / "cut.pt", "cannot resume", "exhume checkpoint")
+    with pytest.raises(ExhumeError, match=r"missing\.pt: cannot read it.*; delete it"):
+        load_torch(tmp_path / "missing.pt", "cannot resume", "exhume checkpoint", "delete it")
+    monkeypatch.setattr(torchfile, "LIMITS", dataclasses.replace(torchfile.LIMITS, torch_file_bytes=100))
+    with pytest.raises(ExhumeError, match=r"c\.pt: \d+ bytes; expected exhume checkpoint of at most 100 bytes"):
+        load_torch(tmp_path / "c.pt", "cannot resume", "exhume checkpoint")
+
+
+def test_a_pickled_object_is_refused_without_running_it(tmp_path):
+    target = tmp_path / "ran"
+    with (tmp_path / "evil.pt").open("wb") as f:
+        pickle.dump({"x": _Payload(target)}, f, protocol=2)
+    with pytest.raises(ExhumeError, match="not a readable exhume checkpoint"):
+        load_torch(tmp_path / "evil.pt", "cannot resume", "exhume checkpoint")
+    assert not target.exists()
+
+
+def test_a_training_checkpoint_without_its_fields_is_refused(tmp_path):
+    from torch import nn
+
+    from exhume.victim import TrainConfig, train_victim
+
+    x, y = torch.rand(6, 4), torch.tensor([1.0, -1.0] * 3)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1), nn.Flatten(0))
+    save_torch(tmp_path / "t.pt", [1, 2, 3])
+    with pytest.raises(ExhumeError, match="malformed field.*delete it to train from the start"):
+        train_victim(model, x, y, TrainConfig(loss="logistic", lr=0.1, max_epochs=2), progress=False,
+                     checkpoint=tmp_path / "t.pt", resume=True)
