@@ -201,4 +201,5 @@ def scale_failure(recon, margins, weight_decay: float) -> list[str]:
     return [f"the attack's multiplier scale S = {float(s):.3g} is {ratio:.2g}× the typical multiplier this model's training margins "
             f"imply (‖θ‖²/(L·Σ margins) = {typical:.3g}); without weight decay the attack was measured to work between {lo:g}× "
             f"and {hi:g}× of it (benchmarks/README.md), so finding nothing says little. An attacker can try several scales: "
-            f"rerun with the attack parameter lambda_scale={typical / 2:.3g} (half the typical multiplier)"]
+            f"rerun with the attack parameter lambda_scale={typical / 2:.3g} (half the typical multiplier; "
+            f"-p lambda_scale={typical / 2:.3g} on the command line)"]
