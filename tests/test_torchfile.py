@@ -59,7 +59,8 @@ def test_a_training_checkpoint_without_its_fields_is_refused(tmp_path):
 
     x, y = torch.rand(6, 4), torch.tensor([1.0, -1.0] * 3)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1), nn.Flatten(0))
-    save_torch(tmp_path / "t.pt", [1, 2, 3])
-    with pytest.raises(ExhumeError, match="malformed field.*delete it to train from the start"):
-        train_victim(model, x, y, TrainConfig(loss="logistic", lr=0.1, max_epochs=2), progress=False,
-                     checkpoint=tmp_path / "t.pt", resume=True)
+    cfg = TrainConfig(loss="logistic", lr=0.1, max_epochs=2)
+    for payload in ([1, 2, 3], {"epoch": 1, "elapsed": 0.5, "history": [], "settings": [1]}):
+        save_torch(tmp_path / "t.pt", payload)
+        with pytest.raises(ExhumeError, match="malformed field.*delete it to train from the start"):
+            train_victim(model, x, y, cfg, progress=False, checkpoint=tmp_path / "t.pt", resume=True)

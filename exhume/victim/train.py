@@ -106,6 +106,8 @@ def _load_training(path, model: nn.Module, opt: torch.optim.Optimizer, same: dic
     payload = load_torch(path, "cannot resume training", "exhume training checkpoint", advice)
     try:
         epoch, elapsed, history, settings = int(payload["epoch"]), float(payload["elapsed"]), list(payload["history"]), payload["settings"]
+        if not isinstance(settings, dict):
+            raise TypeError(f"settings is a {type(settings).__name__}, expected a dict")
     except (KeyError, IndexError, TypeError, ValueError) as e:
         raise ExhumeError(f"cannot resume training from {path}: not a readable exhume training checkpoint "
                           f"(missing or malformed field: {type(e).__name__}: {e}); {advice}") from None
