@@ -95,9 +95,14 @@ def candidate_labels(task: str, m: int, num_classes: int | None, dtype: torch.dt
     return torch.zeros(m, dtype=dtype)
 
 
+def theta_squared(params) -> float:
+    """``‖θ‖²`` in double precision, over all parameter tensors."""
+    return float(sum((p.double() ** 2).sum() for p in params.values()))
+
+
 def lambda_scale(form: str, loss: str | None, wd: float, model, params, input_shape, n: int, dtype) -> tuple[float, dict]:
     """``S`` from the weights alone (no training data), with the rule used."""
-    theta2 = float(sum((p.double() ** 2).sum() for p in params.values()))
+    theta2 = theta_squared(params)
     if form == "loss":
         if wd <= 0:
             raise ConfigError("formulation 'loss' needs the weight decay the victim was trained with (weight_decay > 0)")
@@ -149,6 +154,6 @@ def resolve(view, model: nn.Module, form: str, loss: str | None, weight_decay: f
         s, info = float(scale), {"lambda_scale_rule": "given"}
         if form == "margin" and wd <= 0:  # for the evaluator's check of the scale (evaluation.assumptions.scale_failure)
             info.update(homogeneity_degree=homogeneity_degree(model, params, view.input_shape, dtype),
-                        theta_squared=float(sum((p.double() ** 2).sum() for p in params.values())))
+                        theta_squared=theta_squared(params))
     return Formulation(name=form, objective=objective, signed=form == "output", labels=labels, scale=s,
                        info={"formulation": form, "loss_assumed": loss, "weight_decay_assumed": wd, **info})
