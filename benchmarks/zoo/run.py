@@ -166,8 +166,8 @@ def run_all(args) -> None:
     parallel(todo, args.slots, args.cores_per_job, out / "log.txt", args.first_core)
     print(f"built {len(todo)} victims in {time.perf_counter() - t0:.0f} s", flush=True)
     jobs = []
-    for method in args.methods:
-        for n in names:
+    for n in names:  # the methods side by side on each victim, so that a noisy spell hits both
+        for method in args.methods:
             tag = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in method)[:80]
             result = out / "results" / f"{n}__{tag}__s{args.seed}.json"
             if not result.exists():
