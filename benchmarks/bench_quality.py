@@ -1,4 +1,4 @@
-"""Reconstruction quality against wall-clock time for the demo configuration.
+"""Reconstruction quality against wall-clock time for the demo configuration (or a saved victim).
 
 Trains the demo's victim (``exhume.demo.DEMO_DATA`` / ``DEMO_TRAIN``), runs the ``kkt`` attack with
 ``exhume.demo.DEMO_ATTACK`` (read at run time; only ``max_seconds`` is overridden by ``--seconds``)
@@ -12,10 +12,17 @@ candidates.
 The attack seconds exclude evaluation time: the attack pauses its clock while the callback runs
 (``KKTAttack.run``), so the curve is what an attack with that budget alone would reach.
 
+``--victim FOLDER`` attacks a saved victim instead (for example a zoo victim, ``benchmarks/zoo/``):
+no training, kkt's own defaults (not the demo's), an iteration cap high enough for ``--seconds`` to
+end the run, and the pool drawn the same way from the victim's dataset. ``--params JSON`` overrides
+kkt parameters in either mode.
+
 Writes ``quality.csv`` and ``quality.png`` to ``--out`` (default ``runs/bench_quality/``).
 
     python benchmarks/bench_quality.py                                  # the demo's budgets
     python benchmarks/bench_quality.py --train-seconds 3 --seconds 10 --every 200   # smoke test
+    python benchmarks/bench_quality.py --victim runs/zoo/victims/mnist-256-haim --seconds 180 --every 1000 \
+        --threads 1 --params '{"lr_lambda": 1e-2}'
 """
 
 from __future__ import annotations
@@ -34,9 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import exhume.demo as demo  # noqa: E402
 from exhume.attacks import get_attack  # noqa: E402
-from exhume.data import load_dataset, make_pool  # noqa: E402
+from exhume.data import dataset_of, load_dataset, make_pool  # noqa: E402
 from exhume.evaluation import evaluate_images  # noqa: E402
-from exhume.victim import TrainConfig, make_victim  # noqa: E402
+from exhume.victim import TrainConfig, load_victim, make_victim  # noqa: E402
 
 POOL_SIZE, POOL_SEED = 1000, 1
 COLUMNS = ("iteration", "attack_seconds", "ssim>=0.4", "one_to_one_ssim>=0.4", "memorised", "eval_seconds")
@@ -78,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every", type=int, default=2500, help="evaluate every this many iterations (default %(default)s)")
     ap.add_argument("--seed", type=int, default=0, help="victim and attack seed (the demo's is 0)")
     ap.add_argument("--out", type=Path, default=Path("runs/bench_quality"), help="output folder (default %(default)s)")
+    ap.add_argument("--victim", type=Path, default=None,
+                    help="attack this saved victim folder instead of training the demo's (kkt defaults, no training)")
+    ap.add_argument("--params", type=json.loads, default={},
+                    help="kkt parameter overrides as a JSON object, e.g. '{\"lr_lambda\": 1e-2}'")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch.set_num_threads(N) first (default: torch's own default; on a machine shared with "
                          "other busy processes, fewer threads than cores can be much faster)")
@@ -91,26 +102,40 @@ def main(argv: list[str] | None = None) -> int:
     if not args.seconds > 0 or not args.train_seconds > 0:
         ap.error("--seconds and --train-seconds must be > 0")
 
-    data, train_settings = dict(demo.DEMO_DATA), dict(demo.DEMO_TRAIN)
-    attack_settings = {**demo.DEMO_ATTACK, "max_seconds": args.seconds}
+    if not isinstance(args.params, dict):
+        ap.error("--params must be a JSON object")
+    if args.victim is None:
+        data, train_settings = dict(demo.DEMO_DATA), dict(demo.DEMO_TRAIN)
+        attack_settings = {**demo.DEMO_ATTACK, **args.params, "max_seconds": args.seconds}
+    else:
+        data, train_settings = {"victim": str(args.victim)}, None
+        attack_settings = {"iterations": 10_000_000, **args.params, "max_seconds": args.seconds}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; python {platform.python_version()}")
-    print(f"victim: {data} with {train_settings} (max_seconds -> {args.train_seconds:g}), seed {args.seed}")
+    if train_settings is None:
+        print(f"victim: saved in {args.victim}; attack seed {args.seed}")
+    else:
+        print(f"victim: {data} with {train_settings} (max_seconds -> {args.train_seconds:g}), seed {args.seed}")
     print(f"attack: kkt {attack_settings}; evaluation every {args.every} iterations")
     print("note: evaluation time is excluded from the attack seconds (the attack's clock is paused during "
           "each evaluation); eval_seconds is reported separately")
     print(flush=True)
 
     t0 = time.perf_counter()
-    victim = make_victim(data["data"], data["task"], data["n"], data["arch"],
-                         TrainConfig(**{**train_settings, "max_seconds": args.train_seconds}),
-                         seed=args.seed, progress=False)
+    if train_settings is None:
+        victim = load_victim(args.victim)
+        dataset = dataset_of(victim.data_spec)
+        train = victim.load_train_set(dataset)
+    else:
+        victim = make_victim(data["data"], data["task"], data["n"], data["arch"],
+                             TrainConfig(**{**train_settings, "max_seconds": args.train_seconds}),
+                             seed=args.seed, progress=False)
+        dataset, train = load_dataset(data["data"]), victim.train_set
     vm = victim.metrics
-    print(f"victim trained in {time.perf_counter() - t0:.1f} s: train accuracy {vm['train_accuracy']:.3f}, "
+    print(f"victim {'loaded' if train_settings is None else 'trained'} in {time.perf_counter() - t0:.1f} s: train accuracy {vm['train_accuracy']:.3f}, "
           f"test accuracy {vm.get('test_accuracy', float('nan')):.3f}, epochs {vm.get('epochs')}, "
           f"relative stationarity residual {vm.get('stationarity_residual')}", flush=True)
 
-    train = victim.train_set
-    pool = make_pool(load_dataset(data["data"]), data["task"], POOL_SIZE, exclude=train.indices, seed=POOL_SEED)
+    pool = make_pool(dataset, train.spec["task"], POOL_SIZE, exclude=train.indices, seed=POOL_SEED)
     n_train = int(train.x.shape[0])
 
     rows: list[dict] = []
@@ -141,11 +166,14 @@ def main(argv: list[str] | None = None) -> int:
         w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
-    title = (f"kkt attack, demo configuration: {data['arch']}, n={n_train}, m={recon.config.get('m')}\n"
-             f"victim trained {args.train_seconds:g} s; pool of {len(pool)} unseen digits; {torch.get_num_threads()} threads")
+    trained = f"victim {args.victim.name}" if train_settings is None else f"victim trained {args.train_seconds:g} s"
+    title = (f"kkt attack, {'saved victim' if train_settings is None else 'demo configuration: ' + data['arch']}, "
+             f"n={n_train}, m={recon.config.get('m')}\n"
+             f"{trained}; pool of {len(pool)} unseen images; {torch.get_num_threads()} threads")
     png_path = plot(rows, args.out / "quality.png", n_train, title)
     meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "data": data,
-            "train": {**train_settings, "max_seconds": args.train_seconds}, "attack": attack_settings,
+            "train": None if train_settings is None else {**train_settings, "max_seconds": args.train_seconds},
+            "attack": attack_settings,
             "seed": args.seed, "every": args.every, "pool_size": len(pool), "pool_seed": POOL_SEED,
             "victim_metrics": vm, "attack_summary": recon.summary,
             "note": "attack_seconds exclude evaluation time (the attack's clock is paused during each evaluation)"}

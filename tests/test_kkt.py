@@ -149,6 +149,29 @@ def test_without_weight_decay_the_lambda_scale_is_the_multiplier_at_the_assumed_
     assert halved.config["lambda_scale_value"] == pytest.approx(scaled.config["lambda_scale_value"] * 0.5, rel=1e-6)
 
 
+def test_a_homogeneous_net_leaves_the_multipliers_scale_to_s():
+    """(λ/c, c·x̂) solves the equation of a bias-free ReLU net as well as (λ, x̂): the equation does not
+    fix the multipliers' scale, S and the pace of u do (on the zoo's mnist-256-haim, u at Adam's 1e-2
+    drifted upwards and the memorised count fell from 9 to 4; the portfolio alternates u's rate)."""
+    from exhume.models import MLP
+
+    torch.manual_seed(0)
+    model = MLP(6, [16, 16], 1, bias=False).double()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    x = torch.randn(5, 6, dtype=torch.float64)
+    y = torch.tensor([1.0, -1, 1, -1, 1], dtype=torch.float64)
+    lam = torch.rand(5, dtype=torch.float64)
+    base = stationarity_residual(model, params, x, y, lam, None)
+    assert base > 0
+    for c in (0.25, 4.0):
+        assert stationarity_residual(model, params, c * x, y, lam / c, None) == pytest.approx(float(base), rel=1e-10)
+    # a bias breaks the symmetry (UserNet's first layer has one)
+    user = UserNet(6).double()
+    uparams = {k: v.detach() for k, v in user.named_parameters()}
+    ub = stationarity_residual(user, uparams, x, y, lam, None)
+    assert float(stationarity_residual(user, uparams, 4.0 * x, y, lam / 4.0, None)) != pytest.approx(float(ub), rel=1e-3)
+
+
 def test_attack_runs_on_a_module_exhume_did_not_build():
     torch.manual_seed(0)
     model = UserNet(d=12)

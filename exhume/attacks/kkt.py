@@ -33,6 +33,17 @@ large shrinks every candidate towards the data mean. ``lambda_scale="auto"`` est
 ``S = (5/3) × that`` (``AUTO_SCALE_FACTOR``). ``n`` is the attacker's guess of the training-set
 size (``m/2`` by default).
 
+**How fast the multipliers learn** (``lr_lambda``). For a network homogeneous in its input
+(bias-free ReLU layers), ``(λ/c, c·x̂)`` satisfies the stationarity equation as well as ``(λ, x̂)``:
+only the pixel-range prior and the floor ``u ≥ λ_min`` pin the trade-off, so ``S`` sets the
+multipliers' scale and learning ``u`` moves it. With ``u`` learned at Adam's 1e-2 (the default),
+the multipliers drifted upwards over a long run on a victim trained without weight decay
+(mnist-256-haim) and the candidates shrank back towards the data mean: one run's memorised count
+peaked at 9 after 2,000 iterations and fell to 4 by 14,000; with ``lr_lambda=1e-4`` it rose to 12
+and stayed there. On other victims learning ``u`` fast pays (10-class digits without weight decay:
+9 memorised against 4), so the restart portfolio alternates the two
+(:mod:`exhume.portfolio.variants`; measurements in ``benchmarks/README.md``).
+
 **Optimiser.** The reference uses SGD with momentum 0.9 (``optimizer="sgd"``, available); Adam is
 the default here (SGD diverges readily because the loss's curvature in ``x̂`` grows with ``λ²``).
 
@@ -96,7 +107,8 @@ class KKTAttack(Attack):
         # search ranges (exhume tune): log-uniform around the measured defaults
         "lr": replace(CANDIDATE_PARAMS["lr"], help="learning rate for x̂ (on the relative stationarity loss)", search=(2e-3, 5e-2, "log")),
         **budget_params(20_000, checkpoint_every=1000, log_every=100),
-        "lr_lambda": Param(1e-2, float, "learning rate for u (λ = S·u)", low=0.0, search=(2e-3, 5e-2, "log")),
+        "lr_lambda": Param(1e-2, float, "learning rate for u (λ = S·u); the portfolio's other restarts use 1e-4 "
+                           "(see the module docstring)", low=0.0, search=(2e-3, 5e-2, "log")),
         "lambda_min": Param(0.42, float, "dual-feasibility floor on u = λ/S", low=0.0, search=(0.1, 1.5, "log")),
         "lambda_scale": Param("auto", object, "S in λ = S·u: 'auto' or a positive number"),
         "lambda_scale_factor": Param(1.0, float, "multiplies S (the 'auto' estimate or the given number); "

@@ -3,14 +3,22 @@
 Restart ``k`` runs with seed ``seed + k`` and the overrides ``DEFAULT_VARIANTS[method][k % len]``
 on top of the caller's keyword arguments, so restart 0 is always the caller's own settings.
 
-kkt's restarts differ by their seed only, each with kkt's defaults (a cosine learning-rate decay
-over the restart's own budget and the averaged iterate, :mod:`exhume.attacks.kkt`). What was
-measured: on the demo victim, 4 restarts of 45 s with different seeds, pooled, gave 23 memorised
-against 13 for one 180-s run (issue 10); the single runs found different digits. Variants of the
-surrogate slope α or the optimiser were not measured on the zoo (``benchmarks/zoo``). The λ scale
-was (``lambda_scale_factor`` 0.5 and 2 on two of four restarts, four zoo victims, two seeds: 121
-memorised against 122 for seeds alone, ``benchmarks/README.md``), so none is in the default set;
-pass ``variants=`` to try them.
+Default variants apply only to what the caller left unset: a parameter the caller passed keeps the
+caller's value on every restart (an explicit ``variants=`` list overrides as given).
+
+kkt's restarts alternate the learning rate of the multipliers, ``lr_lambda`` 1e-2 (kkt's default)
+and 1e-4, each with kkt's other defaults (a cosine learning-rate decay over the restart's own
+budget and the averaged iterate, :mod:`exhume.attacks.kkt`). Why: the equation of a homogeneous
+network does not fix the multipliers' scale; learned fast, it drifts on some victims (mnist-256-haim:
+14 memorised with every restart at 1e-2, 19 at 1e-4) and must move on others (digits-multiclass-haim:
+9 against 4). On the four zoo victims without weight decay, 90 s each, seed 0, the alternation gave
+16 / 9 / 8 / 7 memorised against 14 / 9 / 9 / 4 for seeds alone (40 against 36 in all) and 19 / 9 /
+4 / 8 with every restart at 1e-4; on the two weight-decay victims it measured ... (``benchmarks/README.md``).
+The first measurement behind the portfolio: on the demo victim, 4 restarts of 45 s with different
+seeds, pooled, gave 23 memorised against 13 for one 180-s run (issue 10); the single runs found
+different digits. The λ scale as a variant was measured and did not pay (``lambda_scale_factor``
+0.5 and 2 on two of four restarts, four zoo victims, two seeds: 121 memorised against 122 for
+seeds alone); α and the optimiser were not measured. Pass ``variants=`` to try others.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import math
 from typing import Any
 
 DEFAULT_VARIANTS: dict[str, list[dict[str, Any]]] = {
-    "kkt": [{}],
+    "kkt": [{}, {"lr_lambda": 1e-4}],
 }
 
 # Seconds one restart should get before a further restart pays more than a longer run: the
