@@ -151,8 +151,8 @@ def test_without_weight_decay_the_lambda_scale_is_the_multiplier_at_the_assumed_
 
 def test_a_homogeneous_net_leaves_the_multipliers_scale_to_s():
     """(λ/c, c·x̂) solves the equation of a bias-free ReLU net as well as (λ, x̂): the equation does not
-    fix the multipliers' scale, S and the pace of u do (on the zoo's mnist-256-haim, u at Adam's 1e-2
-    drifted upwards and the memorised count fell from 9 to 4; the portfolio alternates u's rate)."""
+    fix the multipliers' scale, S and the pace of u do (on the zoo's mnist-256-haim, with u at Adam's
+    1e-2 a 180-s run's memorised count fell from 10 to 3-6; the portfolio alternates u's rate)."""
     from exhume.models import MLP
 
     torch.manual_seed(0)

@@ -37,11 +37,11 @@ size (``m/2`` by default).
 (bias-free ReLU layers), ``(λ/c, c·x̂)`` satisfies the stationarity equation as well as ``(λ, x̂)``:
 only the pixel-range prior and the floor ``u ≥ λ_min`` pin the trade-off, so ``S`` sets the
 multipliers' scale and learning ``u`` moves it. With ``u`` learned at Adam's 1e-2 (the default),
-the multipliers drifted upwards over a long run on a victim trained without weight decay
-(mnist-256-haim) and the candidates shrank back towards the data mean: one run's memorised count
-peaked at 9 after 2,000 iterations and fell to 4 by 14,000; with ``lr_lambda=1e-4`` it rose to 12
-and stayed there. On other victims learning ``u`` fast pays (10-class digits without weight decay:
-9 memorised against 4), so the restart portfolio alternates the two
+a long run on a victim trained without weight decay (mnist-256-haim, one core, 180 s) lost what it
+had found: its memorised count peaked at 10 after 2,000 iterations and fell to 3–6 from 5,000 on,
+while with ``lr_lambda=1e-4`` it reached 13–14 and held 11–14 to the end (12 returned, against 6).
+On other victims learning ``u`` fast pays (10-class digits without weight decay: 9 memorised
+against 4 for a portfolio), so the restart portfolio alternates the two
 (:mod:`exhume.portfolio.variants`; measurements in ``benchmarks/README.md``).
 
 **Optimiser.** The reference uses SGD with momentum 0.9 (``optimizer="sgd"``, available); Adam is
