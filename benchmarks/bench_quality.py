@@ -104,14 +104,15 @@ def main(argv: list[str] | None = None) -> int:
 
     if not isinstance(args.params, dict):
         ap.error("--params must be a JSON object")
-    if args.victim is None:
+    saved = args.victim is not None  # attack a saved victim instead of training the demo's
+    if not saved:
         data, train_settings = dict(demo.DEMO_DATA), dict(demo.DEMO_TRAIN)
         attack_settings = {**demo.DEMO_ATTACK, **args.params, "max_seconds": args.seconds}
     else:
         data, train_settings = {"victim": str(args.victim)}, None
         attack_settings = {"iterations": 10_000_000, **args.params, "max_seconds": args.seconds}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; python {platform.python_version()}")
-    if train_settings is None:
+    if saved:
         print(f"victim: saved in {args.victim}; attack seed {args.seed}")
     else:
         print(f"victim: {data} with {train_settings} (max_seconds -> {args.train_seconds:g}), seed {args.seed}")
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     print(flush=True)
 
     t0 = time.perf_counter()
-    if train_settings is None:
+    if saved:
         victim = load_victim(args.victim)
         dataset = dataset_of(victim.data_spec)
         train = victim.load_train_set(dataset)
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                              seed=args.seed, progress=False)
         dataset, train = load_dataset(data["data"]), victim.train_set
     vm = victim.metrics
-    print(f"victim {'loaded' if train_settings is None else 'trained'} in {time.perf_counter() - t0:.1f} s: train accuracy {vm['train_accuracy']:.3f}, "
+    print(f"victim {'loaded' if saved else 'trained'} in {time.perf_counter() - t0:.1f} s: train accuracy {vm['train_accuracy']:.3f}, "
           f"test accuracy {vm.get('test_accuracy', float('nan')):.3f}, epochs {vm.get('epochs')}, "
           f"relative stationarity residual {vm.get('stationarity_residual')}", flush=True)
 
@@ -166,13 +167,13 @@ def main(argv: list[str] | None = None) -> int:
         w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
-    trained = f"victim {args.victim.name}" if train_settings is None else f"victim trained {args.train_seconds:g} s"
-    title = (f"kkt attack, {'saved victim' if train_settings is None else 'demo configuration: ' + data['arch']}, "
+    trained = f"victim {args.victim.name}" if saved else f"victim trained {args.train_seconds:g} s"
+    title = (f"kkt attack, {'saved victim' if saved else 'demo configuration: ' + data['arch']}, "
              f"n={n_train}, m={recon.config.get('m')}\n"
              f"{trained}; pool of {len(pool)} unseen images; {torch.get_num_threads()} threads")
     png_path = plot(rows, args.out / "quality.png", n_train, title)
     meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "data": data,
-            "train": None if train_settings is None else {**train_settings, "max_seconds": args.train_seconds},
+            "train": None if saved else {**train_settings, "max_seconds": args.train_seconds},
             "attack": attack_settings,
             "seed": args.seed, "every": args.every, "pool_size": len(pool), "pool_seed": POOL_SEED,
             "victim_metrics": vm, "attack_summary": recon.summary,

@@ -97,10 +97,8 @@ def make_plan(method: str, restarts: int | str | None, *, seed: int = 0, max_sec
     if "max_seconds" in base:
         raise ConfigError("pass the portfolio's time budget as max_seconds=, not inside the attack's keyword arguments")
     n = resolve_restarts(restarts, max_seconds, workers)
-    if variants is None:  # the default variants never override what the caller set
-        variants = [{k: v for k, v in var.items() if k not in base} for var in variants_for(method)]
-    else:
-        variants = [dict(v) for v in variants]
+    # the default variants never override what the caller set; an explicit list does
+    variants = variants_for(method, fixed=base) if variants is None else [dict(v) for v in variants]
     if not variants or not all(isinstance(v, dict) for v in variants):
         raise ConfigError(f"variants must be a non-empty list of dicts of {method} parameters, got {variants!r}")
     waves = math.ceil(n / min(workers, n))

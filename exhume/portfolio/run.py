@@ -119,7 +119,7 @@ def measured_sizing(view, method: str, attack_kwargs: dict[str, Any], budget: fl
     stored = sizing_mod.load(out) if resume else None
     if stored is not None:
         return stored
-    base = {**attack_kwargs, **variants[0]} if variants else {**variants_for(method)[0], **attack_kwargs}
+    base = {**attack_kwargs, **(variants[0] if variants else variants_for(method, fixed=attack_kwargs)[0])}
     chosen = sizing_mod.size(view, method, base, float(budget), default_workers() if workers is None else workers,
                              fixed_workers=workers is not None, seed=seed, device=device)
     sizing_mod.save(out, chosen)

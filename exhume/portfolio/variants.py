@@ -26,6 +26,7 @@ seeds alone); α and the optimiser were not measured. Pass ``variants=`` to try 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 DEFAULT_VARIANTS: dict[str, list[dict[str, Any]]] = {
@@ -43,8 +44,10 @@ def has_plan(method: str) -> bool:
     return method in DEFAULT_VARIANTS
 
 
-def variants_for(method: str) -> list[dict[str, Any]]:
-    return [dict(v) for v in DEFAULT_VARIANTS.get(method, [{}])]
+def variants_for(method: str, fixed: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """``method``'s default variants, less every parameter in ``fixed`` (the ones the caller set)."""
+    fixed = set(fixed)
+    return [{k: v for k, v in var.items() if k not in fixed} for var in DEFAULT_VARIANTS.get(method, [{}])]
 
 
 def default_restarts(budget_seconds: float | None, workers: int) -> int:
