@@ -25,6 +25,7 @@ from exhume.evaluation import (
     plot_ssim_vs_margin,
     ssim_matrix,
     ssim_pairs,
+    support_estimate,
     window_description,
     window_for,
 )
@@ -255,6 +256,7 @@ def test_metrics_json_and_plots(mnist, tmp_path):
                 "margin_spearman_p"]:
         assert key in metrics, key
     assert metrics["n_train"] == 20 and metrics["n_candidates"] == 15
+    assert metrics["support_estimate"] == pytest.approx(support_estimate(margins))
     assert metrics["pool_size"] == 100
     assert metrics["ssim_window"] == "gaussian 11x11, sigma 1.5, valid (no padding)"
     with np.load(paths["arrays"]) as arr:
@@ -297,3 +299,19 @@ def test_importing_exhume_keeps_the_users_matplotlib_backend(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parents[1])
     assert out.stdout.split() == ["svg", "0"]
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_support_estimate_is_the_participation_ratio_of_the_logistic_multipliers():
+    # equal margins: every point carries the equation alike
+    assert support_estimate(np.full(37, 4.0)) == pytest.approx(37.0)
+    # one point far closer to the boundary than the rest: about one point carries it
+    assert support_estimate(np.r_[0.5, np.full(99, 25.0)]) == pytest.approx(1.0, abs=1e-6)
+    # k points tied at the smallest margin, the rest far away: about k
+    assert support_estimate(np.r_[np.full(12, 2.0), np.full(88, 40.0)]) == pytest.approx(12.0, abs=1e-6)
+    # the formula, by hand, on spread margins
+    q = np.random.default_rng(0).uniform(-1.0, 8.0, 50)
+    w = 1.0 / (1.0 + np.exp(q))
+    assert support_estimate(q) == pytest.approx(w.sum() ** 2 / (w**2).sum(), rel=1e-12)
+    # margins of a very long training run do not underflow to 0/0
+    assert support_estimate(np.array([1000.0, 1000.0, 2000.0])) == pytest.approx(2.0)
+    assert support_estimate(np.array([])) is None

@@ -19,6 +19,7 @@ Methods:
 - ``kkt:{json}``: one kkt run with these parameter overrides (for choosing the defaults).
 - ``pfR:{json}``: R restarts of kkt with the overrides, budget split evenly, candidates pooled.
 - ``pfv:[{json}, ...]``: the default portfolio (sized by its probe) with these variants.
+- ``pfr:N``: the default portfolio (default variants) with N restarts instead of the sizing's choice.
 
 ``table`` gathers ``results.csv``, ``results.json`` and ``table.md`` from the job files.
 """
@@ -91,6 +92,10 @@ def attack(view, method: str, seconds: float, seed: int):
         from exhume.portfolio import run_portfolio
 
         return run_portfolio(view, "kkt", max_seconds=seconds, seed=seed, progress=False, variants=kw)
+    if kind == "pfr":  # the default portfolio with this many restarts instead of the sizing's choice
+        from exhume.portfolio import run_portfolio
+
+        return run_portfolio(view, "kkt", max_seconds=seconds, seed=seed, progress=False, restarts=int(kw))
     if kind.startswith("pf"):
         return restarts(view, seconds, seed, [kw] * int(kind[2:]))
     raise SystemExit(f"unknown method {method!r}")
@@ -117,6 +122,7 @@ def job(args) -> None:
            "kept_iteration": recon.summary.get("kept_iteration"), "candidates": int(recon.candidates.shape[0]),
            "memorised": m["memorised"], "control": m.get("memorised_control"),
            "one_to_one": m["one_to_one_ssim>=0.4"], "one_to_one_control": m.get("one_to_one_ssim>=0.4_control"),
+           "support_estimate": m.get("support_estimate"),
            "victim_train_accuracy": victim.metrics.get("train_accuracy"), "victim_epochs": victim.metrics.get("epochs")}
     Path(args.result).parent.mkdir(parents=True, exist_ok=True)
     Path(args.result).write_text(json.dumps(row, default=str))
@@ -201,9 +207,14 @@ def table(args) -> None:
         its = "+".join(str(i) for i in its) if isinstance(its, list) else str(its)
         return f"{r['memorised']} / {r['control']} ({r['one_to_one']}; {its} it)"
 
-    lines = ["| victim | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
-    lines += [f"| {v} | " + " | ".join(fmt(cell.get((v, m))) for m in methods) + " |" for v in victims]
-    text = ("memorised / control (one-to-one SSIM ≥ 0.4; iterations per restart)\n\n" + "\n".join(lines) + "\n")
+    def support(v):  # the victim's, the same in every row of it (older result files lack it)
+        s = next((r.get("support_estimate") for r in rows if r["victim"] == v and r.get("support_estimate")), None)
+        return "–" if s is None else f"{s:.0f}"
+
+    lines = ["| victim | support | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
+    lines += [f"| {v} | {support(v)} | " + " | ".join(fmt(cell.get((v, m))) for m in methods) + " |" for v in victims]
+    text = ("memorised / control (one-to-one SSIM ≥ 0.4; iterations per restart); support: the training points "
+            "carrying the equation (exhume.evaluation.support_estimate)\n\n" + "\n".join(lines) + "\n")
     (out / "table.md").write_text(text)
     print(text)
 

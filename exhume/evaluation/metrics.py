@@ -95,6 +95,27 @@ def _stats(x: np.ndarray) -> tuple[float, float]:
     return (float(x.mean()), float(np.median(x))) if x.size else (float("nan"), float("nan"))
 
 
+def support_estimate(margins: np.ndarray) -> float | None:
+    """How many training points carry the stationarity equation: ``(Σw)²/Σw²`` with ``w_i = σ(−margin_i)``.
+
+    For a binary model trained with the logistic loss and weight decay, ``w_i`` is proportional to
+    training point ``i``'s multiplier ``λ_i = σ(−margin_i)/(n·w)`` (docs/METHODS.md §1), so this is
+    the participation ratio of the true multipliers: ``n`` when all margins are equal, near 1 when
+    one point's margin is far below the others'. A point whose multiplier is negligible barely
+    enters ``θ = Σ λ_i ∇_θ margin_i`` and cannot be read back from it, so this estimates how many
+    training images a stationarity attack can recover. For a model trained without weight decay,
+    and for the multiclass margin (``1 − p_y`` is the cross-entropy's weight), it is a proxy.
+    Evaluator-side: it needs the training set. ``None`` without margins.
+    """
+    q = np.asarray(margins, dtype=np.float64).reshape(-1)
+    if q.size == 0:
+        return None
+    # σ(−q) relative to the largest weight, in log space so that margins of 1000 do not underflow to 0/0
+    log_w = -np.logaddexp(0.0, q)
+    w = np.exp(log_w - log_w.max())
+    return float(w.sum() ** 2 / (w**2).sum())
+
+
 def evaluate_images(candidates, train, pool=None, margins: np.ndarray | None = None,
                     match: str = "ssim", thresholds: Sequence[float] = (0.4, 0.5),
                     downsample: int | str | None = "auto") -> EvalResult:
@@ -102,9 +123,9 @@ def evaluate_images(candidates, train, pool=None, margins: np.ndarray | None = N
 
     ``pool``: unseen images from the training distribution, disjoint from ``train`` (METHODS
     suggests 1000); without it the memorisation count is not computed. ``margins``: each training
-    image's margin ``y_i Phi(x_i)``, for the SSIM-vs-margin correlation. ``match``: ``"ssim"``,
-    ``"l2"`` or ``"ncc"`` (applied alike to candidates and pool; ``downsample`` is for the
-    distance rules, see :mod:`exhume.evaluation.matching`).
+    image's margin ``y_i Phi(x_i)``, for the SSIM-vs-margin correlation and :func:`support_estimate`.
+    ``match``: ``"ssim"``, ``"l2"`` or ``"ncc"`` (applied alike to candidates and pool;
+    ``downsample`` is for the distance rules, see :mod:`exhume.evaluation.matching`).
     """
     if match not in MATCH_RULES:
         raise ConfigError(f"unknown match rule {match!r}; expected one of {', '.join(MATCH_RULES)}")
@@ -195,6 +216,7 @@ def evaluate_images(candidates, train, pool=None, margins: np.ndarray | None = N
         else:
             metrics["margin_spearman_rho"] = None
             metrics["margin_spearman_p"] = None
+        metrics["support_estimate"] = support_estimate(margins[np.isfinite(margins)])
         if "memorised" in arrays and arrays["memorised"].any():
             metrics["margin_median_memorised"] = float(np.median(margins[arrays["memorised"]]))
         if "memorised" in arrays and (~arrays["memorised"]).any():

@@ -166,6 +166,8 @@ def render(run: str | Path) -> str:
         ("best unseen image reaches SSIM ≥ 0.5 (baseline)", f"{metrics.get('pool_ssim>=0.5')} / {n}", True),
         ("mean SSIM, nearest candidate", metrics.get("ssim_mean"), True),
         ("Spearman ρ, SSIM vs training margin", metrics.get("margin_spearman_rho"), False),
+        ("training points carrying the equation (σ(−margin) participation ratio, an estimate of how many a kkt attack can recover)",
+         metrics.get("support_estimate"), False),
         ("SSIM window", metrics.get("ssim_window"), False),
     ]
     parts.append("<h2>Counts</h2>" + _rows(rows))
