@@ -1,0 +1,55 @@
+"""How the pooled memorised count grows with the number of restarts pooled.
+
+    python benchmarks/pool_curve.py runs/demo30/attack --victim runs/demo30/victim
+
+Reads a portfolio run's folder (``exhume attack``/``exhume demo`` with restarts: ``restarts/<k>/``
+holds each restart's reconstruction), pools the candidates of the first ``k`` restarts for
+``k`` = 1, 2, 4, … (all restarts, then the even and the odd ones, which the default kkt portfolio runs
+with ``lr_lambda`` 1e-2 and 1e-4) and scores each pool with ``exhume.evaluate`` (1000 unseen pool
+images; the control on held-out non-members). Candidates are concatenated, not merged, so a count can
+differ by one from the portfolio's own pooled result. Evaluator-side: it reads the training set.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+import exhume
+from exhume.attacks import Reconstruction
+
+
+def pooled(recons: list[Reconstruction]) -> Reconstruction:
+    first = recons[0]
+    return Reconstruction(method=first.method, candidates=torch.cat([r.candidates for r in recons]),
+                          labels=torch.cat([r.labels for r in recons]), scores=torch.cat([r.scores for r in recons]),
+                          config=first.config, seed=first.seed, summary={"restarts": len(recons)})
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", help="the portfolio's output folder (with restarts/0, restarts/1, ...)")
+    ap.add_argument("--victim", required=True, help="the victim folder (with its training set's data spec)")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    folders = sorted((p for p in (Path(args.run) / "restarts").iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    if not folders:
+        raise SystemExit(f"no restarts/<k> folders in {args.run}")
+    recons = [exhume.load_reconstruction(p) for p in folders]
+    victim = exhume.load_victim(args.victim)
+    print("| restarts pooled | which | candidates | memorised | control | one-to-one SSIM ≥ 0.4 |\n|---|---|---|---|---|---|")
+    for which, picked in (("all", recons), ("even", recons[0::2]), ("odd", recons[1::2])):
+        k = 1
+        while k <= len(picked):
+            m = exhume.evaluate(pooled(picked[:k]), victim, pool_size=1000, figures=False).metrics
+            print(f"| {k} | {which} | {m['n_candidates']} | {m['memorised']} | {m['memorised_control']} | "
+                  f"{m['one_to_one_ssim>=0.4']} |", flush=True)
+            k *= 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
