@@ -211,6 +211,13 @@ def test_resume_refuses_a_corrupt_checkpoint(tmp_path):
         get_attack("kkt", iterations=5).run(view, out=tmp_path, resume=True, progress=False)
 
 
+def test_the_number_of_candidates_follows_candidates_per_point_unless_m_is_given():
+    _, _, view = _toy_victim()  # n_train_hint = 20
+    for kwargs, m in (({}, 40), ({"candidates_per_point": 1.0}, 20), ({"candidates_per_point": 0.5, "m": 7}, 7)):
+        recon = get_attack("kkt", iterations=2, **kwargs).run(view, progress=False, seed=0)
+        assert recon.candidates.shape[0] == m and recon.config["m"] == m, kwargs
+
+
 def test_repr_shows_the_arguments():
     text = repr(get_attack("kkt", lr=0.5, alpha=30))
     assert "lr=0.5" in text and "alpha=30.0" in text and text.startswith("KKTAttack(")
@@ -230,6 +237,7 @@ def test_repr_shows_the_arguments():
         ({"lambda_scale": -2}, "lambda_scale"),
         ({"momentum": 1.5}, "momentum must be <= 1"),
         ({"m": 0}, "m must be >= 1"),
+        ({"candidates_per_point": 0.0}, "candidates_per_point must be >= 0.001"),
         ({"tv_weight": -1e-4}, "tv_weight must be >= 0"),
     ],
 )

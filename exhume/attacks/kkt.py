@@ -31,7 +31,7 @@ large shrinks every candidate towards the data mean. ``lambda_scale="auto"`` est
 ``⟨θ, ∇_θΦ(x)⟩ = L·Φ(x)``) stationarity gives ``Σ_i λ_i margin_i = ‖θ‖²/L``, so with equal margins
 ``m*`` solving ``σ(−m*)·m* = w‖θ‖²/L`` the typical multiplier is ``σ(−m*)/(n·w)``, and
 ``S = (5/3) × that`` (``AUTO_SCALE_FACTOR``). ``n`` is the attacker's guess of the training-set
-size (``m/2`` by default).
+size (``n_guess``, else the victim's metadata, else 100); ``m = 2n`` candidates by default.
 
 **How fast the multipliers learn** (``lr_lambda``). For a network homogeneous in its input
 (bias-free ReLU layers), ``(λ/c, c·x̂)`` satisfies the stationarity equation as well as ``(λ, x̂)``:
@@ -102,7 +102,10 @@ class KKTAttack(Attack):
 
     name = "kkt"
     params = {
-        "m": Param(None, int, "number of candidates (default 2n, n the training-set size guess)", low=1, allow_none=True),
+        "m": Param(None, int, "number of candidates (default: candidates_per_point × n, n the training-set size guess)",
+                   low=1, allow_none=True),
+        "candidates_per_point": Param(2.0, float, "m = round(this × n) when m is not given (2: Haim et al.'s m = 2n)",
+                                      low=1e-3),
         **CANDIDATE_PARAMS,
         # search ranges (exhume tune): log-uniform around the measured defaults
         "lr": replace(CANDIDATE_PARAMS["lr"], help="learning rate for x̂ (on the relative stationarity loss)", search=(2e-3, 5e-2, "log")),
@@ -199,7 +202,7 @@ class KKTAttack(Attack):
         dtype = DTYPES[cfg["dtype"]]
         model, params = attack_model(view.model, dev, dtype)
         n = cfg["n_guess"] or view.n_train_hint or 100
-        m = cfg["m"] or (init.shape[0] if init is not None else 2 * n)
+        m = cfg["m"] or (init.shape[0] if init is not None else max(1, round(cfg["candidates_per_point"] * n)))
         form = resolve(view, model, cfg["formulation"], cfg["loss"], cfg["weight_decay"], cfg["lambda_scale"], params, n, m, dtype)
         form.scale *= cfg["lambda_scale_factor"]
         gen = torch.Generator().manual_seed(seed)
