@@ -13,19 +13,15 @@ differ by one from the portfolio's own pooled result. Evaluator-side: it reads t
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import torch
 
 import exhume
-from exhume.attacks import Reconstruction
 
-
-def pooled(recons: list[Reconstruction]) -> Reconstruction:
-    first = recons[0]
-    return Reconstruction(method=first.method, candidates=torch.cat([r.candidates for r in recons]),
-                          labels=torch.cat([r.labels for r in recons]), scores=torch.cat([r.scores for r in recons]),
-                          config=first.config, seed=first.seed, summary={"restarts": len(recons)})
+sys.path.insert(0, str(Path(__file__).resolve().parent / "zoo"))
+from run import pooled  # noqa: E402  (the zoo's concatenation of restarts' candidates)
 
 
 def main(argv=None) -> int:
@@ -44,7 +40,7 @@ def main(argv=None) -> int:
     for which, picked in (("all", recons), ("even", recons[0::2]), ("odd", recons[1::2])):
         k = 1
         while k <= len(picked):
-            m = exhume.evaluate(pooled(picked[:k]), victim, pool_size=1000, figures=False).metrics
+            m = exhume.evaluate(pooled(picked[:k], "kkt-restarts", {}), victim, pool_size=1000, figures=False).metrics
             print(f"| {k} | {which} | {m['n_candidates']} | {m['memorised']} | {m['memorised_control']} | "
                   f"{m['one_to_one_ssim>=0.4']} |", flush=True)
             k *= 2

@@ -42,9 +42,9 @@ def main(argv=None) -> int:
           f"{m['one_to_one_ssim>=0.4']}; support estimate {m['support_estimate']:.1f} of {len(q)}")
     order = np.argsort(q)
     print("| training images by margin (rank) | margins | memorised |\n|---|---|---|")
-    for part in np.array_split(order, args.bins):
-        lo, hi = int(np.where(order == part[0])[0][0]), int(np.where(order == part[-1])[0][0])
-        print(f"| {lo}–{hi} | {q[part].min():.2f}–{q[part].max():.2f} | {int(mem[part].sum())} |")
+    for ranks in np.array_split(np.arange(len(q)), args.bins):
+        part = order[ranks]
+        print(f"| {ranks[0]}–{ranks[-1]} | {q[part].min():.2f}–{q[part].max():.2f} | {int(mem[part].sum())} |")
     return 0
 
 
