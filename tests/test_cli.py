@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -27,6 +28,7 @@ def test_train_attack_evaluate_end_to_end(tmp_path, capsys):
     for key in ("ssim>=0.4", "ssim>=0.5", "one_to_one_ssim>=0.4", "memorised", "pool_size", "ssim_window"):
         assert key in metrics
     assert metrics["pool_size"] == 50 and metrics["n_train"] == 10
+    assert re.search(rf"support estimate\)\s+~{metrics['support_estimate']:.0f} / 10\n", out)
     for fig in ("best_pairs.png", "worst_pairs.png", "ssim_vs_margin.png", "ssim_sorted.png", "candidates.png"):
         assert (a / "evaluation" / fig).stat().st_size > 1000
 

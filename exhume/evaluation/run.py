@@ -208,6 +208,8 @@ def summary_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
             hist = metrics["memorised_found_by"]
             rows.append(("  memorised images found by k restarts", ", ".join(f"k={k}: {v}" for k, v in hist.items()) or "none"))
             rows.append(("  memorised per restart", " ".join(str(c) for c in metrics["memorised_per_restart"])))
+        if metrics.get("support_estimate") is not None:
+            rows.append(("training points the weights carry (support estimate)", f"~{metrics['support_estimate']:.0f} / {n}"))
     cfg = (metrics.get("attack") or {}).get("config") or {}
     if cfg.get("oracle_init"):
         rows.append(("initialisation", f"{cfg.get('init')} (ORACLE: built from the victim's data)"))
