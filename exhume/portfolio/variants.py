@@ -20,7 +20,9 @@ The first measurement behind the portfolio: on the demo victim, 4 restarts of 45
 seeds, pooled, gave 23 memorised against 13 for one 180-s run (issue 10); the single runs found
 different digits. The λ scale as a variant was measured and did not pay (``lambda_scale_factor``
 0.5 and 2 on two of four restarts, four zoo victims, two seeds: 121 memorised against 122 for
-seeds alone); α and the optimiser were not measured. Pass ``variants=`` to try others.
+seeds alone). Nor did α (the surrogate's sharpness) 45 on half of the restarts: +5 memorised over ten
+victims at 4 restarts of 2,500 iterations (136 against 131), control +3, behind on two digits victims
+(``benchmarks/variant_screen.py``). The optimiser was not measured. Pass ``variants=`` to try others.
 """
 
 from __future__ import annotations
