@@ -21,7 +21,7 @@ import torch
 import exhume
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "zoo"))
-from run import pooled  # noqa: E402  (the zoo's concatenation of restarts' candidates)
+from run import pooled, restart_results  # noqa: E402  (the zoo's concatenation of restarts' candidates)
 
 
 def main(argv=None) -> int:
@@ -31,10 +31,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    folders = sorted((p for p in (Path(args.run) / "restarts").iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
-    if not folders:
+    recons = restart_results(args.run)
+    if not recons:
         raise SystemExit(f"no restarts/<k> folders in {args.run}")
-    recons = [exhume.load_reconstruction(p) for p in folders]
     victim = exhume.load_victim(args.victim)
     print("| restarts pooled | which | candidates | memorised | control | one-to-one SSIM ≥ 0.4 |\n|---|---|---|---|---|---|")
     for which, picked in (("all", recons), ("even", recons[0::2]), ("odd", recons[1::2])):

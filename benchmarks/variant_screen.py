@@ -32,7 +32,7 @@ import torch
 import exhume
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "zoo"))
-from run import pooled  # noqa: E402  (the zoo's concatenation of restarts' candidates)
+from run import pooled, restart_results  # noqa: E402  (the zoo's concatenation of restarts' candidates)
 
 
 def run_config(victim, folder: Path, variants: list[dict], restarts: int, iterations: int, seed: int, workers: int) -> list:
@@ -43,8 +43,7 @@ def run_config(victim, folder: Path, variants: list[dict], restarts: int, iterat
                               iterations=iterations, seed=seed, progress=False, resume=(folder / "restarts").is_dir())
         its = recon.summary.get("iterations_per_restart")
         print(f"ran {folder.name}: {restarts} restarts of {its} iterations in {time.perf_counter() - t0:.0f} s", flush=True)
-    found = sorted((p for p in (folder / "restarts").iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
-    return [exhume.load_reconstruction(p) for p in found]
+    return restart_results(folder)
 
 
 def main(argv=None) -> int:

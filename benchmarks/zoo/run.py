@@ -56,6 +56,14 @@ def pooled(recons, method: str, extra: dict):
                                    "kept_iteration": [r.summary.get("kept_iteration") for r in recons]})
 
 
+def restart_results(run) -> list:
+    """The reconstructions a portfolio saved in ``run/restarts/<k>/``, in restart order."""
+    from exhume.attacks import load_reconstruction
+
+    folders = sorted((p for p in (Path(run) / "restarts").iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    return [load_reconstruction(p) for p in folders]
+
+
 def restarts(view, seconds: float, seed: int, variants: list[dict]):
     """Sequential restarts, the budget split evenly, candidates pooled (the portfolio without its machinery)."""
     from exhume.attacks import get_attack
