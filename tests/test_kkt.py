@@ -3,6 +3,8 @@ ReLU, recovery on Haim's 2D toy, any nn.Module, resume, and parameter validation
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,8 +12,8 @@ from torch import nn
 
 from exhume.attacks import get_attack
 from exhume.attacks.formulation import NO_DECAY_MARGIN, typical_margin
-from exhume.attacks.kkt import KKTAttack
-from exhume.attacks.stationarity import homogeneity_degree, stationarity_residual
+from exhume.attacks.kkt import KKTAttack, consistency_term
+from exhume.attacks.stationarity import homogeneity_degree, stationarity_residual, stationarity_residual_and_objective
 from exhume.attacks.surrogate import soft_activations, soft_relu
 from exhume.errors import ConfigError, ExhumeError
 from exhume.victim import AttackerView, TrainConfig, train_victim
@@ -95,6 +97,7 @@ def test_typical_margin_solves_its_equation():
         assert m / (1 + torch.exp(torch.tensor(m)).item()) == pytest.approx(target, rel=1e-6)
 
 
+@functools.cache
 def _toy_victim():
     """Haim's 2D toy: 20 points in the unit square, a wide bias-free ReLU net trained to convergence."""
     from exhume.models import MLP
@@ -123,6 +126,63 @@ def test_2d_toy_recovers_the_points_on_the_margin():
     # would sit ~0.1 away (20 points in the unit square)
     assert dist[on_margin].max() < 0.03
     assert recon.summary["final_relative_stationarity"] < 0.3
+
+
+def test_residual_and_margins_from_one_forward_equal_the_separate_computations():
+    torch.manual_seed(0)
+    model = UserNet().double()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    y = torch.tensor([1.0, -1, 1, -1, 1, -1], dtype=torch.float64)
+
+    def grads(both: bool):
+        x = torch.randn(6, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).requires_grad_()
+        lam = torch.rand(6, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).requires_grad_()
+        if both:
+            r, h = stationarity_residual_and_objective(model, params, x, y, lam, 7.0)
+        else:
+            r = stationarity_residual(model, params, x, y, lam, 7.0)
+            with soft_activations(7.0):
+                h = y * model(x)
+        (r + (h**2).sum()).backward()
+        return r.detach(), h.detach(), x.grad, lam.grad
+
+    ours, ref = grads(True), grads(False)
+    with torch.no_grad():  # the margins have their exact value: the surrogate changes derivatives only
+        x0 = torch.randn(6, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+        assert torch.allclose(ours[1], y * model(x0), rtol=1e-12)
+    for a, b in zip(ours, ref):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-14)
+
+
+def test_the_consistency_term_vanishes_at_the_training_points_multipliers():
+    """λ_i = σ(−margin_i)/(n·w) on a victim trained with weight decay and the logistic loss: the
+    stationarity equation holds with these multipliers, and the consistency term is zero there."""
+    x, margins, view = _toy_victim()
+    n_w = 20 * 1e-3
+    lam = torch.sigmoid(-margins) / n_w
+    params = {k: v.detach() for k, v in view.model.named_parameters()}
+    y = (margins / view.model(x - view.mean).detach()).round()  # the training labels, ±1
+    theta2 = sum((v**2).sum() for v in params.values())
+
+    def residual(scale: float):
+        r, h = stationarity_residual_and_objective(view.model, params, x - view.mean, y, scale * lam)
+        return float(r / theta2), h
+
+    r, h = residual(1.0)
+    # the victim is close to stationary with these multipliers (20,000 epochs), and far from it with half or twice them
+    assert r < 0.05 and 5 * r < residual(0.5)[0] and 5 * r < residual(2.0)[0]
+    assert torch.allclose(h, margins, rtol=1e-5, atol=1e-6)
+    assert float(consistency_term(lam, h, n_w)) < 1e-10
+    assert float(consistency_term(2 * lam, h, n_w)) == pytest.approx(float(torch.log(torch.tensor(2.0))) ** 2, rel=1e-5)
+
+
+@pytest.mark.parametrize("weight_decay, task, message", [(0.0, "binary", "weight decay w > 0"),
+                                                          (1e-3, "regression", "margin formulation of a classifier")])
+def test_consistency_needs_weight_decay_and_a_margin(weight_decay, task, message):
+    view = AttackerView(model=UserNet(), task=task, input_shape=(5,), mean=torch.zeros(5), loss="logistic" if task == "binary" else "squared",
+                        weight_decay=weight_decay, n_train_hint=4)
+    with pytest.raises(ConfigError, match=message):
+        get_attack("kkt", iterations=1, consistency_weight=1e-3).run(view, progress=False)
 
 
 def test_without_weight_decay_the_lambda_scale_is_the_multiplier_at_the_assumed_margin():
@@ -239,6 +299,7 @@ def test_repr_shows_the_arguments():
         ({"m": 0}, "m must be >= 1"),
         ({"candidates_per_point": 0.0}, "candidates_per_point must be >= 0.001"),
         ({"tv_weight": -1e-4}, "tv_weight must be >= 0"),
+        ({"consistency_weight": -1.0}, "consistency_weight must be >= 0"),
     ],
 )
 def test_bad_arguments_are_refused_by_name(kwargs, message):

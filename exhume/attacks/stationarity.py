@@ -43,11 +43,25 @@ def weighted_gradient(
     ``h_j`` is the margin by default (Haim's binary and Buzaglo's multiclass KKT conditions).
     """
 
-    def weighted(p: dict[str, torch.Tensor]) -> torch.Tensor:
-        return (lam * objective(functional_call(model, p, (x,)), y)).sum()
+    return weighted_gradient_and_objective(model, params, x, y, lam, alpha, objective)[0]
+
+
+def weighted_gradient_and_objective(
+    model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, lam: torch.Tensor,
+    alpha: float | None = None, objective: Objective = margin,
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """``(Σ_j λ_j ∇_θ h_j, h)``: the weighted gradient and the per-candidate ``h_j`` from the same forward pass.
+
+    ``h`` has its exact value (the surrogate changes derivatives only) and is differentiable in ``x``
+    (through the surrogate derivative, like the gradient).
+    """
+
+    def weighted(p: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        h = objective(functional_call(model, p, (x,)), y)
+        return (lam * h).sum(), h
 
     with soft_activations(alpha):
-        return grad(weighted)(params)
+        return grad(weighted, has_aux=True)(params)
 
 
 def stationarity_residual(
@@ -55,8 +69,16 @@ def stationarity_residual(
     alpha: float | None = None, objective: Objective = margin,
 ) -> torch.Tensor:
     """``‖θ − Σ_j λ_j ∇_θ h_j‖²``, summed over every parameter tensor (``h`` the margin by default)."""
-    g = weighted_gradient(model, params, x, y, lam, alpha, objective)
-    return sum(((params[k] - g[k]) ** 2).sum() for k in params)
+    return stationarity_residual_and_objective(model, params, x, y, lam, alpha, objective)[0]
+
+
+def stationarity_residual_and_objective(
+    model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, lam: torch.Tensor,
+    alpha: float | None = None, objective: Objective = margin,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(‖θ − Σ_j λ_j ∇_θ h_j‖², h)``, ``h`` the per-candidate objective of the same forward pass."""
+    g, h = weighted_gradient_and_objective(model, params, x, y, lam, alpha, objective)
+    return sum(((params[k] - g[k]) ** 2).sum() for k in params), h
 
 
 def homogeneity_degree(model: nn.Module, params: dict[str, torch.Tensor], input_shape, dtype, seed: int = 0) -> float:
