@@ -176,10 +176,14 @@ def test_the_consistency_term_vanishes_at_the_training_points_multipliers():
     assert float(consistency_term(2 * lam, h, n_w)) == pytest.approx(float(torch.log(torch.tensor(2.0))) ** 2, rel=1e-5)
 
 
-@pytest.mark.parametrize("weight_decay, task, message", [(0.0, "binary", "weight decay w > 0"),
-                                                          (1e-3, "regression", "margin formulation of a classifier")])
-def test_consistency_needs_weight_decay_and_a_margin(weight_decay, task, message):
-    view = AttackerView(model=UserNet(), task=task, input_shape=(5,), mean=torch.zeros(5), loss="logistic" if task == "binary" else "squared",
+@pytest.mark.parametrize("weight_decay, task, loss, message", [
+    (0.0, "binary", "logistic", "weight decay w > 0"),
+    (1e-3, "regression", "squared", "margin formulation of a classifier"),
+    (1e-3, "binary", "squared", "logistic or cross-entropy loss"),
+    (1e-3, "binary", None, "pass loss="),
+])
+def test_consistency_needs_weight_decay_a_margin_and_a_logistic_loss(weight_decay, task, loss, message):
+    view = AttackerView(model=UserNet(), task=task, input_shape=(5,), mean=torch.zeros(5), loss=loss,
                         weight_decay=weight_decay, n_train_hint=4)
     with pytest.raises(ConfigError, match=message):
         get_attack("kkt", iterations=1, consistency_weight=1e-3).run(view, progress=False)
