@@ -43,6 +43,7 @@ from run import pooled, restart_results  # noqa: E402
 
 from exhume.attacks import Reconstruction, load_reconstruction  # noqa: E402
 from exhume.attacks.formulation import candidate_labels  # noqa: E402
+from exhume.attacks.kkt import KKTAttack  # noqa: E402
 from exhume.evaluation.matching import ncc_matrix  # noqa: E402
 from exhume.evaluation.run import training_margins  # noqa: E402
 from exhume.portfolio.pool import near_duplicates, rank_scores  # noqa: E402
@@ -102,7 +103,8 @@ def consensus(a: Reconstruction, b: Reconstruction, mean: torch.Tensor, tau: flo
 def slotted(view, images: torch.Tensor, labels: torch.Tensor, m: int, seed: int) -> tuple[torch.Tensor, int]:
     """``m`` display-space starting candidates: ``images`` in slots of their label, kkt's noise elsewhere."""
     gen = torch.Generator().manual_seed(seed)
-    init = view.mean.reshape(1, *view.input_shape) + torch.randn(m, *view.input_shape, generator=gen) * 1.7e-3
+    noise = KKTAttack.params["init_scale"].default  # kkt's own starting noise
+    init = view.mean.reshape(1, *view.input_shape) + torch.randn(m, *view.input_shape, generator=gen) * noise
     slots = candidate_labels(view.task, m, view.num_classes, torch.float32)
     used = torch.zeros(m, dtype=torch.bool)
     for img, lab in zip(images, labels):

@@ -254,20 +254,17 @@ class KKTAttack(Attack):
         """The loss of the module docstring at ``(x, u)`` and its stationarity, dual and prior terms."""
         cfg = self.config
         lo, hi, shift = (0.0, 1.0, p.mean) if cfg["prior"] == "display" else (-1.0, 1.0, torch.zeros_like(p.mean))
-        tie = cfg["consistency_weight"]
-        if tie > 0:
-            stat, h = stationarity_residual_and_objective(p.model, p.params, x, p.y, p.form.scale * u, cfg["alpha"], p.form.objective)
-            stat = stat / p.theta2
-        else:
-            stat = stationarity_residual(p.model, p.params, x, p.y, p.form.scale * u, cfg["alpha"], p.form.objective) / p.theta2
+        # the per-candidate margins h come from the residual's own forward pass (used by the consistency term)
+        stat, h = stationarity_residual_and_objective(p.model, p.params, x, p.y, p.form.scale * u, cfg["alpha"], p.form.objective)
+        stat = stat / p.theta2
         dual = u.new_zeros(()) if p.form.signed else (torch.relu(cfg["lambda_min"] - u) ** 2).sum()
         v = x + shift
         prior = range_penalty(v, lo, hi)
         loss = stat + cfg["dual_weight"] * dual + cfg["prior_weight"] * prior
         if cfg["tv_weight"] > 0:
             loss = loss + cfg["tv_weight"] * tv_term(v)
-        if tie > 0:
-            loss = loss + tie * consistency_term(p.form.scale * u, h, p.n * p.form.info["weight_decay_assumed"])
+        if cfg["consistency_weight"] > 0:
+            loss = loss + cfg["consistency_weight"] * consistency_term(p.form.scale * u, h, p.n * p.form.info["weight_decay_assumed"])
         return loss, stat, dual, prior
 
     def criterion(self, p: Problem):
