@@ -54,8 +54,9 @@ the same forward pass as the stationarity residual; it needs the margin formulat
 Measured with ``benchmarks/variant_screen.py`` (4 restarts × 2,500 iterations, weight 1e-3,
 ``benchmarks/README.md``): +6 memorised on the demo's victim, +4 on a one-hidden-layer digits
 victim, 0 to −2 on four others; at 90 s on two cores, two seeds, four victims, 141 memorised against
-122 (controls 9 against 6), behind once by one. Not a default yet (not measured at equal time where
-the screen showed losses, nor on the 1000-1000 victims). The margins come from the stationarity residual's own
+122 (controls 9 against 6), behind once by one; but on the four other victims with weight decay
+(10-class and CNN digits, the two 1000-1000 victims), at 90 s, 12 against 20. Off by default: it
+helps on some architectures and not others. The margins come from the stationarity residual's own
 forward pass, so the term costs nothing measurable per iteration.
 
 **Optimiser.** The reference uses SGD with momentum 0.9 (``optimizer="sgd"``, available); Adam is
