@@ -4,6 +4,7 @@ ReLU, recovery on Haim's 2D toy, any nn.Module, resume, and parameter validation
 from __future__ import annotations
 
 import functools
+import re
 
 import pytest
 import torch
@@ -360,3 +361,58 @@ def test_attacks_leave_the_callers_module_as_it_is_in_float64(method, arch, task
     recon = get_attack(method, iterations=2, dtype="float64").run(view, progress=False)
     assert recon.candidates.shape[1:] == (1, 8, 8)
     assert all(v.dtype == before[k].dtype and torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_holding_the_training_points_fixed_leaves_almost_nothing_of_theta():
+    from exhume.attacks.stationarity import fixed_part
+    from exhume.losses import margin
+
+    x, margins, view = _toy_victim()
+    params = {k: v.detach() for k, v in view.model.named_parameters()}
+    y = (margins / view.model(x - view.mean).detach()).round()
+    target, lam, share = fixed_part(view.model, params, x - view.mean, y, margin)
+    assert share > 0.98 and (lam >= 0).all()
+    rest = sum((target[k].double() ** 2).sum() for k in params)
+    theta2 = sum((v.double() ** 2).sum() for v in params.values())
+    assert float(rest / theta2) == pytest.approx(1 - share, rel=1e-3)
+    # half of them explain less
+    assert fixed_part(view.model, params, x[:10] - view.mean, y[:10], margin)[2] < share - 0.05
+
+
+def test_a_deflated_run_finds_the_points_the_fixed_candidates_leave():
+    """The three training points nearest the boundary are left out of the fixed set: six free
+    candidates solving for what the other seventeen leave find them; the same six candidates on
+    the whole of θ do not (3,000 iterations each, seed 0)."""
+    x, margins, view = _toy_victim()
+    y = (margins / view.model(x - view.mean).detach()).round()
+    missing, keep = margins.argsort()[:3], margins.argsort()[3:]
+    atk = get_attack("kkt", iterations=3000, m=6)
+    deflated = atk.run(view, progress=False, seed=0, fixed=(x[keep], y[keep]))
+    plain = atk.run(view, progress=False, seed=0)
+    assert deflated.config["fixed_candidates"] == 17 and deflated.config["fixed_share_explained"] > 0.9
+    d_deflated = torch.cdist(x[missing], deflated.candidates).min(1).values
+    d_plain = torch.cdist(x[missing], plain.candidates).min(1).values
+    assert d_deflated.max() < 0.2 < d_plain.min()
+
+
+@pytest.mark.parametrize("fixed, message", [
+    ((torch.zeros(3, 2),), "pair of tensors"),
+    ((torch.zeros(3, 5), torch.ones(3)), "shape (k >= 1, 2)"),
+    ((torch.zeros(0, 2), torch.ones(0)), "shape (k >= 1, 2)"),
+    ((torch.zeros(3, 2), torch.ones(4)), "labels must have shape (3,)"),
+    ((torch.full((3, 2), float("nan")), torch.ones(3)), "finite"),
+])
+def test_bad_fixed_candidates_are_refused(fixed, message):
+    _, _, view = _toy_victim()
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        get_attack("kkt", iterations=2).run(view, progress=False, fixed=fixed)
+
+
+def test_resume_refuses_other_fixed_candidates(tmp_path):
+    x, margins, view = _toy_victim()
+    y = (margins / view.model(x - view.mean).detach()).round()
+    atk = get_attack("kkt", iterations=20, checkpoint_every=10)
+    atk.run(view, out=tmp_path, progress=False, fixed=(x[:5], y[:5]))
+    with pytest.raises(ExhumeError, match="fixed"):
+        get_attack("kkt", iterations=40, checkpoint_every=10).run(view, out=tmp_path, resume=True, progress=False,
+                                                                  fixed=(x[:6], y[:6]))

@@ -66,19 +66,24 @@ def weighted_gradient_and_objective(
 
 def stationarity_residual(
     model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, lam: torch.Tensor,
-    alpha: float | None = None, objective: Objective = margin,
+    alpha: float | None = None, objective: Objective = margin, target: dict[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """``‖θ − Σ_j λ_j ∇_θ h_j‖²``, summed over every parameter tensor (``h`` the margin by default)."""
-    return stationarity_residual_and_objective(model, params, x, y, lam, alpha, objective)[0]
+    """``‖θ − Σ_j λ_j ∇_θ h_j‖²``, summed over every parameter tensor (``h`` the margin by default).
+
+    ``target`` replaces ``θ`` on the left (the network is still evaluated at ``params``): the part
+    of ``θ`` that candidates held fixed do not explain (:func:`fixed_part`).
+    """
+    return stationarity_residual_and_objective(model, params, x, y, lam, alpha, objective, target)[0]
 
 
 def stationarity_residual_and_objective(
     model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, lam: torch.Tensor,
-    alpha: float | None = None, objective: Objective = margin,
+    alpha: float | None = None, objective: Objective = margin, target: dict[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(‖θ − Σ_j λ_j ∇_θ h_j‖², h)``, ``h`` the per-candidate objective of the same forward pass."""
     g, h = weighted_gradient_and_objective(model, params, x, y, lam, alpha, objective)
-    return sum(((params[k] - g[k]) ** 2).sum() for k in params), h
+    t = params if target is None else target
+    return sum(((t[k] - g[k]) ** 2).sum() for k in params), h
 
 
 def homogeneity_degree(model: nn.Module, params: dict[str, torch.Tensor], input_shape, dtype, seed: int = 0) -> float:
@@ -99,3 +104,52 @@ def homogeneity_degree(model: nn.Module, params: dict[str, torch.Tensor], input_
     jvp_out = torch.func.jvp(total, (params,), ({k: v for k, v in params.items()},))[1]
     ratio = (jvp_out.abs().sum() / out.abs().sum().clamp_min(1e-30)).item()
     return float(min(max(ratio, 1.0), 10.0))
+
+
+def per_candidate_gradients(
+    model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+    objective: Objective = margin, alpha: float | None = None,
+) -> torch.Tensor:
+    """``∇_θ h_j`` of every candidate, flattened over the parameters in ``params``' order: (m, P)."""
+
+    def one(xj: torch.Tensor, yj: torch.Tensor) -> torch.Tensor:
+        def h(p):
+            return objective(functional_call(model, p, (xj[None],)), yj[None]).sum()
+
+        g = grad(h)(params)
+        return torch.cat([g[k].reshape(-1) for k in params])
+
+    with soft_activations(alpha):
+        return torch.func.vmap(one)(x, y)
+
+
+def fixed_part(
+    model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+    objective: Objective = margin, signed: bool = False,
+) -> tuple[dict[str, torch.Tensor], torch.Tensor, float]:
+    """What candidates held fixed leave of ``θ``: ``(θ − Σ_f λ_f ∇_θ h_f, λ, share)``.
+
+    ``λ`` minimises ``‖θ − Σ_f λ_f ∇_θ h_f‖²`` (non-negative unless ``signed``; exact ReLU
+    derivative, float64) and ``share`` is the fraction of ``‖θ‖²`` that the fixed candidates
+    explain, ``1 − ‖θ − Σ_f λ_f ∇_θ h_f‖² / ‖θ‖²``. Weights and candidates only: attacker-side.
+    """
+    import numpy as np
+    from scipy.optimize import lsq_linear, nnls
+
+    J = per_candidate_gradients(model, params, x, y, objective).double()
+    theta = torch.cat([params[k].reshape(-1) for k in params]).double()
+    gram = J @ J.T
+    gram = gram + 1e-10 * gram.diagonal().mean().clamp_min(1e-30) * torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
+    b = J @ theta
+    chol = torch.linalg.cholesky(gram)
+    rhs = torch.linalg.solve_triangular(chol, b[:, None], upper=False)[:, 0]
+    a, r = chol.T.cpu().numpy(), rhs.cpu().numpy()
+    lam_np = lsq_linear(a, r).x if signed else nnls(a, r, maxiter=50 * a.shape[1])[0]
+    lam = torch.as_tensor(np.asarray(lam_np), dtype=theta.dtype, device=theta.device)
+    rest = theta - J.T @ lam
+    share = float(1.0 - (rest @ rest) / (theta @ theta))
+    target, i = {}, 0
+    for k, v in params.items():
+        target[k] = rest[i:i + v.numel()].reshape(v.shape).to(v.dtype)
+        i += v.numel()
+    return target, lam, share
