@@ -86,13 +86,12 @@ def rescaled(rec: Reconstruction, mean: torch.Tensor, c) -> Reconstruction:
         c = c.reshape(-1, *([1] * (x.ndim - 1)))
     v = (mean + c * (x - mean)).clamp(0, 1)
     return Reconstruction(method=rec.method, candidates=v, labels=rec.labels, scores=rec.scores, config=rec.config,
-                          seed=rec.seed, summary={})
+                          seed=rec.seed, summary=rec.summary)
 
 
 def both(a: Reconstruction, b: Reconstruction) -> Reconstruction:
-    return Reconstruction(method=a.method, candidates=torch.cat([a.candidates.float(), b.candidates.float()]),
-                          labels=torch.cat([a.labels, b.labels]), scores=torch.cat([a.scores, b.scores]),
-                          config=a.config, seed=a.seed, summary={})
+    """``a``'s candidates and ``b``'s, concatenated (the zoo's pooling)."""
+    return pooled([a, b], a.method, {})
 
 
 def main(argv=None) -> int:

@@ -41,7 +41,9 @@ def agreed(view, recons: list, min_share: float, ncc: float = 0.8) -> tuple[torc
     restart = torch.cat([torch.full((r.candidates.shape[0],), k) for k, r in enumerate(recons)])
     rank = torch.cat([rank_scores(view, r) for r in recons])
     kept, owner = near_duplicates(cands, labels, torch.argsort(-rank, stable=True), ncc, mean=view.mean)
-    found = torch.tensor([len(set(restart[owner == i].tolist())) for i in kept.tolist()])
+    members = torch.zeros(cands.shape[0], len(recons), dtype=torch.bool)  # as exhume.portfolio.pool counts them
+    members[owner, restart] = True
+    found = members[kept].sum(1)
     pick = found >= min_share * len(recons)
     return cands[kept[pick]], labels[kept[pick]], found[pick]
 

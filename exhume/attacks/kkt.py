@@ -105,6 +105,7 @@ from exhume.attacks.priors import range_penalty, tv_term
 from exhume.attacks.snapshots import IterateTracker
 from exhume.attacks.stationarity import fixed_part, stationarity_residual, stationarity_residual_and_objective
 from exhume.errors import ConfigError, DivergenceError
+from exhume.files.runfolder import tensors_digest
 from exhume.losses import LOSSES
 
 
@@ -114,7 +115,7 @@ class Problem:
 
     model: torch.nn.Module
     params: dict[str, torch.Tensor]
-    theta2: torch.Tensor
+    norm2: torch.Tensor  # ‖θ‖², or ‖θ − Σ_f λ_f ∇_θ h_f‖² with candidates held fixed
     n: int
     m: int
     form: Formulation
@@ -148,16 +149,6 @@ def check_fixed(fixed, input_shape, labels: torch.Tensor) -> tuple[torch.Tensor,
     if not (torch.isfinite(fx).all() and torch.isfinite(fy.double()).all()):
         raise ConfigError("fixed candidates and labels must be finite (found NaN or inf)")
     return fx, fy
-
-
-def digest(*tensors: torch.Tensor) -> str:
-    """A short content hash (a resumed run must hold the same candidates fixed)."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.detach().cpu().double().contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 @register
@@ -253,7 +244,7 @@ class KKTAttack(Attack):
         kept_x, kept_u = tracker.best["x"], tracker.best["u"]
         with torch.no_grad():
             final_stat = float(stationarity_residual(p.model, p.params, kept_x, p.y, p.form.scale * kept_u, None, p.form.objective,
-                                                     p.target) / p.theta2)
+                                                     p.target) / p.norm2)
             candidates = (kept_x + p.mean).float().cpu()
         return Reconstruction(
             method=self.name,
@@ -302,7 +293,7 @@ class KKTAttack(Attack):
             fx, fy = check_fixed(fixed, view.input_shape, form.labels)
             target, _, share = fixed_part(model, params, fx.to(dev, dtype) - mean, fy.to(dev, form.labels.dtype),
                                           form.objective, form.signed)
-            info = {"fixed_candidates": int(fx.shape[0]), "fixed_share_explained": share, "fixed_digest": digest(fx, fy)}
+            info = {"fixed_candidates": int(fx.shape[0]), "fixed_share_explained": share, "fixed_digest": tensors_digest(fx, fy)[:16]}
         # the stationarity term is relative to what the free candidates must explain
         norm2 = sum((v**2).sum() for v in (params if target is None else target).values())
         return Problem(model, params, norm2, n, m, form, mean, form.labels.to(dev), x, u, target, info)
@@ -314,7 +305,7 @@ class KKTAttack(Attack):
         # the per-candidate margins h come from the residual's own forward pass (used by the consistency term)
         stat, h = stationarity_residual_and_objective(p.model, p.params, x, p.y, p.form.scale * u, cfg["alpha"], p.form.objective,
                                                       p.target)
-        stat = stat / p.theta2
+        stat = stat / p.norm2
         dual = u.new_zeros(()) if p.form.signed else (torch.relu(cfg["lambda_min"] - u) ** 2).sum()
         v = x + shift
         prior = range_penalty(v, lo, hi)

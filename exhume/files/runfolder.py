@@ -37,6 +37,15 @@ def fingerprint(model) -> str:
     return h.hexdigest()[:16]
 
 
+def tensors_digest(*tensors) -> str:
+    """sha256 of tensors' shapes, dtypes and bytes (what a resumed run must share with its checkpoint)."""
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(str((tuple(t.shape), str(t.dtype))).encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from exhume.errors import ConfigError, DivergenceError, ExhumeError
+from exhume.files.runfolder import tensors_digest
 from exhume.interrupts import whole_step
 from exhume.losses import check_loss, per_sample_loss
 from exhume.progress import Progress
@@ -74,20 +75,10 @@ def stationarity_residual(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lo
 CHECKPOINT_SECONDS = 60.0
 
 
-def _data_digest(x: torch.Tensor, y: torch.Tensor) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    for t in (x, y):
-        h.update(str((tuple(t.shape), str(t.dtype))).encode())
-        h.update(t.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
 def _training_state(config: TrainConfig, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
     """What a resumed training must share with its checkpoint (the epoch budget may grow)."""
     return {"loss": config.loss, "optimizer": config.optimizer, "lr": config.lr, "weight_decay": config.weight_decay,
-            "data": _data_digest(x, y)}
+            "data": tensors_digest(x, y)}
 
 
 def _save_training(path, model: nn.Module, opt: torch.optim.Optimizer, epoch: int, elapsed: float,
