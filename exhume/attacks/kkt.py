@@ -59,6 +59,22 @@ victim, 0 to −2 on four others; at 90 s on two cores, two seeds, four victims,
 helps on some architectures and not others. The margins come from the stationarity residual's own
 forward pass, so the term costs nothing measurable per iteration.
 
+**The training inputs' span** (``subspace``, :mod:`exhume.attacks.subspace`). Where the input
+enters through one linear map (an MLP's first layer), gradient descent only ever adds rows in the
+span of the training inputs to that layer's weights, so the weights show the span: the singular
+directions above the initialisation's noise. ``subspace="auto"`` projects the candidates onto it
+at the start and after every step (nothing else changes); where the weights show no span (a
+convolution first, or the data may fill the input space) the run goes on without and records why
+(``subspace_used``, ``subspace_rank``, ``subspace_reason`` in the result's config).
+Measured with ``benchmarks/variant_screen.py`` (4 restarts × 2,500 iterations, seeds 0–3, the
+same restarts with and without; memorised / control, ``benchmarks/README.md``): the demo's
+victim 32 / 0 → 50 / 1 (rank 99 of 784), mnist-256-wd5e-3-s1 28 / 1 → 41 / 3 (rank 98),
+mnist-256-haim 18 / 0 → 27 / 0 (rank 77), mnist-1000-bias1-wd1e-3 18 / 0 → 22 / 2 (rank 86),
+fashion-256-wd5e-3 7 / 1 → 19 / 1 (rank 56). The precision floor was added after two of these: the
+initialisation's edge alone kept 142 and 133 directions on mnist-256-wd5e-3-s1 and
+fashion-256-wd5e-3 (34 / 3 and 14 / 1); the floor cuts them to 98 and 56. On 8×8 digits (64 inputs, 100
+training points) and the CNN there is no span and nothing changes.
+
 **Optimiser.** The reference uses SGD with momentum 0.9 (``optimizer="sgd"``, available); Adam is
 the default here (SGD diverges readily because the loss's curvature in ``x̂`` grows with ``λ²``).
 
@@ -104,6 +120,7 @@ from exhume.attacks.loop import CANDIDATE_PARAMS, attack_loop, budget_params, ma
 from exhume.attacks.priors import range_penalty, tv_term
 from exhume.attacks.snapshots import IterateTracker
 from exhume.attacks.stationarity import fixed_part, stationarity_residual, stationarity_residual_and_objective
+from exhume.attacks.subspace import Subspace, data_subspace
 from exhume.errors import ConfigError, DivergenceError
 from exhume.files.runfolder import tensors_digest
 from exhume.losses import LOSSES
@@ -125,6 +142,7 @@ class Problem:
     u: torch.Tensor
     target: dict[str, torch.Tensor] | None = None
     fixed_info: dict[str, Any] | None = None
+    span: Subspace | None = None
 
 
 def consistency_term(lam: torch.Tensor, margins: torch.Tensor, n_w: float) -> torch.Tensor:
@@ -188,6 +206,9 @@ class KKTAttack(Attack):
         "keep": Param("best", str, "which averaged iterate to return: the snapshot the attack's own loss ranks "
                       "lowest ('best') or the final one ('last')", choices=("best", "last")),
         "snapshot_every": Param(500, int, "iterations between snapshot comparisons", low=1),
+        "subspace": Param("auto", str, "'auto': project the candidates onto the training inputs' span as the first "
+                          "layer's weights show it (where they do; see exhume/attacks/subspace.py); 'off': do not",
+                          choices=("off", "auto")),
         "lr_schedule": Param("cosine", str, "learning-rate schedule over the budget (iterations or max_seconds, "
                              "whichever ends first)", choices=("constant", "cosine")),
     }
@@ -252,7 +273,7 @@ class KKTAttack(Attack):
             labels=p.y.cpu(),
             scores=(p.form.scale * kept_u).detach().float().cpu(),
             config={**cfg, "m": p.m, "n_guess": p.n, "lambda_scale_value": p.form.scale, **p.form.info, **init_record(init_name),
-                    **(p.fixed_info or {})},
+                    **(p.fixed_info or {}), **(p.span.info if p.span is not None else {})},
             seed=seed,
             loss_history=run.history,
             summary={"iterations": end.done, "seconds": round(end.elapsed, 3), "final_relative_stationarity": final_stat,
@@ -294,9 +315,14 @@ class KKTAttack(Attack):
             target, _, share = fixed_part(model, params, fx.to(dev, dtype) - mean, fy.to(dev, form.labels.dtype),
                                           form.objective, form.signed)
             info = {"fixed_candidates": int(fx.shape[0]), "fixed_share_explained": share, "fixed_digest": tensors_digest(fx, fy)[:16]}
+        span = Subspace(None, {})
+        if cfg["subspace"] != "off":
+            span = data_subspace(model, params, tuple(view.input_shape), n, precision=next(view.model.parameters()).dtype)
+            with torch.no_grad():
+                x.copy_(span.project(x))
         # the stationarity term is relative to what the free candidates must explain
         norm2 = sum((v**2).sum() for v in (params if target is None else target).values())
-        return Problem(model, params, norm2, n, m, form, mean, form.labels.to(dev), x, u, target, info)
+        return Problem(model, params, norm2, n, m, form, mean, form.labels.to(dev), x, u, target, info, span)
 
     def terms(self, p: Problem, x: torch.Tensor, u: torch.Tensor):
         """The loss of the module docstring at ``(x, u)`` and its stationarity, dual and prior terms."""
@@ -344,6 +370,9 @@ class KKTAttack(Attack):
             loss.backward()
             for opt in opts:
                 opt.step()
+            if p.span is not None and p.span.basis is not None:
+                with torch.no_grad():
+                    p.x.copy_(p.span.project(p.x))
             tracker.update({"x": p.x, "u": p.u})
             if it % cfg["snapshot_every"] == 0:
                 tracker.consider(it, score)

@@ -131,7 +131,8 @@ def _one_run(attack: str, view, refs, heldout, l1: float, l2: float, s: dict, fo
     init = mix_images(refs["train"], refs["partition"], refs["noise"], l1, l2)
     name = f"mix(l1={l1:g},l2={l2:g})"
     if attack == "kkt":
-        atk = get_attack("kkt", iterations=s["kkt_iterations"], log_every=100, checkpoint_every=10**9)
+        # the paper's attack: candidates stay where their initialisation puts them (no projection onto the data's span)
+        atk = get_attack("kkt", iterations=s["kkt_iterations"], log_every=100, checkpoint_every=10**9, subspace="off")
     else:
         atk = get_attack("bilevel", iterations=s["bilevel_iterations"], damping=s["bilevel_damping"], log_every=10,
                          checkpoint_every=10**9)

@@ -1,0 +1,181 @@
+"""The training inputs' span read from the first layer (exhume.attacks.subspace) and kkt's projection onto it."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from exhume.attacks import get_attack
+from exhume.attacks.base import attack_model
+from exhume.attacks.subspace import data_subspace, input_layer, noise_edge
+from exhume.data.datasets import load_bundled_mnist
+from exhume.errors import ConfigError
+from exhume.models import build_model
+from exhume.victim import AttackerView, TrainConfig, train_victim
+
+N = 12
+
+
+@functools.cache
+def _digits():
+    """12 bundled MNIST training digits (two of each of six classes, odd against even) and 20 others."""
+    ds = load_bundled_mnist()
+    rng = np.random.default_rng(0)
+    pick = np.concatenate([rng.choice(np.flatnonzero(ds.labels == c), 2, replace=False) for c in range(6)])
+    rest = np.setdiff1d(np.arange(len(ds)), pick)[rng.choice(len(ds) - N, 20, replace=False)]
+    x = torch.from_numpy(ds.images[pick])
+    y = torch.from_numpy(np.where(ds.labels[pick] % 2 == 1, 1.0, -1.0)).float()
+    return x, y, torch.from_numpy(ds.images[rest])
+
+
+@functools.cache
+def _victim():
+    """A bias-free 784-64-64-1 MLP from a small first-layer init, trained with weight decay on the 12 digits."""
+    x, y, _ = _digits()
+    mean = x.mean(0)
+    torch.manual_seed(0)
+    model = build_model("mlp:64,64;bias=none;init=1e-4", (1, 28, 28), 1)
+    train_victim(model, x - mean, y, TrainConfig(lr=0.2, weight_decay=5e-3, max_epochs=2000), progress=False)
+    return AttackerView(model=model, task="binary", input_shape=(1, 28, 28), mean=mean, loss="logistic",
+                        weight_decay=5e-3, n_train_hint=N)
+
+
+def _outside(points: torch.Tensor, basis: torch.Tensor) -> float:
+    """Share of the points' squared norm outside the span of ``basis``."""
+    p = points.reshape(points.shape[0], -1).double()
+    b = basis.double()
+    r = p - p @ b @ b.T
+    return float((r ** 2).sum() / (p ** 2).sum())
+
+
+def test_the_first_layer_of_a_trained_mlp_shows_the_span_of_its_training_digits():
+    view = _victim()
+    x, _, unseen = _digits()
+    model, params = attack_model(view.model, "cpu", torch.float32)
+    span = data_subspace(model, params, (1, 28, 28), N)
+    # 12 centred digits span 11 directions: 11 singular values stand above the initialisation's noise
+    assert span.info["subspace_used"] == "above-noise" and span.info["subspace_rank"] == N - 1
+    assert _outside(x - view.mean, span.basis) < 0.01
+    # the span is theirs: unseen digits lie mostly outside it
+    assert _outside(unseen - view.mean, span.basis) > 0.5
+
+
+class SquaredInput(nn.Module):
+    """A linear layer on the squared input: its weight has the input's width but the input does not enter linearly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(6, 4)
+        self.b = nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x ** 2))).squeeze(-1)
+
+
+class TwoPaths(nn.Module):
+    """Two 6-wide weights; only the second is the map the input enters through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.decoy = nn.Parameter(torch.randn(3, 6))
+        self.a = nn.Linear(6, 4, bias=False)
+        self.b = nn.Linear(4, 1, bias=False)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x))).squeeze(-1) + (self.decoy ** 2).sum()
+
+
+def test_the_input_layer_is_found_by_the_gradients_algebra_not_by_the_module_structure():
+    torch.manual_seed(0)
+    mlp = build_model("mlp:8;bias=all", (1, 3, 2), 1)
+    assert input_layer(mlp, dict(mlp.named_parameters()), (1, 3, 2)) == "net.0.weight"
+    two = TwoPaths()
+    assert input_layer(two, dict(two.named_parameters()), (6,)) == "a.weight"
+    sq = SquaredInput()
+    assert input_layer(sq, dict(sq.named_parameters()), (6,)) is None
+    cnn = build_model("cnn:4;fc=8;pool=avg", (1, 8, 8), 1)
+    assert input_layer(cnn, dict(cnn.named_parameters()), (1, 8, 8)) is None
+
+
+def test_the_noise_edge_counts_the_directions_above_a_random_initialisation():
+    g = torch.Generator().manual_seed(0)
+    h, d, k = 200, 500, 25
+    u = torch.linalg.qr(torch.randn(h, k, generator=g))[0]
+    v = torch.linalg.qr(torch.randn(d, k, generator=g))[0]
+    w = 1e-3 * torch.randn(h, d, generator=g) + u @ torch.diag(torch.linspace(0.5, 0.1, k)) @ v.T
+    lin = nn.Linear(d, h, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(w)
+    params = dict(lin.named_parameters())
+    span = data_subspace(lin, params, (d,), n_guess=60)
+    assert span.info["subspace_used"] == "above-noise" and span.info["subspace_rank"] == k
+    # the noise edge of a 200 x 500 matrix of N(0, 1e-3²) entries is about 1e-3 (√200 + √500) = 0.036
+    assert span.info["subspace_cut_by"] == "initialisation"
+    assert span.info["subspace_cut"] == pytest.approx(1.1 * 1e-3 * (200 ** 0.5 + 500 ** 0.5), rel=0.1)
+    assert _outside(v.T, span.basis) < 0.02  # the weakest directions (0.1) tilt by the noise (0.036) a little
+    # pure noise: nothing above the edge, so no subspace
+    with torch.no_grad():
+        lin.weight.copy_(1e-3 * torch.randn(h, d, generator=g))
+    none = data_subspace(lin, dict(lin.named_parameters()), (d,), n_guess=60)
+    assert none.basis is None and "above its noise" in none.info["subspace_reason"]
+    # where the data could fill every direction the edge is not estimated
+    assert noise_edge(torch.linalg.svdvals(w), (h, d), n_guess=h) is None
+
+
+def test_below_float32_precision_nothing_counts_as_data_and_a_full_spectrum_has_no_span():
+    g = torch.Generator().manual_seed(1)
+    h, d, k = 100, 300, 10
+    u = torch.linalg.qr(torch.randn(h, k + 1, generator=g, dtype=torch.float64))[0]
+    v = torch.linalg.qr(torch.randn(d, k + 1, generator=g, dtype=torch.float64))[0]
+    # ten strong directions, one at 1e-7 of the largest (below float32's floor of 10 ε = 1.2e-6), tiny noise
+    strengths = torch.cat([torch.linspace(1.0, 0.1, k), torch.tensor([1e-7])]).double()
+    w = u @ torch.diag(strengths) @ v.T + 1e-12 * torch.randn(h, d, generator=g, dtype=torch.float64)
+    lin = nn.Linear(d, h, bias=False).double()
+    with torch.no_grad():
+        lin.weight.copy_(w)
+    params = dict(lin.named_parameters())
+    as_float32 = data_subspace(lin, params, (d,), n_guess=20, precision=torch.float32)
+    assert as_float32.info["subspace_rank"] == k and as_float32.info["subspace_cut_by"] == "precision"
+    as_float64 = data_subspace(lin, params, (d,), n_guess=20)
+    assert as_float64.info["subspace_rank"] == k + 1 and as_float64.info["subspace_cut_by"] == "initialisation"
+    # as many training points as singular values: the data may fill them all, no span
+    full = data_subspace(lin, params, (d,), n_guess=h)
+    assert full.basis is None and "may fill all 100 directions" in full.info["subspace_reason"]
+
+
+def test_kkt_with_the_subspace_keeps_its_candidates_in_the_span_and_finds_the_digits_closer():
+    view = _victim()
+    x, _, _ = _digits()
+    kw = dict(iterations=400, m=2 * N, log_every=100)
+    plain = get_attack("kkt", subspace="off", **kw).run(view, progress=False, seed=0)
+    proj = get_attack("kkt", **kw).run(view, progress=False, seed=0)  # subspace="auto", the default
+    assert plain.config["subspace"] == "off" and "subspace_used" not in plain.config
+    assert proj.config["subspace"] == "auto" and proj.config["subspace_used"] == "above-noise"
+    assert proj.config["subspace_rank"] == N - 1
+    model, params = attack_model(view.model, "cpu", torch.float32)
+    basis = data_subspace(model, params, (1, 28, 28), N).basis
+    assert _outside(proj.candidates - view.mean, basis) < 1e-6
+    assert _outside(plain.candidates - view.mean, basis) > 1e-3
+
+    def nearest(recon):  # each training digit's distance to its nearest candidate (or its negative)
+        return torch.cdist(x.flatten(1), recon.candidates.flatten(1)).min(1).values.mean()
+
+    assert nearest(proj) < nearest(plain)
+
+
+def test_kkt_with_the_subspace_on_a_cnn_runs_without_one_and_says_why():
+    torch.manual_seed(0)
+    model = build_model("cnn:4;fc=8;pool=avg", (1, 8, 8), 1)
+    view = AttackerView(model=model, task="binary", input_shape=(1, 8, 8), mean=torch.zeros(1, 8, 8), n_train_hint=4)
+    recon = get_attack("kkt", iterations=20).run(view, progress=False)
+    assert recon.config["subspace_used"] == "none" and "linear map" in recon.config["subspace_reason"]
+
+
+@pytest.mark.parametrize("value", ["on", True, None])
+def test_bad_subspace_values_are_refused(value):
+    with pytest.raises(ConfigError, match="subspace must"):
+        get_attack("kkt", subspace=value)
