@@ -121,9 +121,25 @@ def test_the_noise_edge_counts_the_directions_above_a_random_initialisation():
     with torch.no_grad():
         lin.weight.copy_(1e-3 * torch.randn(h, d, generator=g))
     none = data_subspace(lin, dict(lin.named_parameters()), (d,), n_guess=60)
-    assert none.basis is None and "above its noise" in none.info["subspace_reason"]
+    assert none.basis is None and "initialisation still holds" in none.info["subspace_reason"]
     # where the data could fill every direction the edge is not estimated
     assert noise_edge(torch.linalg.svdvals(w), (h, d), n_guess=h) is None
+
+
+def test_a_first_layer_still_dominated_by_its_initialisation_shows_no_span():
+    """PyTorch's default initialisation: the noise holds most of the layer, the data's directions are buried."""
+    x, y, _ = _digits()
+    mean = x.mean(0)
+    torch.manual_seed(0)
+    model = build_model("mlp:64,64;bias=all", (1, 28, 28), 1)
+    train_victim(model, x - mean, y, TrainConfig(lr=0.2, weight_decay=1e-3, max_epochs=300), progress=False)
+    span = data_subspace(model, dict(model.named_parameters()), (1, 28, 28), N)
+    assert span.basis is None and span.info["subspace_noise_share"] > 0.5
+    assert "initialisation still holds" in span.info["subspace_reason"]
+    # the small-init victim's share is tiny
+    view = _victim()
+    small = data_subspace(view.model, dict(view.model.named_parameters()), (1, 28, 28), N)
+    assert small.info["subspace_noise_share"] < 1e-2
 
 
 def test_below_float32_precision_nothing_counts_as_data_and_a_full_spectrum_has_no_span():

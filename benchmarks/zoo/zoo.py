@@ -53,6 +53,10 @@ ZOO = (
     # held out from the choice of the no-weight-decay λ scale (kkt's formulation.NO_DECAY_MARGIN)
     ZooVictim("digits-multiclass-haim", "digits", "multiclass", 100, "mlp:256,256;bias=none;init=1e-4", 0.0, 3, epochs=40_000),
     ZooVictim("digits-1hidden-bias-haim", "digits", "odd-even", 100, "mlp:256;bias=all", 0.0, 4, epochs=40_000),
+    # held out from the choice of the data-span projection (kkt's subspace): PyTorch's default initialisation,
+    # whose noise in the first layer is a hundred times the small init's
+    ZooVictim("mnist-256-stdinit-wd1e-3", "mnist", "odd-even", 100, "mlp:256,256;bias=all", 1e-3, 5, epochs=6_000),
+    ZooVictim("mnist-256-stdinit-nowd", "mnist", "odd-even", 100, "mlp:256,256;bias=all", 0.0, 6, epochs=6_000),
 )
 
 BY_NAME = {v.name: v for v in ZOO}

@@ -64,7 +64,8 @@ enters through one linear map (an MLP's first layer), gradient descent only ever
 span of the training inputs to that layer's weights, so the weights show the span: the singular
 directions above the initialisation's noise. ``subspace="auto"`` projects the candidates onto it
 at the start and after every step (nothing else changes); where the weights show no span (a
-convolution first, or the data may fill the input space) the run goes on without and records why
+convolution first, the data may fill the input space, or the initialisation's noise still holds more
+than 10 % of the layer) the run goes on without and records why
 (``subspace_used``, ``subspace_rank``, ``subspace_reason`` in the result's config).
 Measured with ``benchmarks/variant_screen.py`` (4 restarts × 2,500 iterations, seeds 0–3, the
 same restarts with and without; memorised / control, ``benchmarks/README.md``): the demo's
