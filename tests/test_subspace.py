@@ -195,3 +195,11 @@ def test_kkt_with_the_subspace_on_a_cnn_runs_without_one_and_says_why():
 def test_bad_subspace_values_are_refused(value):
     with pytest.raises(ConfigError, match="subspace must"):
         get_attack("kkt", subspace=value)
+
+
+def test_a_float64_attack_reads_the_span_at_the_victims_float32_precision():
+    view = _victim()
+    f32 = get_attack("kkt", iterations=2).run(view, progress=False)
+    f64 = get_attack("kkt", iterations=2, dtype="float64").run(view, progress=False)
+    assert f64.config["subspace_rank"] == f32.config["subspace_rank"] == N - 1
+    assert f64.config["subspace_cut"] == pytest.approx(f32.config["subspace_cut"], rel=1e-4)

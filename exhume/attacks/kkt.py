@@ -318,7 +318,8 @@ class KKTAttack(Attack):
             info = {"fixed_candidates": int(fx.shape[0]), "fixed_share_explained": share, "fixed_digest": tensors_digest(fx, fy)[:16]}
         span = Subspace(None, {})
         if cfg["subspace"] != "off":
-            span = data_subspace(model, params, tuple(view.input_shape), n, precision=next(view.model.parameters()).dtype)
+            trained_in = next((w.dtype for w in view.model.parameters()), None)  # the precision floor is the victim's, not the attack's
+            span = data_subspace(model, params, tuple(view.input_shape), n, precision=trained_in)
             with torch.no_grad():
                 x.copy_(span.project(x))
         # the stationarity term is relative to what the free candidates must explain
