@@ -32,14 +32,20 @@ def _digits():
     return x, y, torch.from_numpy(ds.images[rest])
 
 
-@functools.cache
-def _victim():
-    """A bias-free 784-64-64-1 MLP from a small first-layer init, trained with weight decay on the 12 digits."""
+def _trained(arch: str, weight_decay: float, epochs: int) -> tuple[nn.Module, torch.Tensor]:
+    """A 784-input MLP of ``arch`` trained by full-batch GD on the 12 centred digits, and their mean."""
     x, y, _ = _digits()
     mean = x.mean(0)
     torch.manual_seed(0)
-    model = build_model("mlp:64,64;bias=none;init=1e-4", (1, 28, 28), 1)
-    train_victim(model, x - mean, y, TrainConfig(lr=0.2, weight_decay=5e-3, max_epochs=2000), progress=False)
+    model = build_model(arch, (1, 28, 28), 1)
+    train_victim(model, x - mean, y, TrainConfig(lr=0.2, weight_decay=weight_decay, max_epochs=epochs), progress=False)
+    return model, mean
+
+
+@functools.cache
+def _victim():
+    """A bias-free 784-64-64-1 MLP from a small first-layer init, trained with weight decay on the 12 digits."""
+    model, mean = _trained("mlp:64,64;bias=none;init=1e-4", 5e-3, 2000)
     return AttackerView(model=model, task="binary", input_shape=(1, 28, 28), mean=mean, loss="logistic",
                         weight_decay=5e-3, n_train_hint=N)
 
@@ -128,11 +134,7 @@ def test_the_noise_edge_counts_the_directions_above_a_random_initialisation():
 
 def test_a_first_layer_still_dominated_by_its_initialisation_shows_no_span():
     """PyTorch's default initialisation: the noise holds most of the layer, the data's directions are buried."""
-    x, y, _ = _digits()
-    mean = x.mean(0)
-    torch.manual_seed(0)
-    model = build_model("mlp:64,64;bias=all", (1, 28, 28), 1)
-    train_victim(model, x - mean, y, TrainConfig(lr=0.2, weight_decay=1e-3, max_epochs=300), progress=False)
+    model, _ = _trained("mlp:64,64;bias=all", 1e-3, 300)
     span = data_subspace(model, dict(model.named_parameters()), (1, 28, 28), N)
     assert span.basis is None and span.info["subspace_noise_share"] > 0.5
     assert "initialisation still holds" in span.info["subspace_reason"]

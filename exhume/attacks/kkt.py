@@ -108,7 +108,7 @@ schedule and averaging on the victim zoo) are in ``benchmarks/README.md``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +143,7 @@ class Problem:
     u: torch.Tensor
     target: dict[str, torch.Tensor] | None = None
     fixed_info: dict[str, Any] | None = None
-    span: Subspace | None = None
+    span: Subspace = field(default_factory=lambda: Subspace(None))
 
 
 def consistency_term(lam: torch.Tensor, margins: torch.Tensor, n_w: float) -> torch.Tensor:
@@ -274,7 +274,7 @@ class KKTAttack(Attack):
             labels=p.y.cpu(),
             scores=(p.form.scale * kept_u).detach().float().cpu(),
             config={**cfg, "m": p.m, "n_guess": p.n, "lambda_scale_value": p.form.scale, **p.form.info, **init_record(init_name),
-                    **(p.fixed_info or {}), **(p.span.info if p.span is not None else {})},
+                    **(p.fixed_info or {}), **p.span.info},
             seed=seed,
             loss_history=run.history,
             summary={"iterations": end.done, "seconds": round(end.elapsed, 3), "final_relative_stationarity": final_stat,
@@ -316,7 +316,7 @@ class KKTAttack(Attack):
             target, _, share = fixed_part(model, params, fx.to(dev, dtype) - mean, fy.to(dev, form.labels.dtype),
                                           form.objective, form.signed)
             info = {"fixed_candidates": int(fx.shape[0]), "fixed_share_explained": share, "fixed_digest": tensors_digest(fx, fy)[:16]}
-        span = Subspace(None, {})
+        span = Subspace(None)
         if cfg["subspace"] != "off":
             trained_in = next((w.dtype for w in view.model.parameters()), None)  # the precision floor is the victim's, not the attack's
             span = data_subspace(model, params, tuple(view.input_shape), n, precision=trained_in)
@@ -372,7 +372,7 @@ class KKTAttack(Attack):
             loss.backward()
             for opt in opts:
                 opt.step()
-            if p.span is not None and p.span.basis is not None:
+            if p.span.basis is not None:
                 with torch.no_grad():
                     p.x.copy_(p.span.project(p.x))
             tracker.update({"x": p.x, "u": p.u})

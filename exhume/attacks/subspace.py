@@ -47,6 +47,8 @@ runs without and records why.
 
 from __future__ import annotations
 
+import copy
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,26 +90,18 @@ def input_layer(model: nn.Module, params: dict[str, torch.Tensor], input_shape: 
     ``x`` only through ``W·x``, the gradients satisfy ``∇_W f = g xᵀ`` and ``∇_x f = Wᵀ g`` for one
     vector ``g``. Every 2-D parameter with ``d = prod(input_shape)`` columns is tried in order.
     """
-    d = 1
-    for s in input_shape:
-        d *= int(s)
+    d = math.prod(int(s) for s in input_shape)
     names = [k for k, w in params.items() if w.dim() == 2 and w.shape[1] == d]
     if not names:
         return None
     gen = torch.Generator().manual_seed(seed)
     dtype = torch.float64
     p64 = {k: v.detach().to(dtype) for k, v in params.items()}
-    model64 = _double(model)
+    model64 = copy.deepcopy(model).to(dtype)
     for name in names:
         if all(_layer_check(model64, p64, name, input_shape, gen) for _ in range(2)):
             return name
     return None
-
-
-def _double(model: nn.Module) -> nn.Module:
-    import copy
-
-    return copy.deepcopy(model).to(torch.float64)
 
 
 def _layer_check(model: nn.Module, params: dict[str, torch.Tensor], name: str, input_shape: tuple[int, ...],
