@@ -8,8 +8,9 @@ Evaluator-side (reads the training set). For a victim whose weights show a span
 
 - **ceiling**: every training image projected onto the span (centred by the victim's data mean,
   as kkt centres its candidates) and scored by ``exhume.evaluate`` as if it were a reconstruction:
-  how many would still beat their best unseen look-alike. No in-span candidate can do better on a
-  point than its projection does, so this bounds what the projection leaves to find.
+  how many would still beat their best unseen look-alike. The projection is the in-span image
+  nearest to each training image (in L2; SSIM need not agree exactly), so this measures how much
+  the projection itself costs, not what an attack finds.
 - **completion**: the same images with their out-of-span part filled by the completion that
   minimises a smoothed total variation ``Σ √(∂x² + ∂y² + ε²)`` plus ``RANGE_WEIGHT`` × the
   squared pixel-range penalty (in-span part untouched; ``--steps`` Adam steps at 1e-2), and with
