@@ -29,9 +29,8 @@ from pathlib import Path
 
 import torch
 
-import exhume
-
 sys.path.insert(0, str(Path(__file__).resolve().parent / "zoo"))
+from after_pool import score  # noqa: E402  (memorised / control / one-to-one of a reconstruction)
 from run import pooled, restart_results  # noqa: E402
 
 from exhume.attacks import Reconstruction  # noqa: E402
@@ -71,11 +70,6 @@ def complete(images: torch.Tensor, basis: torch.Tensor, steps: int, penalty: str
         return filled().float()
 
 
-def score(recon: Reconstruction, victim) -> str:
-    m = exhume.evaluate(recon, victim, pool_size=1000, figures=False).metrics
-    return f"{m['memorised']} / {m['memorised_control']} (one-to-one {m['one_to_one_ssim>=0.4']})"
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--victim", required=True)
@@ -98,16 +92,16 @@ def main(argv=None) -> int:
     truth = Reconstruction(method="projected-training-images", candidates=projected.float(), labels=train.y,
                            scores=None, config={}, seed=0)
     print(f"{Path(args.victim).name}: span rank {span.info['subspace_rank']} (cut by {span.info['subspace_cut_by']})")
-    print(f"  training images projected onto the span: memorised {score(truth, victim)}")
+    print(f"  training images projected onto the span: {score(truth, victim)}")
     filled = copy.copy(truth)
     filled.candidates = complete(projected, span.basis, args.steps, args.penalty)
-    print(f"  the same, out-of-span part completed ({args.penalty}, {args.steps} steps): memorised {score(filled, victim)}")
+    print(f"  the same, out-of-span part completed ({args.penalty}, {args.steps} steps): {score(filled, victim)}")
     if args.run:
         recon = pooled(restart_results(args.run), "kkt", {})
-        print(f"  {args.run}: pooled candidates as they are: memorised {score(recon, victim)}")
+        print(f"  {args.run}: pooled candidates as they are: {score(recon, victim)}")
         done = copy.copy(recon)
         done.candidates = complete(recon.candidates, span.basis, args.steps, args.penalty)
-        print(f"  the same, out-of-span part completed: memorised {score(done, victim)}")
+        print(f"  the same, out-of-span part completed: {score(done, victim)}")
     return 0
 
 

@@ -140,9 +140,9 @@ def noise_edge(singular: torch.Tensor, shape: tuple[int, int], n_guess: int) -> 
     None where the data could fill the spectrum (``n_guess ≥ p``).
     """
     p = singular.numel()
-    lo = max(n_guess, p // 2)
-    if n_guess >= p or lo >= p:
+    if n_guess >= p:
         return None
+    lo = max(n_guess, p // 2)
     gen = torch.Generator().manual_seed(0)
     ref = torch.linalg.svdvals(torch.randn(*shape, generator=gen, dtype=torch.float64))
     sigma = float(torch.median(singular[lo:].double().cpu() / ref[lo:]))
