@@ -247,11 +247,12 @@ def test_attack_runs_on_a_module_exhume_did_not_build():
     assert hist[-1] < hist[0]
 
 
-def test_resume_continues_exactly_where_the_interrupted_run_stopped(tmp_path):
+@pytest.mark.parametrize("schedule", ["constant", "cosine"])  # the default, and the schedule that reads the iteration
+def test_resume_continues_exactly_where_the_interrupted_run_stopped(tmp_path, schedule):
     torch.manual_seed(0)
     model = UserNet(d=12)
     view = AttackerView(model=model, task="binary", input_shape=(12,), mean=torch.zeros(12), n_train_hint=4)
-    kw = dict(lr=1e-3, checkpoint_every=20, snapshot_every=20)  # the default cosine schedule and averaged snapshot
+    kw = dict(lr=1e-3, checkpoint_every=20, snapshot_every=20, lr_schedule=schedule)  # with the averaged snapshot
 
     def ctrl_c(*args, **kwargs):
         raise KeyboardInterrupt

@@ -57,6 +57,11 @@ ZOO = (
     # whose noise in the first layer is a hundred times the small init's
     ZooVictim("mnist-256-stdinit-wd1e-3", "mnist", "odd-even", 100, "mlp:256,256;bias=all", 1e-3, 5, epochs=6_000),
     ZooVictim("mnist-256-stdinit-nowd", "mnist", "odd-even", 100, "mlp:256,256;bias=all", 0.0, 6, epochs=6_000),
+    # 10-class victims on 28×28 images, where the first layer shows the inputs' span (the two 10-class victims on
+    # 8×8 digits have none); added for kkt's learning-rate schedule (benchmarks/README.md)
+    ZooVictim("mnist-multiclass-haim", "mnist", "multiclass", 100, "mlp:256,256;bias=none;init=1e-4", 0.0, 7, epochs=40_000),
+    ZooVictim("fashion-multiclass-wd5e-3", "fashion-mnist", "multiclass", 100, "mlp:256,256;bias=none;init=1e-4", 5e-3, 8,
+              epochs=30_000),
 )
 
 BY_NAME = {v.name: v for v in ZOO}

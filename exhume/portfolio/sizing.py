@@ -2,7 +2,7 @@
 
 A fixed restart length does not transfer between victims: 45 s is ~2,500 kkt iterations on the
 demo's 256-256 victim on one core, but ~560 on a 1000-1000 victim, and a cosine-annealed run that
-short never leaves the data mean (issue 10: on that victim a 2 × 45 s portfolio found 0
+short (kkt's schedule then) never leaves the data mean (issue 10: on that victim a 2 × 45 s portfolio found 0
 memorised where one 90-s run found 5, `benchmarks/README.md`). So ``restarts="auto"`` with a
 time budget first **probes** the attack: one short run (``PROBE_SHARE`` of the budget, between
 ``PROBE_SECONDS``), in this process, at the thread count a restart will get (one thread for

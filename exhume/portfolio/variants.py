@@ -7,8 +7,8 @@ Default variants apply only to what the caller left unset: a parameter the calle
 caller's value on every restart (an explicit ``variants=`` list overrides as given).
 
 kkt's restarts alternate the learning rate of the multipliers, ``lr_lambda`` 1e-2 (kkt's default)
-and 1e-4, each with kkt's other defaults (a cosine learning-rate decay over the restart's own
-budget and the averaged iterate, :mod:`exhume.attacks.kkt`). Why: the equation of a homogeneous
+and 1e-4, each with kkt's other defaults (constant learning rates and the averaged iterate,
+:mod:`exhume.attacks.kkt`). Why: the equation of a homogeneous
 network does not fix the multipliers' scale; learned fast, it drifts on some victims (mnist-256-haim:
 14 memorised with every restart at 1e-2, 19 at 1e-4) and must move on others (digits-multiclass-haim:
 9 against 4). Measured on the zoo (``benchmarks/zoo``, 90 s per portfolio, 2 cores): over ten victims
