@@ -100,7 +100,7 @@ and its iteration is recorded in ``summary["kept_iteration"]``. The learning rat
 ``max_seconds``, whichever ends first, so a run resumed with a larger budget follows a new
 schedule). The cosine decay was the default while the candidates carried pixel noise outside the
 training inputs' span (one 40-s run on eight zoo victims: 61 memorised against 49 at a constant
-rate); with the span projection it costs more than it gives. Measured with
+rate); with the span projection it costs more than it gives, and on 8×8 digits (no span) too. Measured with
 ``benchmarks/variant_screen.py`` at equal iterations (the portfolio's default alternation of
 ``lr_lambda``, 4 restarts × 2,500 iterations, seeds 0–3, the same restarts under both schedules;
 ``benchmarks/README.md``): over twelve victims 234 memorised at a constant rate against 218
