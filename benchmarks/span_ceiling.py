@@ -23,14 +23,13 @@ Evaluator-side (reads the training set). For a victim whose weights show a span
 from __future__ import annotations
 
 import argparse
-import copy
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "zoo"))
-from after_pool import score  # noqa: E402  (memorised / control / one-to-one of a reconstruction)
+from after_pool import score, with_candidates  # noqa: E402  (scoring; a reconstruction with other candidates)
 from run import pooled, restart_results  # noqa: E402
 
 from exhume.attacks import Reconstruction  # noqa: E402
@@ -93,14 +92,12 @@ def main(argv=None) -> int:
                            scores=None, config={}, seed=0)
     print(f"{Path(args.victim).name}: span rank {span.info['subspace_rank']} (cut by {span.info['subspace_cut_by']})")
     print(f"  training images projected onto the span: {score(truth, victim)}")
-    filled = copy.copy(truth)
-    filled.candidates = complete(projected, span.basis, args.steps, args.penalty)
+    filled = with_candidates(truth, complete(projected, span.basis, args.steps, args.penalty))
     print(f"  the same, out-of-span part completed ({args.penalty}, {args.steps} steps): {score(filled, victim)}")
     if args.run:
         recon = pooled(restart_results(args.run), "kkt", {})
         print(f"  {args.run}: pooled candidates as they are: {score(recon, victim)}")
-        done = copy.copy(recon)
-        done.candidates = complete(recon.candidates, span.basis, args.steps, args.penalty)
+        done = with_candidates(recon, complete(recon.candidates, span.basis, args.steps, args.penalty))
         print(f"  the same, out-of-span part completed: {score(done, victim)}")
     return 0
 

@@ -8,13 +8,14 @@ caller's value on every restart (an explicit ``variants=`` list overrides as giv
 
 kkt's restarts alternate the learning rate of the multipliers, ``lr_lambda`` 1e-2 (kkt's default)
 and 1e-4, each with kkt's other defaults (constant learning rates and the averaged iterate,
-:mod:`exhume.attacks.kkt`). Why: the equation of a homogeneous
-network does not fix the multipliers' scale; learned fast, it drifts on some victims (mnist-256-haim:
-14 memorised with every restart at 1e-2, 19 at 1e-4) and must move on others (digits-multiclass-haim:
-9 against 4). Measured on the zoo (``benchmarks/zoo``, 90 s per portfolio, 2 cores, under the cosine schedule that was kkt's default then): over ten victims
-with seed 0 and six of them with seed 1, the alternation memorised 199 training images (control 9)
-against 185 (control 8) for restarts that differ by seed only; it trails on the 10-class digits
-victim without weight decay with both seeds (8 and 6 against 9 and 9). Tables in
+:mod:`exhume.attacks.kkt`). Why: the equation of a homogeneous network does not fix the
+multipliers' scale; learned fast, it drifts on some victims (mnist-256-haim: 14 memorised with
+every restart at 1e-2, 19 at 1e-4) and must move on others (digits-multiclass-haim: 9 against 4).
+Measured on the zoo (``benchmarks/zoo``, 90 s per portfolio, 2 cores, under the cosine schedule
+that was kkt's default then): over ten victims with seed 0 and six of them with seed 1, the
+alternation memorised 199 training images (control 9) against 185 (control 8) for restarts that
+differ by seed only; it trails on the 10-class digits victim without weight decay with both seeds
+(8 and 6 against 9 and 9). Tables in
 ``benchmarks/README.md``.
 The first measurement behind the portfolio: on the demo victim, 4 restarts of 45 s with different
 seeds, pooled, gave 23 memorised against 13 for one 180-s run (issue 10); the single runs found
