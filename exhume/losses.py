@@ -45,3 +45,19 @@ def margin(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     true = out.gather(1, yl[:, None]).squeeze(1)
     other = out.masked_fill(F.one_hot(yl, out.shape[1]).bool(), float("-inf")).amax(1)
     return true - other
+
+
+def soft_margin(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``Φ_y − log Σ_{k≠y} exp Φ_k`` for multiclass outputs (the margin itself for binary outputs).
+
+    Its parameter gradient is ``Σ_{k≠y} q_k ∇(Φ_y − Φ_k)`` with ``q`` the softmax of the other
+    classes' logits: the direction of a cross-entropy gradient, which spreads over every other class
+    by its probability (``−∇ℓ_CE = (1 − p_y)·∇soft_margin`` exactly, and ``1 − p_y = σ(−soft_margin)``),
+    where :func:`margin` takes the runner-up alone. Never larger than :func:`margin`.
+    """
+    if out.dim() == 1:
+        return y.to(out.dtype) * out
+    yl = y.long()
+    true = out.gather(1, yl[:, None]).squeeze(1)
+    other = torch.logsumexp(out.masked_fill(F.one_hot(yl, out.shape[1]).bool(), float("-inf")), dim=1)
+    return true - other

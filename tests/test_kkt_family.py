@@ -11,9 +11,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from exhume.attacks import get_attack
+from exhume.attacks.formulation import auto_form
 from exhume.attacks.stationarity import negative_loss_objective, output_objective, stationarity_residual
 from exhume.errors import ConfigError
-from exhume.losses import margin
+from exhume.losses import margin, soft_margin
 from exhume.models import MLP, build_model
 from exhume.victim import AttackerView, TrainConfig, train_victim
 
@@ -89,6 +90,14 @@ def test_weight_decay_equation_holds_at_the_true_data_for_every_loss(loss):
         with torch.no_grad():
             lam_m = torch.sigmoid(-margin(model(x), y)) / (n * wd)
         assert _relative(model, params, x, y, lam_m, margin) < 1e-3
+    if loss == "cross-entropy":  # the soft margin with λ_i = σ(−soft margin_i)/(n·w) is the same equation;
+        with torch.no_grad():  # the runner-up margin (hard max) is not
+            soft = soft_margin(model(x), y)
+            hard = margin(model(x), y)
+        assert (soft <= hard).all()
+        soft_res = _relative(model, params, x, y, torch.sigmoid(-soft) / (n * wd), soft_margin)
+        assert soft_res < 1e-3
+        assert _relative(model, params, x, y, torch.sigmoid(-hard) / (n * wd), margin) > 10 * soft_res
     if loss == "squared":  # the output form with λ_i = −(Φ_i − y_i)/(n·w): signed multipliers
         with torch.no_grad():
             lam_o = -(model(x) - y) / (n * wd)
@@ -100,7 +109,8 @@ def _nearest(x, candidates):
     return torch.cdist(x.float(), candidates.float()).min(1).values
 
 
-def test_tiny_multiclass_victim_points_on_the_margin_are_recovered():
+@pytest.mark.parametrize("formulation", ["loss", "soft-margin"])
+def test_tiny_multiclass_victim_points_on_the_margin_are_recovered(formulation):
     torch.manual_seed(0)
     x = _points(24, seed=1)
     y = ((x[:, 0] > 0.45).long() + (x[:, 1] > 0.55).long())
@@ -108,8 +118,8 @@ def test_tiny_multiclass_victim_points_on_the_margin_are_recovered():
     model, _ = _train(MLP(2, [100], 3, bias=False), x - mean, y, "cross-entropy", epochs=5_000)
     view = AttackerView(model=model.float(), task="multiclass", input_shape=(2,), mean=mean.float(), loss="cross-entropy",
                         weight_decay=1e-3, num_classes=3, n_train_hint=24)
-    # the 'loss' form is exact for cross-entropy with weight decay
-    recon = get_attack("kkt", iterations=3000, optimizer="sgd", lr=1e-3, init_scale=0.01, formulation="loss",
+    # the 'loss' and 'soft-margin' forms are exact for cross-entropy with weight decay
+    recon = get_attack("kkt", iterations=3000, optimizer="sgd", lr=1e-3, init_scale=0.01, formulation=formulation,
                        lr_schedule="constant").run(view, progress=False)  # a small constant SGD step, as in the 2D toy
     assert recon.labels.tolist()[:6] == [0, 1, 2, 0, 1, 2] and recon.labels.dtype == torch.int64
     with torch.no_grad():
@@ -118,6 +128,26 @@ def test_tiny_multiclass_victim_points_on_the_margin_are_recovered():
     on_margin = m.argsort()[:3]
     # 48 random candidates in the unit square sit ~0.07 away on average
     assert d[on_margin].min() < 0.03
+
+
+@pytest.mark.parametrize("task, loss, expected", [
+    ("multiclass", "cross-entropy", "soft-margin"), ("multiclass", None, "soft-margin"), ("multiclass", "squared", "margin"),
+    ("binary", "logistic", "margin"), ("binary", None, "margin"), ("regression", "squared", "output"),
+])
+def test_auto_formulation_follows_the_task_and_the_loss(task, loss, expected):
+    assert auto_form(task, loss) == expected
+
+
+def test_a_multiclass_cross_entropy_victim_is_attacked_with_the_soft_margin_by_default():
+    torch.manual_seed(0)
+    x = _points(12, seed=1)
+    y = torch.arange(12) % 3
+    model = MLP(2, [16], 3, bias=False)
+    view = AttackerView(model=model, task="multiclass", input_shape=(2,), mean=x.mean(0), loss="cross-entropy",
+                        weight_decay=1e-3, num_classes=3, n_train_hint=12)
+    assert get_attack("kkt", iterations=3).run(view, progress=False).config["formulation"] == "soft-margin"
+    hard = get_attack("kkt", iterations=3, formulation="margin").run(view, progress=False)
+    assert hard.config["formulation"] == "margin"
 
 
 def test_tiny_regression_victim_points_with_large_residual_are_recovered():

@@ -14,7 +14,8 @@ Methods:
   (its default variants and number of restarts, restarts side by side on the job's cores) with
   kkt's current defaults.
 - ``old``: one kkt run with the defaults of main before issue 10 (``OLD_KKT``: last iterate, constant
-  learning rate, no averaging, multipliers learned at 1e-2, no projection onto the data's span).
+  learning rate, no averaging, multipliers learned at 1e-2, no projection onto the data's span, the
+  runner-up margin for multiclass victims).
 - ``reference``: the published recipe (``benchmarks/zoo/reference.py``).
 - ``kkt:{json}``: one kkt run with these parameter overrides (for choosing the defaults).
 - ``pfR:{json}``: R restarts of kkt with the overrides, budget split evenly, candidates pooled.
@@ -40,7 +41,8 @@ sys.path.insert(0, str(HERE.parents[1]))  # the repository root
 sys.path.insert(0, str(HERE))
 
 #: kkt as on main before issue 10: the last iterate, constant learning rate, u learned at 1e-2 (other defaults current)
-OLD_KKT = {"average_decay": 0.0, "keep": "last", "lr_schedule": "constant", "lr_lambda": 1e-2, "subspace": "off"}
+OLD_KKT = {"average_decay": 0.0, "keep": "last", "lr_schedule": "constant", "lr_lambda": 1e-2, "subspace": "off",
+           "formulation": "margin"}
 
 
 def pooled(recons, method: str, extra: dict):

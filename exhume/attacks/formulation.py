@@ -1,11 +1,20 @@
 """Which stationarity equation a victim satisfies, and the scale of its multipliers.
 
-Three forms of ``θ = Σ_j λ_j ∇_θ h(Φ(θ; x̂_j), ŷ_j)`` (docs/METHODS.md §1):
+Four forms of ``θ = Σ_j λ_j ∇_θ h(Φ(θ; x̂_j), ŷ_j)`` (docs/METHODS.md §1):
 
 - ``margin``: ``h`` = the margin (``y·Φ`` binary, ``Φ_y − max_{k≠y} Φ_k`` multiclass), λ ≥ 0.
   Haim et al.'s KKT conditions of max-margin training and Buzaglo et al.'s multiclass version;
-  with weight decay it is exact for the logistic loss (``λ_i = σ(−margin_i)/(n·w)``) and a close
-  approximation for cross-entropy.
+  with weight decay it is exact for the logistic loss (``λ_i = σ(−margin_i)/(n·w)``). For
+  cross-entropy it is not: the gradient of ``ℓ_CE`` spreads over every wrong class, the max keeps
+  the runner-up alone.
+- ``soft-margin``: ``h = Φ_y − log Σ_{k≠y} exp Φ_k`` (:func:`exhume.losses.soft_margin`; the margin
+  itself for binary victims), λ ≥ 0. Its gradient is the direction of a cross-entropy gradient,
+  ``−∇_θℓ_CE = (1 − p_y)·∇_θh`` with ``1 − p_y = σ(−h)``, so with weight decay it is *exact* for
+  cross-entropy (``λ_i = σ(−h_i)/(n·w)``), as ``margin`` is for the logistic loss; without weight
+  decay it weights the wrong classes as the training gradients did. ``auto`` uses it for multiclass
+  victims trained with cross-entropy (or of unknown loss): on the zoo's four 10-class victims it
+  memorised about twice as many training images as ``margin`` (``benchmarks/README.md``, "The soft
+  margin for 10-class victims").
 - ``loss``: ``h = −ℓ(Φ, ŷ)``, λ ≥ 0. Exact for *any* loss at a stationary point of
   ``mean_i ℓ_i + (w/2)‖θ‖²``: ``θ = (1/(n·w)) Σ_i −∇_θ ℓ_i``, so every training point has
   ``λ = 1/(n·w)``.
@@ -13,7 +22,8 @@ Three forms of ``θ = Σ_j λ_j ∇_θ h(Φ(θ; x̂_j), ŷ_j)`` (docs/METHODS.md
   squared loss ``λ_i = −(Φ_i − y_i)/(n·w)``; the targets are unknown, so the residuals are the
   unknowns.
 
-``auto`` picks ``output`` for regression and ``margin`` otherwise.
+``auto`` picks ``output`` for regression, ``soft-margin`` for multiclass victims trained with
+cross-entropy or of unknown loss, and ``margin`` otherwise.
 
 The scale ``S`` (``λ = S·u``, ``u`` optimised): a homogeneous network trades the scale of ``λ``
 against that of ``x̂``, so a wrong ``S`` shrinks or inflates every candidate. Estimated from the
@@ -45,9 +55,9 @@ from torch import nn
 
 from exhume.attacks.stationarity import Objective, homogeneity_degree, negative_loss_objective, output_objective
 from exhume.errors import ConfigError
-from exhume.losses import margin
+from exhume.losses import margin, soft_margin
 
-FORMULATIONS = ("auto", "margin", "loss", "output")
+FORMULATIONS = ("auto", "margin", "soft-margin", "loss", "output")
 AUTO_SCALE_FACTOR = 5.0 / 3.0  # measured on the demo victim, see exhume/attacks/kkt.py
 # Without weight decay the training margins are not tied to the weights, so S assumes margin q₀.
 # Chosen on the zoo's two Haim victims (benchmarks/README.md, "λ scale without weight decay").
@@ -124,21 +134,30 @@ def lambda_scale(form: str, loss: str | None, wd: float, model, params, input_sh
     }
 
 
+def auto_form(task: str, loss: str | None) -> str:
+    """``formulation="auto"`` for a victim's task kind and training loss (None: unknown)."""
+    if task == "regression":
+        return "output"
+    if task == "multiclass" and loss in (None, "cross-entropy"):
+        return "soft-margin"
+    return "margin"
+
+
 def resolve(view, model: nn.Module, form: str, loss: str | None, weight_decay: float | None, scale: Any, params, n: int, m: int,
             dtype: torch.dtype) -> Formulation:
     """Pick the equation for ``view`` (an AttackerView) and the attack's settings; ``model`` and
     ``params`` are the attack's working copy (its device and dtype)."""
     if form not in FORMULATIONS:
         raise ConfigError(f"unknown formulation {form!r}; known: {', '.join(FORMULATIONS)}")
-    if form == "auto":
-        form = "output" if view.task == "regression" else "margin"
     loss = loss or view.loss
+    if form == "auto":
+        form = auto_form(view.task, loss)
     wd = view.weight_decay if weight_decay is None else weight_decay
     wd = float(wd or 0.0)
-    if form == "margin":
+    if form in ("margin", "soft-margin"):
         if view.task == "regression":
-            raise ConfigError("a regression victim has no margin; use formulation 'output' or 'loss'")
-        objective: Objective = margin
+            raise ConfigError(f"a regression victim has no margin (formulation {form!r}); use formulation 'output' or 'loss'")
+        objective: Objective = margin if form == "margin" else soft_margin
     elif form == "output":
         objective = output_objective
     else:
@@ -152,7 +171,7 @@ def resolve(view, model: nn.Module, form: str, loss: str | None, weight_decay: f
         s, info = lambda_scale(form, loss, wd, model, params, view.input_shape, n, dtype)
     else:
         s, info = float(scale), {"lambda_scale_rule": "given"}
-        if form == "margin" and wd <= 0:  # for the evaluator's check of the scale (evaluation.assumptions.scale_failure)
+        if form in ("margin", "soft-margin") and wd <= 0:  # for the evaluator's check of the scale (evaluation.assumptions.scale_failure)
             info.update(homogeneity_degree=homogeneity_degree(model, params, view.input_shape, dtype),
                         theta_squared=theta_squared(params))
     return Formulation(name=form, objective=objective, signed=form == "output", labels=labels, scale=s,

@@ -8,7 +8,8 @@ multipliers ``λ_j = S · u_j``. Loss (docs/METHODS.md §1)::
     + prior_weight · Σ relu(v − hi)² + relu(lo − v)²             pixels in the valid range
     + tv_weight · mean_j Σ (differences of neighbouring pixels of v_j)²   smoothness (images)
 
-``h`` is the margin (binary ``y·Φ``, multiclass ``Φ_y − max_{k≠y} Φ_k``), ``−ℓ`` (the
+``h`` is the margin (binary ``y·Φ``; multiclass the soft margin ``Φ_y − log Σ_{k≠y} exp Φ_k`` by
+default, or ``Φ_y − max_{k≠y} Φ_k``), ``−ℓ`` (the
 weight-decay form for any loss) or ``Φ`` (regression, signed λ, no dual term): see
 :mod:`exhume.attacks.formulation`. Binary candidates are half +1 / half −1, multiclass ones
 spread evenly over the classes.
@@ -46,8 +47,8 @@ against 4 for a portfolio), so the restart portfolio alternates the two
 
 **Tying each multiplier to its candidate's margin** (``consistency_weight``, off by default). With
 weight decay ``w`` and the logistic loss every training point's multiplier is fixed by its own
-margin, ``λ_i = σ(−margin_i)/(n·w)`` (for cross-entropy approximately, with the margin against the
-runner-up class), while the stationarity equation alone leaves each candidate free to trade its
+margin, ``λ_i = σ(−margin_i)/(n·w)`` (for cross-entropy likewise, exactly with the soft margin, which
+multiclass victims use by default, approximately with the margin against the runner-up class), while the stationarity equation alone leaves each candidate free to trade its
 multiplier against its distance from the data mean. ``consistency_weight > 0`` adds
 ``mean_j (log(λ_j·n·w) + softplus(margin_j))²`` (:func:`consistency_term`), the margins taken from
 the same forward pass as the stationarity residual; it needs the margin formulation and ``w > 0``.
@@ -159,8 +160,8 @@ def consistency_term(lam: torch.Tensor, margins: torch.Tensor, n_w: float) -> to
     """``mean_j (log(λ_j·n·w) + softplus(margin_j))²``: zero where ``λ_j = σ(−margin_j)/(n·w)``.
 
     At a stationary point of ``mean_i ℓ_i + (w/2)‖θ‖²`` with the logistic loss every training point
-    has exactly this multiplier (for cross-entropy, approximately, with the margin against the
-    runner-up class). ``λ ≤ 0`` is clamped to 1e-30 (no gradient there).
+    has exactly this multiplier (for cross-entropy too with the soft margin; approximately with the
+    margin against the runner-up class). ``λ ≤ 0`` is clamped to 1e-30 (no gradient there).
     """
     return ((torch.log((lam * n_w).clamp_min(1e-30)) + torch.nn.functional.softplus(margins)) ** 2).mean()
 
@@ -304,7 +305,7 @@ class KKTAttack(Attack):
         form = resolve(view, model, cfg["formulation"], cfg["loss"], cfg["weight_decay"], cfg["lambda_scale"], params, n, m, dtype)
         form.scale *= cfg["lambda_scale_factor"]
         if cfg["consistency_weight"] > 0:
-            if form.name != "margin" or view.task not in ("binary", "multiclass"):
+            if form.name not in ("margin", "soft-margin") or view.task not in ("binary", "multiclass"):
                 raise ConfigError(f"consistency_weight needs the margin formulation of a classifier; this run uses "
                                   f"formulation {form.name!r} on a {view.task} victim")
             if form.info["weight_decay_assumed"] <= 0:

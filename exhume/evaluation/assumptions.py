@@ -187,7 +187,7 @@ def scale_failure(recon, margins, weight_decay: float) -> list[str]:
     import numpy as np
 
     cfg = getattr(recon, "config", None) or {}
-    if weight_decay > 0 or getattr(recon, "method", None) != "kkt" or cfg.get("formulation") != "margin" or margins is None:
+    if weight_decay > 0 or getattr(recon, "method", None) != "kkt" or cfg.get("formulation") not in ("margin", "soft-margin") or margins is None:
         return []
     s, degree, theta2 = cfg.get("lambda_scale_value"), cfg.get("homogeneity_degree"), cfg.get("theta_squared")
     total = float(np.sum(np.clip(np.asarray(margins, dtype=float), 0.0, None)))
