@@ -141,7 +141,6 @@ def test_auto_formulation_follows_the_task_and_the_loss(task, loss, expected):
 def test_a_multiclass_cross_entropy_victim_is_attacked_with_the_soft_margin_by_default():
     torch.manual_seed(0)
     x = _points(12, seed=1)
-    y = torch.arange(12) % 3
     model = MLP(2, [16], 3, bias=False)
     view = AttackerView(model=model, task="multiclass", input_shape=(2,), mean=x.mean(0), loss="cross-entropy",
                         weight_decay=1e-3, num_classes=3, n_train_hint=12)

@@ -47,8 +47,9 @@ against 4 for a portfolio), so the restart portfolio alternates the two
 
 **Tying each multiplier to its candidate's margin** (``consistency_weight``, off by default). With
 weight decay ``w`` and the logistic loss every training point's multiplier is fixed by its own
-margin, ``λ_i = σ(−margin_i)/(n·w)`` (for cross-entropy likewise, exactly with the soft margin, which
-multiclass victims use by default, approximately with the margin against the runner-up class), while the stationarity equation alone leaves each candidate free to trade its
+margin, ``λ_i = σ(−margin_i)/(n·w)`` (for cross-entropy likewise: exactly with the soft margin,
+which multiclass victims use by default, approximately with the margin against the runner-up
+class), while the stationarity equation alone leaves each candidate free to trade its
 multiplier against its distance from the data mean. ``consistency_weight > 0`` adds
 ``mean_j (log(λ_j·n·w) + softplus(margin_j))²`` (:func:`consistency_term`), the margins taken from
 the same forward pass as the stationarity residual; it needs the margin formulation and ``w > 0``.
