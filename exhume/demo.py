@@ -25,7 +25,7 @@ DEMO_DATA = {"data": "mnist", "task": "odd-even", "n": 100, "arch": PAPER_ARCH}
 DEMO_TRAIN = {"loss": "logistic", **PAPER_TRAIN, "max_epochs": 6000, "max_seconds": 60.0}
 # The attack is the default restart portfolio (exhume.portfolio): restarts side by side on the local
 # cores, sized from the attack's measured iteration rate (exhume/portfolio/sizing.py: 45 s each on this
-# victim, ~3,000 iterations), candidates pooled. One kkt run at a constant learning rate plateaued after ~35 s at about
+# victim, ~2,100-2,400 iterations on this project's 2-core machine), candidates pooled. One kkt run at a constant learning rate plateaued after ~35 s at about
 # 13 memorised (benchmarks/bench_quality.py); with a cosine schedule one 40-s run got 22 (benchmarks/zoo),
 # and restarts with other seeds find other digits. Since the span projection (exhume/attacks/subspace.py) the
 # learning rates are constant again (54 against 50 memorised for 4 restarts × 2,500 iterations, benchmarks/README.md).

@@ -41,10 +41,14 @@ def margin(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """``y · Φ(x)`` for binary outputs, ``Φ_y − max_{k≠y} Φ_k`` for multiclass outputs."""
     if out.dim() == 1:
         return y.to(out.dtype) * out
+    true, others = _true_and_others(out, y)
+    return true - others.amax(1)
+
+
+def _true_and_others(out: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The true class's logit and the logits with the true class masked to −inf (multiclass outputs)."""
     yl = y.long()
-    true = out.gather(1, yl[:, None]).squeeze(1)
-    other = out.masked_fill(F.one_hot(yl, out.shape[1]).bool(), float("-inf")).amax(1)
-    return true - other
+    return out.gather(1, yl[:, None]).squeeze(1), out.masked_fill(F.one_hot(yl, out.shape[1]).bool(), float("-inf"))
 
 
 def soft_margin(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -56,8 +60,6 @@ def soft_margin(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     where :func:`margin` takes the runner-up alone. Never larger than :func:`margin`.
     """
     if out.dim() == 1:
-        return y.to(out.dtype) * out
-    yl = y.long()
-    true = out.gather(1, yl[:, None]).squeeze(1)
-    other = torch.logsumexp(out.masked_fill(F.one_hot(yl, out.shape[1]).bool(), float("-inf")), dim=1)
-    return true - other
+        return margin(out, y)
+    true, others = _true_and_others(out, y)
+    return true - torch.logsumexp(others, dim=1)

@@ -58,6 +58,7 @@ from exhume.errors import ConfigError
 from exhume.losses import margin, soft_margin
 
 FORMULATIONS = ("auto", "margin", "soft-margin", "loss", "output")
+MARGIN_FORMS = ("margin", "soft-margin")  # the forms whose h is a classifier's margin (λ ≥ 0)
 AUTO_SCALE_FACTOR = 5.0 / 3.0  # measured on the demo victim, see exhume/attacks/kkt.py
 # Without weight decay the training margins are not tied to the weights, so S assumes margin q₀.
 # Chosen on the zoo's two Haim victims (benchmarks/README.md, "λ scale without weight decay").
@@ -154,7 +155,7 @@ def resolve(view, model: nn.Module, form: str, loss: str | None, weight_decay: f
         form = auto_form(view.task, loss)
     wd = view.weight_decay if weight_decay is None else weight_decay
     wd = float(wd or 0.0)
-    if form in ("margin", "soft-margin"):
+    if form in MARGIN_FORMS:
         if view.task == "regression":
             raise ConfigError(f"a regression victim has no margin (formulation {form!r}); use formulation 'output' or 'loss'")
         objective: Objective = margin if form == "margin" else soft_margin
@@ -171,7 +172,7 @@ def resolve(view, model: nn.Module, form: str, loss: str | None, weight_decay: f
         s, info = lambda_scale(form, loss, wd, model, params, view.input_shape, n, dtype)
     else:
         s, info = float(scale), {"lambda_scale_rule": "given"}
-        if form in ("margin", "soft-margin") and wd <= 0:  # for the evaluator's check of the scale (evaluation.assumptions.scale_failure)
+        if form in MARGIN_FORMS and wd <= 0:  # for the evaluator's check of the scale (evaluation.assumptions.scale_failure)
             info.update(homogeneity_degree=homogeneity_degree(model, params, view.input_shape, dtype),
                         theta_squared=theta_squared(params))
     return Formulation(name=form, objective=objective, signed=form == "output", labels=labels, scale=s,

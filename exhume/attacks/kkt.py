@@ -127,7 +127,7 @@ import torch
 
 from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_model, init_record, initial_candidates, register
 from exhume.attacks.checkpoint import resumable_settings
-from exhume.attacks.formulation import FORMULATIONS, Formulation, resolve
+from exhume.attacks.formulation import FORMULATIONS, MARGIN_FORMS, Formulation, resolve
 from exhume.attacks.loop import CANDIDATE_PARAMS, attack_loop, budget_params, make_optimizer, open_run
 from exhume.attacks.priors import range_penalty, tv_term
 from exhume.attacks.snapshots import IterateTracker
@@ -306,7 +306,7 @@ class KKTAttack(Attack):
         form = resolve(view, model, cfg["formulation"], cfg["loss"], cfg["weight_decay"], cfg["lambda_scale"], params, n, m, dtype)
         form.scale *= cfg["lambda_scale_factor"]
         if cfg["consistency_weight"] > 0:
-            if form.name not in ("margin", "soft-margin") or view.task not in ("binary", "multiclass"):
+            if form.name not in MARGIN_FORMS or view.task not in ("binary", "multiclass"):
                 raise ConfigError(f"consistency_weight needs the margin formulation of a classifier; this run uses "
                                   f"formulation {form.name!r} on a {view.task} victim")
             if form.info["weight_decay_assumed"] <= 0:

@@ -35,6 +35,7 @@ from torch import nn
 from torch.func import functional_call, grad
 from torch.overrides import TorchFunctionMode
 
+from exhume.attacks.formulation import MARGIN_FORMS
 from exhume.losses import margin
 
 #: victims above this relative stationarity residual on their own training data are "far from a
@@ -187,7 +188,7 @@ def scale_failure(recon, margins, weight_decay: float) -> list[str]:
     import numpy as np
 
     cfg = getattr(recon, "config", None) or {}
-    if weight_decay > 0 or getattr(recon, "method", None) != "kkt" or cfg.get("formulation") not in ("margin", "soft-margin") or margins is None:
+    if weight_decay > 0 or getattr(recon, "method", None) != "kkt" or cfg.get("formulation") not in MARGIN_FORMS or margins is None:
         return []
     s, degree, theta2 = cfg.get("lambda_scale_value"), cfg.get("homogeneity_degree"), cfg.get("theta_squared")
     total = float(np.sum(np.clip(np.asarray(margins, dtype=float), 0.0, None)))
