@@ -315,3 +315,34 @@ def test_support_estimate_is_the_participation_ratio_of_the_logistic_multipliers
     # margins of a very long training run do not underflow to 0/0
     assert support_estimate(np.array([1000.0, 1000.0, 2000.0])) == pytest.approx(2.0)
     assert support_estimate(np.array([])) is None
+
+
+def test_support_estimate_of_a_cross_entropy_multiclass_model_weighs_each_point_by_one_minus_p_y():
+    # cross-entropy weighs training point i by 1 − p_y(x_i) = σ(−soft margin), not σ(−runner-up margin)
+    import exhume
+    from exhume.attacks.base import Reconstruction
+    from exhume.data import dataset_of, make_pool
+    from exhume.evaluation.run import evaluate, training_margins
+    from exhume.victim import TrainConfig, make_victim
+
+    torch.manual_seed(0)
+    victim = make_victim("digits", "multiclass", 30, "mlp:32;bias=none;init=1e-3",
+                         TrainConfig(loss="cross-entropy", lr=0.2, weight_decay=5e-3, max_epochs=300), seed=0, progress=False,
+                         test_size=0)
+    train = victim.load_train_set()
+    with torch.no_grad():
+        p = torch.softmax(victim.model.float()(train.centred.float()), 1).double()
+    w = (1.0 - p.gather(1, train.y.long()[:, None]).squeeze(1)).numpy()
+    expected = w.sum() ** 2 / (w**2).sum()
+    runner_up = support_estimate(training_margins(victim, train))
+    assert abs(runner_up - expected) > 1.0  # the runner-up margin's weights are another estimate on this model
+
+    recon = Reconstruction("kkt", candidates=train.x[:6].clone(), labels=train.y[:6].clone(), scores=None, config={}, seed=0)
+    got = evaluate(recon, victim, pool_size=60, figures=False).metrics
+    assert got["support_estimate"] == pytest.approx(expected, rel=1e-4)
+
+    # the audit of the same model and data (arrays, no victim file) reports the same estimate
+    unseen = make_pool(dataset_of(victim.data_spec), "multiclass", 80, exclude=train.indices, seed=3)
+    r = exhume.audit(victim.model, (train.x.numpy(), train.y.numpy()), unseen.x.numpy(), loss="cross-entropy",
+                     weight_decay=5e-3, normalize=(train.mean, 1.0), attack_args={"iterations": 20}, progress=False)
+    assert r.metrics["support_estimate"] == pytest.approx(expected, rel=1e-4)

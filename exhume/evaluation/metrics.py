@@ -103,8 +103,10 @@ def support_estimate(margins: np.ndarray) -> float | None:
     the participation ratio of the true multipliers: ``n`` when all margins are equal, near 1 when
     one point's margin is far below the others'. A point whose multiplier is negligible barely
     enters ``θ = Σ λ_i ∇_θ margin_i`` and cannot be read back from it, so this estimates how many
-    training images a stationarity attack can recover. For a model trained without weight decay,
-    and for the multiclass margin (``1 − p_y`` is the cross-entropy's weight), it is a proxy.
+    training images a stationarity attack can recover. A multiclass model trained with
+    cross-entropy weighs point ``i`` by ``1 − p_y = σ(−soft margin)``, so the evaluator passes the
+    soft margins (:func:`exhume.losses.soft_margin`) for it, and the same holds. For a model
+    trained without weight decay, and for other losses, it is a proxy.
     Evaluator-side: it needs the training set. ``None`` without margins.
     """
     q = np.asarray(margins, dtype=np.float64).reshape(-1)
@@ -118,12 +120,14 @@ def support_estimate(margins: np.ndarray) -> float | None:
 
 def evaluate_images(candidates, train, pool=None, margins: np.ndarray | None = None,
                     match: str = "ssim", thresholds: Sequence[float] = (0.4, 0.5),
-                    downsample: int | str | None = "auto") -> EvalResult:
+                    downsample: int | str | None = "auto", support_margins: np.ndarray | None = None) -> EvalResult:
     """Judge ``candidates`` against ``train`` (and ``pool``), all ``(n, C, H, W)`` in [0, 1].
 
     ``pool``: unseen images from the training distribution, disjoint from ``train`` (METHODS
     suggests 1000); without it the memorisation count is not computed. ``margins``: each training
-    image's margin ``y_i Phi(x_i)``, for the SSIM-vs-margin correlation and :func:`support_estimate`.
+    image's margin ``y_i Phi(x_i)``, for the SSIM-vs-margin correlation and :func:`support_estimate`;
+    ``support_margins``: the margins for :func:`support_estimate` instead (for a cross-entropy
+    multiclass model, the soft margins, see :func:`exhume.evaluation.run.weights_by_soft_margin`).
     ``match``: ``"ssim"``, ``"l2"`` or ``"ncc"`` (applied alike to candidates and pool;
     ``downsample`` is for the distance rules, see :mod:`exhume.evaluation.matching`).
     """
@@ -216,7 +220,10 @@ def evaluate_images(candidates, train, pool=None, margins: np.ndarray | None = N
         else:
             metrics["margin_spearman_rho"] = None
             metrics["margin_spearman_p"] = None
-        metrics["support_estimate"] = support_estimate(margins[np.isfinite(margins)])
+        sm = margins if support_margins is None else np.asarray(support_margins, dtype=np.float64).reshape(-1)
+        if sm.shape[0] != n:
+            raise DataError(f"got {sm.shape[0]} support margins for {n} training images")
+        metrics["support_estimate"] = support_estimate(sm[np.isfinite(sm)])
         if "memorised" in arrays and arrays["memorised"].any():
             metrics["margin_median_memorised"] = float(np.median(margins[arrays["memorised"]]))
         if "memorised" in arrays and (~arrays["memorised"]).any():

@@ -14,21 +14,33 @@ from exhume.evaluation.assumptions import attack_failures, scale_failure
 from exhume.evaluation.metrics import EvalResult, _jsonable, evaluate_images
 from exhume.evaluation.plots import candidates_grid, pairs_grid, plot_sorted_ssim, plot_ssim_vs_margin
 from exhume.evaluation.verdict import ALPHA, decide
-from exhume.losses import margin
+from exhume.losses import margin, soft_margin
 
 
-def training_margins(victim, train) -> np.ndarray | None:
-    """Each training image's margin ``y_i Φ(x_i)`` under the victim (evaluator-side); None for regression."""
+def training_margins(victim, train, soft: bool = False) -> np.ndarray | None:
+    """Each training image's margin ``y_i Φ(x_i)`` under the victim (evaluator-side); None for regression.
+
+    Multiclass: the runner-up margin ``Φ_y − max_{k≠y} Φ_k`` (a point is fitted when it is positive),
+    or with ``soft`` the soft margin ``Φ_y − log Σ_{k≠y} exp Φ_k``, whose ``σ(−·)`` is ``1 − p_y``,
+    the weight cross-entropy gives the point. Binary: the same either way.
+    """
     if victim.task == "regression":
         return None
     model = victim.model.float().eval()
     with torch.no_grad():
-        return margin(model(train.centred.float()), train.y).double().numpy()
+        return (soft_margin if soft else margin)(model(train.centred.float()), train.y).double().numpy()
+
+
+def weights_by_soft_margin(task: str, loss: str | None) -> bool:
+    """Whether the loss weighs training point ``i`` by ``σ(−soft margin_i) = 1 − p_y`` rather than by
+    ``σ(−margin_i)``: a multiclass model trained with cross-entropy (or of unknown loss, the
+    default it is trained with). For binary models the two margins are the same."""
+    return task == "multiclass" and loss in (None, "cross-entropy")
 
 
 def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assumptions: list[str] | None = None,
              alpha: float = ALPHA, pool_size: int = 1000, match: str = "ssim", out: str | Path | None = None,
-             pool_seed: int = 1, figures: bool = True) -> EvalResult:
+             pool_seed: int = 1, figures: bool = True, support_margins=None) -> EvalResult:
     """Judge ``recon`` (its candidates in display space) against a training set; return metrics with a verdict.
 
     Two forms:
@@ -40,7 +52,10 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
     - ``evaluate(recon, train=(x, y), unseen=x_unseen)``: plain arrays in display space, ``(N, C, H, W)``
       or ``(N, H, W)``, floats in [0, 1] or uint8. ``unseen`` images (never trained on) are split,
       seeded by ``pool_seed``, into the control (as many as the training images, at most half) and
-      the pool (the rest). ``margins``: each training image's margin, optional.
+      the pool (the rest). ``margins``: each training image's margin, optional;
+      ``support_margins``: the margins whose ``σ(−·)`` is each point's weight in the loss, for the
+      support estimate (the soft margins of a cross-entropy multiclass model; default ``margins``).
+      With a victim both are computed.
 
     **Control.** The control images are judged exactly like the training images: how many of them
     does a candidate match better than the best pool image? ``"memorised_control"`` is that
@@ -66,12 +81,14 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
     else:
         train_set, control, pool, description = _victim_sets(victim, pool_size, pool_seed)
         train_x, margins = train_set.x, training_margins(victim, train_set)
+        soft = margins is not None and weights_by_soft_margin(victim.task, victim.loss)
+        support_margins = training_margins(victim, train_set, soft=True) if soft else None
         failures, info = list(assumptions or []) + victim_failures(victim, train_set), victim_info(victim, train_set)
     candidates = recon.candidates.float().clamp(0, 1)
     if tuple(candidates.shape[1:]) != tuple(train_x.shape[1:]):
         raise DataError(f"the reconstruction's candidates have shape {tuple(candidates.shape[1:])} but the training images "
                         f"have {tuple(train_x.shape[1:])}; evaluate against the data the attacked model takes")
-    result = evaluate_images(candidates, train_x, pool, margins=margins, match=match)
+    result = evaluate_images(candidates, train_x, pool, margins=margins, support_margins=support_margins, match=match)
     members = getattr(recon, "provenance", {}).get("members")
     if members is not None and "memorised" in result.arrays:  # a pooled portfolio: which restarts found each image
         from exhume.evaluation.restarts import restart_breakdown
