@@ -132,8 +132,8 @@ def test_starved_rule():
 def test_default_kkt_restarts_alternate_the_multipliers_pace_unless_the_caller_set_it():
     plan = make_plan("kkt", 4, seed=3, max_seconds=80.0, workers=2, attack_kwargs={"alpha": 10.0})
     assert [r.seed for r in plan.restarts] == [3, 4, 5, 6]
-    assert [r.kwargs.get("lr_lambda") for r in plan.restarts] == [None, 1e-4, None, 1e-4]
-    assert [r.overrides for r in plan.restarts] == [{}, {"lr_lambda": 1e-4}, {}, {"lr_lambda": 1e-4}]
+    assert [r.kwargs.get("lr_lambda") for r in plan.restarts] == [None, 1e-2, None, 1e-2]
+    assert [r.overrides for r in plan.restarts] == [{}, {"lr_lambda": 1e-2}, {}, {"lr_lambda": 1e-2}]
     assert all(r.kwargs["alpha"] == 10.0 and r.kwargs["max_seconds"] == 40.0 for r in plan.restarts)
     # a value the caller set is kept on every restart; an explicit variant list still overrides it
     mine = make_plan("kkt", 4, attack_kwargs={"lr_lambda": 3e-3})

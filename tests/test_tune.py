@@ -217,9 +217,14 @@ def test_search_ranges_are_declared_on_the_attacks_parameters():
 
     params = ATTACKS["kkt"].params
     assert set(DEFAULTS) == {k for k, p in params.items() if p.search} == {"lr", "lr_lambda", "lambda_min", "alpha", "init_scale"}
+    from exhume.attacks.kkt import LR_LAMBDA_MARGIN, LR_LAMBDA_SIGNED
+
     for name, (lo, hi, log) in SEARCH_SPACE.items():
         p = params[name]
-        assert p.validate(name, lo) == lo and p.validate(name, hi) == hi and lo < p.default < hi and log
+        assert p.validate(name, lo) == lo and p.validate(name, hi) == hi and lo < DEFAULTS[name] < hi and log
+        assert p.default == DEFAULTS[name] or (name == "lr_lambda" and p.default == "auto")
+    lo, hi, _ = SEARCH_SPACE["lr_lambda"]  # 'auto' resolves inside the range for every formulation
+    assert lo < LR_LAMBDA_MARGIN < hi and lo < LR_LAMBDA_SIGNED < hi
 
 
 # -- issue 12: fresh settings per trial, fixed settings recorded, paths confined, schema race ---------
@@ -326,3 +331,16 @@ def test_postgres_concurrent_start_on_an_empty_database(victim_dir, tmp_path):
         with engine.begin() as c:
             c.execute(sqlalchemy.text(f"DROP SCHEMA {schema} CASCADE"))
         engine.dispose()
+
+
+def test_the_default_trial_takes_kkt_lr_lambda_auto_as_it_resolves_for_the_victim():
+    from exhume.models.mlp import MLP
+    from exhume.tune.study import defaults_for
+    from exhume.victim import AttackerView
+
+    model = MLP(2, [4], 1, bias=False)
+    kw = dict(model=model, input_shape=(2,), mean=torch.zeros(2), weight_decay=1e-3, n_train_hint=4)
+    assert defaults_for(AttackerView(task="binary", loss="logistic", **kw), {}) == DEFAULTS
+    assert DEFAULTS["lr_lambda"] == 1e-4
+    assert defaults_for(AttackerView(task="regression", loss="squared", **kw), {})["lr_lambda"] == 1e-2
+    assert defaults_for(AttackerView(task="binary", loss="logistic", **kw), {"formulation": "loss"})["lr_lambda"] == 1e-2

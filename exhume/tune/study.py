@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from exhume.attacks import ATTACKS
+from exhume.attacks.formulation import auto_form
+from exhume.attacks.kkt import LR_LAMBDA_MARGIN, resolve_lr_lambda
 from exhume.errors import ConfigError, DivergenceError
 
 
@@ -39,9 +41,18 @@ def search_space(method: str = "kkt") -> dict[str, tuple[float, float, bool]]:
 
 
 SEARCH_SPACE = search_space("kkt")
-DEFAULTS = {name: ATTACKS["kkt"].params[name].default for name in SEARCH_SPACE}
+#: the first trial of a study: kkt's defaults, ``lr_lambda="auto"`` as it resolves for a classifier (see :func:`defaults_for`)
+DEFAULTS = {name: ATTACKS["kkt"].params[name].default for name in SEARCH_SPACE} | {"lr_lambda": LR_LAMBDA_MARGIN}
 HEARTBEAT_INTERVAL = 5
 GRACE_PERIOD = 20
+
+
+def defaults_for(view, fixed: dict[str, Any]) -> dict[str, float]:
+    """:data:`DEFAULTS` for this victim: ``lr_lambda`` as kkt's ``"auto"`` resolves it for the formulation it will use."""
+    form = fixed.get("formulation", "auto")
+    if form == "auto":
+        form = auto_form(view.task, fixed.get("loss") or view.loss)
+    return {**DEFAULTS, "lr_lambda": resolve_lr_lambda("auto", form)}
 
 
 def _optuna():
@@ -201,7 +212,7 @@ def tune(view, trials: int, out: str | Path, trial_seconds: float = 60.0, storag
         study.set_user_attr("trial_seconds", trial_seconds)
         study.set_user_attr("victim", victim_path)
         study.set_user_attr("score", "attacker-side: (1 - relative stationarity residual) x plausible-candidate share")
-        study.enqueue_trial(dict(DEFAULTS), user_attrs={"is_default": True})
+        study.enqueue_trial(defaults_for(view, fixed), user_attrs={"is_default": True})
     host = socket.gethostname()
 
     def objective(trial) -> float:
