@@ -179,7 +179,6 @@ class Problem:
     lr_lambda: float = LR_LAMBDA_MARGIN  # u's learning rate, 'auto' resolved for the formulation
 
 
-
 def consistency_term(lam: torch.Tensor, margins: torch.Tensor, n_w: float) -> torch.Tensor:
     """``mean_j (log(λ_j·n·w) + softplus(margin_j))²``: zero where ``λ_j = σ(−margin_j)/(n·w)``.
 
