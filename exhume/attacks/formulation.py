@@ -144,15 +144,18 @@ def auto_form(task: str, loss: str | None) -> str:
     return "margin"
 
 
+def form_for(view, form: str = "auto", loss: str | None = None) -> str:
+    """The formulation a run with ``formulation=form`` and ``loss=loss`` (None: the victim's) uses on ``view``."""
+    return auto_form(view.task, loss or view.loss) if form == "auto" else form
+
+
 def resolve(view, model: nn.Module, form: str, loss: str | None, weight_decay: float | None, scale: Any, params, n: int, m: int,
             dtype: torch.dtype) -> Formulation:
     """Pick the equation for ``view`` (an AttackerView) and the attack's settings; ``model`` and
     ``params`` are the attack's working copy (its device and dtype)."""
     if form not in FORMULATIONS:
         raise ConfigError(f"unknown formulation {form!r}; known: {', '.join(FORMULATIONS)}")
-    loss = loss or view.loss
-    if form == "auto":
-        form = auto_form(view.task, loss)
+    form, loss = form_for(view, form, loss), loss or view.loss
     wd = view.weight_decay if weight_decay is None else weight_decay
     wd = float(wd or 0.0)
     if form in MARGIN_FORMS:

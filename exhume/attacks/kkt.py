@@ -250,12 +250,11 @@ class KKTAttack(Attack):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        s = self.config["lambda_scale"]
-        if not (s == "auto" or (isinstance(s, (int, float)) and not isinstance(s, bool) and s > 0 and math.isfinite(s))):
-            raise ConfigError(f"lambda_scale must be 'auto' or a positive number, got {s!r}")
-        r = self.config["lr_lambda"]
-        if not (r == "auto" or (isinstance(r, (int, float)) and not isinstance(r, bool) and r >= 0 and math.isfinite(r))):
-            raise ConfigError(f"lr_lambda must be 'auto' or a number >= 0, got {r!r}")
+        for name, positive, what in (("lambda_scale", True, "a positive number"), ("lr_lambda", False, "a number >= 0")):
+            v = self.config[name]
+            number = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            if not (v == "auto" or (number and (v > 0 if positive else v >= 0))):
+                raise ConfigError(f"{name} must be 'auto' or {what}, got {v!r}")
 
     def check(self, view) -> None:
         if self.config["tv_weight"] > 0 and len(view.input_shape) != 3:

@@ -129,7 +129,7 @@ def audit(model: nn.Module, train, unseen, *, loss: str | None = None, weight_de
     """
     import exhume  # the public exhume.attack: whatever runs it (e.g. a restart portfolio) applies here
     from exhume.evaluation.assumptions import fit_failure, relative_stationarity, scale_failure, stationarity_failure, unmodelled_layers
-    from exhume.evaluation.run import evaluate, weights_by_soft_margin
+    from exhume.evaluation.run import evaluate, margins_of
     from exhume.report import write_report
     from exhume.victim import AttackerView
     from exhume.victim.wrap import Audited
@@ -170,12 +170,7 @@ def audit(model: nn.Module, train, unseen, *, loss: str | None = None, weight_de
     out = None if out is None else Path(out)
     kwargs = {"iterations": 10_000_000, "max_seconds": float(max_seconds), **(attack_args or {})}
     recon = exhume.attack(view, method=method, seed=seed, out=out, device=device, progress=progress, force=force, **kwargs)
-    with torch.no_grad():
-        from exhume.losses import margin, soft_margin
-
-        out_train = wrapped(centred)
-        margins = margin(out_train, y).double().numpy()
-        support_margins = soft_margin(out_train, y).double().numpy() if weights_by_soft_margin(task, loss) else None
+    margins, support_margins = margins_of(wrapped, centred, y, task, loss)
     failures += fit_failure(margins, float(weight_decay)) + scale_failure(recon, margins, float(weight_decay))
     result = evaluate(recon, train=(x, None), unseen=unseen_x, margins=margins, support_margins=support_margins,
                       assumptions=failures, alpha=alpha,

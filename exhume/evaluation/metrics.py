@@ -127,7 +127,7 @@ def evaluate_images(candidates, train, pool=None, margins: np.ndarray | None = N
     suggests 1000); without it the memorisation count is not computed. ``margins``: each training
     image's margin ``y_i Phi(x_i)``, for the SSIM-vs-margin correlation and :func:`support_estimate`;
     ``support_margins``: the margins for :func:`support_estimate` instead (for a cross-entropy
-    multiclass model, the soft margins, see :func:`exhume.evaluation.run.weights_by_soft_margin`).
+    multiclass model, the soft margins, see :func:`exhume.evaluation.run.margins_of`).
     ``match``: ``"ssim"``, ``"l2"`` or ``"ncc"`` (applied alike to candidates and pool;
     ``downsample`` is for the distance rules, see :mod:`exhume.evaluation.matching`).
     """

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from exhume.attacks.formulation import auto_form
 from exhume.errors import ConfigError, DataError
 from exhume.evaluation.assumptions import attack_failures, scale_failure
 from exhume.evaluation.metrics import EvalResult, _jsonable, evaluate_images
@@ -17,25 +18,26 @@ from exhume.evaluation.verdict import ALPHA, decide
 from exhume.losses import margin, soft_margin
 
 
-def training_margins(victim, train, soft: bool = False) -> np.ndarray | None:
-    """Each training image's margin ``y_i Φ(x_i)`` under the victim (evaluator-side); None for regression.
-
-    Multiclass: the runner-up margin ``Φ_y − max_{k≠y} Φ_k`` (a point is fitted when it is positive),
-    or with ``soft`` the soft margin ``Φ_y − log Σ_{k≠y} exp Φ_k``, whose ``σ(−·)`` is ``1 − p_y``,
-    the weight cross-entropy gives the point. Binary: the same either way.
-    """
+def training_margins(victim, train) -> np.ndarray | None:
+    """Each training image's margin ``y_i Φ(x_i)`` under the victim (evaluator-side); None for regression."""
     if victim.task == "regression":
         return None
-    model = victim.model.float().eval()
+    return margins_of(victim.model.float().eval(), train.centred.float(), train.y, victim.task, victim.loss)[0]
+
+
+def margins_of(model, centred, y, task: str, loss: str | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """The training margins and the margins for the support estimate, from one forward pass.
+
+    The first: ``y_i Φ(x_i)``; multiclass, the runner-up margin ``Φ_y − max_{k≠y} Φ_k`` (a point is
+    fitted when it is positive). The second, where the loss weighs point ``i`` by
+    ``σ(−soft margin) = 1 − p_y`` (the models kkt attacks with the soft margin, see
+    :func:`exhume.attacks.formulation.auto_form`: multiclass with cross-entropy or unknown loss), the
+    soft margins ``Φ_y − log Σ_{k≠y} exp Φ_k``; else None (the first serves).
+    """
     with torch.no_grad():
-        return (soft_margin if soft else margin)(model(train.centred.float()), train.y).double().numpy()
-
-
-def weights_by_soft_margin(task: str, loss: str | None) -> bool:
-    """Whether the loss weighs training point ``i`` by ``σ(−soft margin_i) = 1 − p_y`` rather than by
-    ``σ(−margin_i)``: a multiclass model trained with cross-entropy (or of unknown loss, the
-    default it is trained with). For binary models the two margins are the same."""
-    return task == "multiclass" and loss in (None, "cross-entropy")
+        out = model(centred)
+        support = soft_margin(out, y).double().numpy() if auto_form(task, loss) == "soft-margin" else None
+        return margin(out, y).double().numpy(), support
 
 
 def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assumptions: list[str] | None = None,
@@ -80,9 +82,10 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
         failures, info = list(assumptions or []), {}
     else:
         train_set, control, pool, description = _victim_sets(victim, pool_size, pool_seed)
-        train_x, margins = train_set.x, training_margins(victim, train_set)
-        soft = margins is not None and weights_by_soft_margin(victim.task, victim.loss)
-        support_margins = training_margins(victim, train_set, soft=True) if soft else None
+        train_x, margins, support_margins = train_set.x, None, None
+        if victim.task != "regression":
+            margins, support_margins = margins_of(victim.model.float().eval(), train_set.centred.float(), train_set.y,
+                                                  victim.task, victim.loss)
         failures, info = list(assumptions or []) + victim_failures(victim, train_set), victim_info(victim, train_set)
     candidates = recon.candidates.float().clamp(0, 1)
     if tuple(candidates.shape[1:]) != tuple(train_x.shape[1:]):

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from exhume.attacks import ATTACKS
-from exhume.attacks.formulation import auto_form
+from exhume.attacks.formulation import form_for
 from exhume.attacks.kkt import LR_LAMBDA_MARGIN, resolve_lr_lambda
 from exhume.errors import ConfigError, DivergenceError
 
@@ -49,9 +49,7 @@ GRACE_PERIOD = 20
 
 def defaults_for(view, fixed: dict[str, Any]) -> dict[str, float]:
     """:data:`DEFAULTS` for this victim: ``lr_lambda`` as kkt's ``"auto"`` resolves it for the formulation it will use."""
-    form = fixed.get("formulation", "auto")
-    if form == "auto":
-        form = auto_form(view.task, fixed.get("loss") or view.loss)
+    form = form_for(view, fixed.get("formulation", "auto"), fixed.get("loss"))
     return {**DEFAULTS, "lr_lambda": resolve_lr_lambda("auto", form)}
 
 
