@@ -48,7 +48,9 @@ def margin(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def _true_and_others(out: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The true class's logit and the logits with the true class masked to −inf (multiclass outputs)."""
     yl = y.long()
-    return out.gather(1, yl[:, None]).squeeze(1), out.masked_fill(F.one_hot(yl, out.shape[1]).bool(), float("-inf"))
+    # a comparison, not F.one_hot, which checks the labels' range with .item() and so fails under torch.func.vmap
+    true_class = yl[:, None] == torch.arange(out.shape[1], device=out.device)
+    return out.gather(1, yl[:, None]).squeeze(1), out.masked_fill(true_class, float("-inf"))
 
 
 def soft_margin(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

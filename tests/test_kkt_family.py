@@ -12,7 +12,7 @@ from torch import nn
 
 from exhume.attacks import get_attack
 from exhume.attacks.formulation import auto_form
-from exhume.attacks.stationarity import negative_loss_objective, output_objective, stationarity_residual
+from exhume.attacks.stationarity import fixed_part, negative_loss_objective, output_objective, per_candidate_gradients, stationarity_residual
 from exhume.errors import ConfigError
 from exhume.losses import margin, soft_margin
 from exhume.models import MLP, build_model
@@ -317,3 +317,21 @@ def test_lr_lambda_auto_is_slow_for_the_margin_and_fast_for_signed_multipliers()
 def test_lr_lambda_must_be_auto_or_a_number(bad):
     with pytest.raises(ConfigError, match="lr_lambda"):
         get_attack("kkt", lr_lambda=bad)
+
+
+@pytest.mark.parametrize("objective", [margin, soft_margin], ids=["runner-up margin", "soft margin"])
+def test_per_candidate_gradients_of_a_multiclass_margin_match_one_backward_per_point(objective):
+    """Under torch.func.vmap (F.one_hot's range check used to break it, and with it deflation on 10-class victims)."""
+    torch.manual_seed(0)
+    model = build_model("mlp:16;bias=none", (6,), 4).double()
+    params = {k: p.detach() for k, p in model.named_parameters()}
+    x, y = torch.randn(5, 6, dtype=torch.float64), torch.tensor([0, 3, 1, 2, 3])
+    fast = per_candidate_gradients(model, params, x, y, objective)
+    for j in range(5):
+        model.zero_grad()
+        objective(model(x[j:j + 1]), y[j:j + 1]).sum().backward()
+        slow = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        assert torch.allclose(fast[j], slow, atol=1e-12)
+    # so candidates of a 10-class victim can be held fixed (deflation): their multipliers fitted by least squares
+    _, lam, share = fixed_part(model, params, x, y, objective)
+    assert lam.shape == (5,) and (lam >= 0).all() and 0.0 <= share <= 1.0
