@@ -11,9 +11,11 @@ from torch import nn
 
 from exhume.attacks import get_attack
 from exhume.attacks.base import attack_model
-from exhume.attacks.subspace import data_subspace, input_layer, noise_edge
+from exhume.attacks.stationarity import fixed_part
+from exhume.attacks.subspace import MIN_DENOISE_SHARE, data_subspace, input_layer, learned_part, noise_edge
 from exhume.data.datasets import load_bundled_mnist
 from exhume.errors import ConfigError
+from exhume.losses import margin
 from exhume.models import build_model
 from exhume.victim import AttackerView, TrainConfig, train_victim
 
@@ -205,3 +207,69 @@ def test_a_float64_attack_reads_the_span_at_the_victims_float32_precision():
     f64 = get_attack("kkt", iterations=2, dtype="float64").run(view, progress=False)
     assert f64.config["subspace_rank"] == f32.config["subspace_rank"] == N - 1
     assert f64.config["subspace_cut"] == pytest.approx(f32.config["subspace_cut"], rel=1e-4)
+
+
+def test_the_learned_part_drops_an_initialisations_bulk_and_keeps_the_directions_above_it():
+    g = torch.Generator().manual_seed(2)
+    h, d, k = 120, 150, 3
+    u = torch.linalg.qr(torch.randn(h, k, generator=g, dtype=torch.float64))[0]
+    v = torch.linalg.qr(torch.randn(d, k, generator=g, dtype=torch.float64))[0]
+    signal = u @ torch.diag(torch.tensor([6.0, 4.0, 3.0], dtype=torch.float64)) @ v.T
+    noise = 0.05 * torch.randn(h, d, generator=g, dtype=torch.float64)  # edge ≈ 0.05 (√120 + √150) = 1.16, share ≈ 0.42
+    vec = torch.randn(h, generator=g, dtype=torch.float64)
+    target, info = learned_part({"w": signal + noise, "b": vec}, n_guess=10)
+    assert info["denoise_used"] == "above-noise" and info["denoise_layers"]["w"]["rank_kept"] == k
+    assert info["denoise_layers"]["w"]["noise_share"] == pytest.approx(0.42, abs=0.05)
+    # the noise is gone but for its part along the kept directions, about 0.05·√(k(h+d)) = 1.4 of its 6.7
+    assert float((target["w"] - signal).norm()) < 0.3 * float(noise.norm())
+    assert torch.equal(target["b"], vec)  # vectors are not matrices with a bulk: kept as they are
+    # a matrix whose noise is below MIN_DENOISE_SHARE of it, or whose smaller side the data could fill, stays
+    quiet = signal + 1e-3 * torch.randn(h, d, generator=g, dtype=torch.float64)
+    assert learned_part({"w": quiet}, n_guess=10) == (None, {"denoise_used": "none", "denoise_reason":
+                                                            f"no weight tensor's initialisation noise holds {MIN_DENOISE_SHARE:.0%} or more of it"})
+    assert learned_part({"w": signal + noise}, n_guess=h)[0] is None
+
+
+@functools.cache
+def _no_decay_victim():
+    """784-64-64-1 bias-free, first layer from 1e-4, the middle one at PyTorch's default init, no weight decay (Haim's regime)."""
+    model, mean = _trained("mlp:64,64;bias=none;init=1e-4", 0.0, 400)
+    return AttackerView(model=model, task="binary", input_shape=(1, 28, 28), mean=mean, loss="logistic",
+                        weight_decay=0.0, n_train_hint=N)
+
+
+def test_without_weight_decay_the_training_points_explain_the_learned_part_not_the_initialisation():
+    """Evaluator-side check of learned_part's premise: the 12 digits' gradients explain W − W₀'s estimate, not W₀."""
+    view = _no_decay_victim()
+    x, y, _ = _digits()
+    params = {k: p.detach() for k, p in view.model.named_parameters()}
+    target, info = learned_part(params, N)
+    assert list(info["denoise_layers"]) == ["net.2.weight"]  # the small-init first layer and the output vector stay
+    assert info["denoise_layers"]["net.2.weight"]["noise_share"] > 0.7
+    raw = fixed_part(view.model, params, x - view.mean, y, margin)[2]
+    learned = fixed_part(view.model, params, x - view.mean, y, margin, theta=target)[2]
+    assert raw < 0.5 and learned > 0.85  # measured: 0.39 and 0.91
+
+
+def test_kkt_with_denoise_explains_the_learned_part():
+    view = _no_decay_victim()
+    kw = dict(iterations=200, m=2 * N)
+    plain = get_attack("kkt", denoise="off", **kw).run(view, progress=False, seed=0)
+    dn = get_attack("kkt", **kw).run(view, progress=False, seed=0)  # denoise="auto", the default
+    assert "denoise_used" not in plain.config and dn.config["denoise"] == "auto" and dn.config["denoise_used"] == "above-noise"
+    assert 0.2 < dn.config["denoise_theta_share"] < 0.7
+    assert dn.config["lambda_scale_value"] == plain.config["lambda_scale_value"]  # S = ‖θ‖²/(L·n·q₀) of all of θ, as before
+    # the equation is solvable once the initialisation's bulk is out of it
+    assert dn.summary["final_relative_stationarity"] < 0.7 * plain.summary["final_relative_stationarity"]
+    # a victim without a matrix the estimate applies to (every smaller side ≤ n_guess) is attacked exactly as without denoise
+    torch.manual_seed(0)
+    small = AttackerView(model=build_model("cnn:4;fc=8;pool=avg", (1, 8, 8), 1), task="binary", input_shape=(1, 8, 8),
+                         mean=torch.zeros(1, 8, 8), n_train_hint=16)
+    same = [get_attack("kkt", iterations=20, denoise=dv).run(small, progress=False, seed=1) for dv in ("off", "auto")]
+    assert torch.equal(same[0].candidates, same[1].candidates) and same[1].config["denoise_used"] == "none"
+
+
+@pytest.mark.parametrize("value", ["on", True, None])
+def test_bad_denoise_values_are_refused(value):
+    with pytest.raises(ConfigError, match="denoise must"):
+        get_attack("kkt", denoise=value)

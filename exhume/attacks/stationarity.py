@@ -125,9 +125,12 @@ def per_candidate_gradients(
 
 def fixed_part(
     model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-    objective: Objective = margin, signed: bool = False,
+    objective: Objective = margin, signed: bool = False, theta: dict[str, torch.Tensor] | None = None,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, float]:
     """What candidates held fixed leave of ``θ``: ``(θ − Σ_f λ_f ∇_θ h_f, λ, share)``.
+
+    ``theta`` replaces ``θ`` on the left (the network is still evaluated at ``params``), e.g. the
+    weights' learned part (:func:`exhume.attacks.subspace.learned_part`).
 
     ``λ`` minimises ``‖θ − Σ_f λ_f ∇_θ h_f‖²`` (non-negative unless ``signed``; exact ReLU
     derivative, float64) and ``share`` is the fraction of ``‖θ‖²`` that the fixed candidates
@@ -139,7 +142,7 @@ def fixed_part(
     from scipy.optimize import lsq_linear, nnls
 
     J = per_candidate_gradients(model, params, x, y, objective).double()
-    theta = torch.cat([params[k].reshape(-1) for k in params]).double()
+    theta = torch.cat([(params if theta is None else theta)[k].reshape(-1) for k in params]).double()
     gram = J @ J.T
     gram = gram + 1e-10 * gram.diagonal().mean().clamp_min(1e-30) * torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
     b = J @ theta
