@@ -228,6 +228,10 @@ def test_the_learned_part_drops_an_initialisations_bulk_and_keeps_the_directions
     assert learned_part({"w": quiet}, n_guess=10) == (None, {"denoise_used": "none", "denoise_reason":
                                                             f"no weight tensor's initialisation noise holds {MIN_DENOISE_SHARE:.0%} or more of it"})
     assert learned_part({"w": signal + noise}, n_guess=h)[0] is None
+    # an untrained network: nothing above the noise anywhere, so nothing is replaced (no equation would be left)
+    target, info = learned_part({"w": noise, "v": 0.05 * torch.randn(h, h, generator=g, dtype=torch.float64)}, n_guess=10)
+    assert target is None and "nothing learned" in info["denoise_reason"]
+    assert info["denoise_layers"]["w"]["rank_kept"] == info["denoise_layers"]["v"]["rank_kept"] == 0
 
 
 @functools.cache

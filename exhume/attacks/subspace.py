@@ -187,6 +187,8 @@ def data_subspace(model: nn.Module, params: dict[str, torch.Tensor], input_shape
 
 #: a weight tensor is replaced by its part above the initialisation's edge when that noise holds at least this share of it
 MIN_DENOISE_SHARE = 0.05
+#: below this share of ‖θ‖² above the noise nothing is replaced (there would be no equation left)
+MIN_LEARNED_SHARE = 1e-6
 
 
 def learned_part(params: dict[str, torch.Tensor], n_guess: int) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
@@ -230,4 +232,7 @@ def learned_part(params: dict[str, torch.Tensor], n_guess: int) -> tuple[dict[st
                       f"{MIN_DENOISE_SHARE:.0%} or more of it"}
     full = {k: target.get(k, v.detach()) for k, v in params.items()}
     kept = float(sum((v.double() ** 2).sum() for v in full.values()) / sum((v.detach().double() ** 2).sum() for v in params.values()))
+    if not kept > MIN_LEARNED_SHARE:  # e.g. an untrained network: nothing stands above its noise, no equation is left to solve
+        return None, {"denoise_used": "none", "denoise_layers": layers, "denoise_reason": f"only {kept:.2g} of ‖θ‖² stands above "
+                      "the initialisation's noise: the weights show nothing learned, so they are used as they are"}
     return full, {"denoise_used": "above-noise", "denoise_layers": layers, "denoise_theta_share": round(kept, 4)}
