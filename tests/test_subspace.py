@@ -277,3 +277,12 @@ def test_kkt_with_denoise_explains_the_learned_part():
 def test_bad_denoise_values_are_refused(value):
     with pytest.raises(ConfigError, match="denoise must"):
         get_attack("kkt", denoise=value)
+
+
+def test_deflation_holds_candidates_fixed_against_the_learned_part():
+    """kkt run(fixed=...) fits the fixed candidates' multipliers on the same left-hand side the free ones solve for."""
+    view = _no_decay_victim()
+    x, y, _ = _digits()
+    shares = {dv: get_attack("kkt", iterations=1, m=4, denoise=dv).run(view, progress=False, fixed=(x, y)).config["fixed_share_explained"]
+              for dv in ("off", "auto")}
+    assert shares["off"] < 0.5 and shares["auto"] > 0.85  # the 12 training digits: 0.39 and 0.91 (the premise test above)
