@@ -195,10 +195,11 @@ def test_kkt_with_the_subspace_on_a_cnn_runs_without_one_and_says_why():
     assert recon.config["subspace_used"] == "none" and "linear map" in recon.config["subspace_reason"]
 
 
+@pytest.mark.parametrize("name", ["subspace", "denoise"])
 @pytest.mark.parametrize("value", ["on", True, None])
-def test_bad_subspace_values_are_refused(value):
-    with pytest.raises(ConfigError, match="subspace must"):
-        get_attack("kkt", subspace=value)
+def test_bad_subspace_and_denoise_values_are_refused(name, value):
+    with pytest.raises(ConfigError, match=f"{name} must"):
+        get_attack("kkt", **{name: value})
 
 
 def test_a_float64_attack_reads_the_span_at_the_victims_float32_precision():
@@ -271,12 +272,6 @@ def test_kkt_with_denoise_explains_the_learned_part():
                          mean=torch.zeros(1, 8, 8), n_train_hint=16)
     same = [get_attack("kkt", iterations=20, denoise=dv).run(small, progress=False, seed=1) for dv in ("off", "auto")]
     assert torch.equal(same[0].candidates, same[1].candidates) and same[1].config["denoise_used"] == "none"
-
-
-@pytest.mark.parametrize("value", ["on", True, None])
-def test_bad_denoise_values_are_refused(value):
-    with pytest.raises(ConfigError, match="denoise must"):
-        get_attack("kkt", denoise=value)
 
 
 def test_deflation_holds_candidates_fixed_against_the_learned_part():

@@ -48,6 +48,7 @@ runs without and records why.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +56,8 @@ from typing import Any
 import torch
 from torch import nn
 from torch.func import functional_call, grad
+
+from exhume.attacks.formulation import theta_squared
 
 #: the precision floor of trained weights: this many machine epsilons of their largest singular value
 FLOOR_EPS = 10.0
@@ -143,10 +146,26 @@ def noise_edge(singular: torch.Tensor, shape: tuple[int, int], n_guess: int) -> 
     if n_guess >= p:
         return None
     lo = max(n_guess, p // 2)
-    gen = torch.Generator().manual_seed(0)
-    ref = torch.linalg.svdvals(torch.randn(*shape, generator=gen, dtype=torch.float64))
+    ref = _gaussian_spectrum(tuple(int(d) for d in shape))
     sigma = float(torch.median(singular[lo:].double().cpu() / ref[lo:]))
     return sigma, sigma * float(ref[0])
+
+
+@functools.lru_cache(maxsize=16)
+def _gaussian_spectrum(shape: tuple[int, int]) -> torch.Tensor:
+    """The singular values of a seeded standard Gaussian ``shape`` matrix (the same for every restart: computed once)."""
+    gen = torch.Generator().manual_seed(0)
+    return torch.linalg.svdvals(torch.randn(*shape, generator=gen, dtype=torch.float64))
+
+
+def noise_share(singular: torch.Tensor, shape: tuple[int, int], n_guess: int) -> tuple[float, float] | None:
+    """``(edge, share)``: :func:`noise_edge`'s edge and the share of the matrix's energy its i.i.d. noise holds (None as there)."""
+    noise = noise_edge(singular, shape, n_guess)
+    energy = float((singular.double() ** 2).sum())
+    if noise is None or energy <= 0:
+        return None
+    sigma, edge = noise
+    return edge, sigma ** 2 * math.prod(shape) / energy
 
 
 def data_subspace(model: nn.Module, params: dict[str, torch.Tensor], input_shape: tuple[int, ...],
@@ -164,12 +183,11 @@ def data_subspace(model: nn.Module, params: dict[str, torch.Tensor], input_shape
     _, s, vh = torch.linalg.svd(w.double().cpu(), full_matrices=False)
     p = s.numel()
     info: dict[str, Any] = {"subspace_layer": name, "subspace_dims": int(w.shape[1])}
-    noise = noise_edge(s, tuple(w.shape), n_guess)
+    noise = noise_share(s, tuple(w.shape), n_guess)
     if noise is None:
         return Subspace(None, {**info, "subspace_used": "none", "subspace_reason": f"the training data (n_guess {n_guess}) "
                                f"may fill all {p} directions {name} sees, so its weights do not single out a span"})
-    sigma, edge = noise
-    share = sigma ** 2 * w.numel() / float((s ** 2).sum())
+    edge, share = noise
     info["subspace_noise_share"] = share
     if share > MAX_NOISE_SHARE:
         return Subspace(None, {**info, "subspace_used": "none", "subspace_reason": f"the initialisation still holds "
@@ -216,22 +234,19 @@ def learned_part(params: dict[str, torch.Tensor], n_guess: int) -> tuple[dict[st
         if min(mat.shape) <= n_guess:
             continue
         u, s, vh = torch.linalg.svd(mat, full_matrices=False)
-        noise = noise_edge(s.cpu(), tuple(mat.shape), n_guess)
-        energy = float((s ** 2).sum())
-        if noise is None or energy <= 0:
+        noise = noise_share(s.cpu(), tuple(mat.shape), n_guess)
+        if noise is None or noise[1] < MIN_DENOISE_SHARE:
             continue
-        sigma, edge = noise
-        share = sigma ** 2 * mat.numel() / energy
-        if share < MIN_DENOISE_SHARE:
-            continue
+        edge, share = noise
         k = int((s > EDGE_MARGIN * edge).sum())
         target[name] = ((u[:, :k] * s[:k]) @ vh[:k]).reshape(w.shape).to(w.dtype)
-        layers[name] = {"noise_share": round(share, 4), "rank_kept": k, "energy_kept": round(float((s[:k] ** 2).sum()) / energy, 4)}
+        layers[name] = {"noise_share": round(share, 4), "rank_kept": k,
+                        "energy_kept": round(float((s[:k] ** 2).sum() / (s ** 2).sum()), 4)}
     if not target:
         return None, {"denoise_used": "none", "denoise_reason": "no weight tensor's initialisation noise holds "
                       f"{MIN_DENOISE_SHARE:.0%} or more of it"}
     full = {k: target.get(k, v.detach()) for k, v in params.items()}
-    kept = float(sum((v.double() ** 2).sum() for v in full.values()) / sum((v.detach().double() ** 2).sum() for v in params.values()))
+    kept = theta_squared(full) / theta_squared(params)
     if not kept > MIN_LEARNED_SHARE:  # e.g. an untrained network: nothing stands above its noise, no equation is left to solve
         return None, {"denoise_used": "none", "denoise_layers": layers, "denoise_reason": f"only {kept:.2g} of ‖θ‖² stands above "
                       "the initialisation's noise: the weights show nothing learned, so they are used as they are"}
