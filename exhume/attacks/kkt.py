@@ -153,10 +153,10 @@ from typing import Any
 import torch
 
 from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_model, init_record, initial_candidates, register
-from exhume.attacks.checkpoint import resumable_settings
+from exhume.attacks.checkpoint import BUDGET_SETTINGS, resumable_settings
 from exhume.attacks.formulation import FORMULATIONS, MARGIN_FORMS, Formulation, resolve
 from exhume.attacks.loop import CANDIDATE_PARAMS, attack_loop, budget_params, make_optimizer, open_run
-from exhume.attacks.priors import range_penalty, tv_term
+from exhume.attacks.priors import background_level, dark_floor, range_penalty, tv_term
 from exhume.attacks.snapshots import IterateTracker
 from exhume.attacks.stationarity import fixed_part, stationarity_residual, stationarity_residual_and_objective
 from exhume.attacks.subspace import Subspace, data_subspace, learned_part
@@ -266,6 +266,10 @@ class KKTAttack(Attack):
         "denoise": Param("auto", str, "'auto': the stationarity equation explains each weight matrix's part above its "
                          "initialisation's noise where that noise still shows (see exhume/attacks/subspace.py: learned_part); "
                          "'off': the weights as they are", choices=("off", "auto")),
+        "background": Param("auto", object, "soft threshold τ on the returned candidates, v ← max(v − τ, 0)/(1 − τ) in "
+                            "display space (a number in [0, 0.5]), or 'auto': 0.1 where the data mean shows a dark "
+                            "background, else 0 (see exhume/attacks/priors.py: background_level); output only, the "
+                            "optimisation is the same"),
         "lr_schedule": Param("constant", str, "learning-rate schedule over the budget (iterations or max_seconds, "
                              "whichever ends first)", choices=("constant", "cosine")),
     }
@@ -277,6 +281,9 @@ class KKTAttack(Attack):
             number = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
             if not (v == "auto" or (number and (v > 0 if positive else v >= 0))):
                 raise ConfigError(f"{name} must be 'auto' or {what}, got {v!r}")
+        v = self.config["background"]
+        if not (v == "auto" or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 0.5)):
+            raise ConfigError(f"background must be 'auto' or a number in [0, 0.5] (a share of the pixel range), got {v!r}")
 
     def check(self, view) -> None:
         if self.config["tv_weight"] > 0 and len(view.input_shape) != 3:
@@ -308,14 +315,16 @@ class KKTAttack(Attack):
         opt_u = make_optimizer(cfg["optimizer"], [p.u], p.lr_lambda, cfg["momentum"])
         tracker = IterateTracker({"x": p.x, "u": p.u}, cfg["average_decay"], cfg["snapshot_every"], cfg["keep"])
         run = open_run(out, resume, {"x": p.x, "u": p.u, **tracker.state()}, {"opt_x": opt_x, "opt_u": opt_u},
-                       {"config": resumable_settings(cfg), "seed": seed, "m": p.m,
+                       {"config": resumable_settings(cfg, BUDGET_SETTINGS + ("background",)), "seed": seed, "m": p.m,
                         **({"fixed": p.fixed_info["fixed_digest"]} if p.fixed_info else {})})
         step = self.stepper(p, (opt_x, opt_u), run.history, tracker)
+
+        tau, why = background_level(cfg["background"], view.mean, tuple(view.input_shape))
 
         def emit(it: int, elapsed: float) -> None:
             with torch.no_grad():
                 extra = {"multipliers": (p.form.scale * p.u).float().cpu()} if callback_multipliers else {}
-                callback(it, elapsed, (p.x + p.mean).float().cpu(), **extra)
+                callback(it, elapsed, dark_floor((p.x + p.mean).float(), tau).cpu(), **extra)
 
         end = attack_loop("kkt attack", cfg, run, step, progress=progress, emit=None if callback is None else emit,
                           emit_every=callback_every)
@@ -325,14 +334,15 @@ class KKTAttack(Attack):
         with torch.no_grad():
             final_stat = float(stationarity_residual(p.model, p.params, kept_x, p.y, p.form.scale * kept_u, None, p.form.objective,
                                                      p.target) / p.norm2)
-            candidates = (kept_x + p.mean).float().cpu()
+            candidates = dark_floor((kept_x + p.mean).float(), tau).cpu()
         return Reconstruction(
             method=self.name,
             candidates=candidates,
             labels=p.y.cpu(),
             scores=(p.form.scale * kept_u).detach().float().cpu(),
             config={**cfg, "m": p.m, "n_guess": p.n, "lambda_scale_value": p.form.scale, "lr_lambda_used": p.lr_lambda, **p.form.info, **init_record(init_name),
-                    **(p.fixed_info or {}), **p.span.info},
+                    **(p.fixed_info or {}), **p.span.info,
+                    "background_used": tau, "background_reason": why},
             seed=seed,
             loss_history=run.history,
             summary={"iterations": end.done, "seconds": round(end.elapsed, 3), "final_relative_stationarity": final_stat,
