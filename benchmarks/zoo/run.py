@@ -21,6 +21,10 @@ Methods:
 - ``pfR:{json}``: R restarts of kkt with the overrides, budget split evenly, candidates pooled.
 - ``pfv:[{json}, ...]``: the default portfolio (sized by its probe) with these variants.
 - ``pfr:N``: the default portfolio (default variants) with N restarts instead of the sizing's choice.
+- ``newpair``: the default portfolio run with kkt's ``background=0`` (raw candidates), judged twice:
+  as returned (``raw_*`` fields) and with the dark floor ``background="auto"`` would have applied
+  (the main fields), so the two differ in that output step only, at the same iterations and seconds
+  (near-duplicates are merged on the raw candidates; the default merges floored ones).
 
 ``table`` gathers ``results.csv``, ``results.json`` and ``table.md`` from the job files.
 """
@@ -88,6 +92,10 @@ def attack(view, method: str, seconds: float, seed: int):
 
     if method == "new":
         return new_default(view, seconds, seed)
+    if method == "newpair":
+        from exhume.portfolio import run_portfolio
+
+        return run_portfolio(view, "kkt", max_seconds=seconds, seed=seed, progress=False, background=0)
     if method == "old":
         return get_attack("kkt", iterations=10_000_000, max_seconds=seconds, **OLD_KKT).run(view, seed=seed, progress=False)
     if method == "reference":
@@ -122,6 +130,16 @@ def job(args) -> None:
     t0 = time.perf_counter()
     recon = attack(victim.attacker_view(), args.method, args.seconds, args.seed)
     wall = time.perf_counter() - t0
+    raw = {}
+    if args.method == "newpair":  # judge the raw candidates, then those the default's dark floor returns
+        from exhume.attacks.priors import background_level, dark_floor
+
+        r = exhume.evaluate(recon, victim, pool_size=1000, figures=False).metrics
+        raw = {"raw_memorised": r["memorised"], "raw_control": r.get("memorised_control"), "raw_one_to_one": r["one_to_one_ssim>=0.4"]}
+        view = victim.attacker_view()
+        tau, _ = background_level("auto", view.mean, tuple(view.input_shape))
+        raw["background_tau"] = tau
+        recon.candidates = dark_floor(recon.candidates.float(), tau)
     res = exhume.evaluate(recon, victim, pool_size=1000, figures=False)
     m = res.metrics
     row = {"victim": Path(args.victim).name, "method": args.method, "seed": args.seed, "budget_s": args.seconds,
@@ -133,7 +151,7 @@ def job(args) -> None:
            "memorised": m["memorised"], "control": m.get("memorised_control"),
            "one_to_one": m["one_to_one_ssim>=0.4"], "one_to_one_control": m.get("one_to_one_ssim>=0.4_control"),
            "support_estimate": m.get("support_estimate"),
-           "victim_train_accuracy": victim.metrics.get("train_accuracy"), "victim_epochs": victim.metrics.get("epochs")}
+           "victim_train_accuracy": victim.metrics.get("train_accuracy"), "victim_epochs": victim.metrics.get("epochs"), **raw}
     Path(args.result).parent.mkdir(parents=True, exist_ok=True)
     Path(args.result).write_text(json.dumps(row, default=str))
     print(json.dumps(row, default=str), flush=True)
