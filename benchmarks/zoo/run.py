@@ -134,6 +134,7 @@ def job(args) -> None:
     if args.method == "newpair":  # judge the raw candidates, then those the default's dark floor returns
         from exhume.attacks.priors import background_level, dark_floor
 
+        recon.save(Path(args.result).parent.parent / "raw" / Path(args.result).stem)  # for other thresholds, post hoc
         r = exhume.evaluate(recon, victim, pool_size=1000, figures=False).metrics
         raw = {"raw_memorised": r["memorised"], "raw_control": r.get("memorised_control"), "raw_one_to_one": r["one_to_one_ssim>=0.4"]}
         view = victim.attacker_view()
