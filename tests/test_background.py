@@ -49,7 +49,7 @@ def _best_ssim(candidates: torch.Tensor) -> np.ndarray:
     return evaluate_images(candidates.float().clamp(0, 1), x).arrays["ssim"]
 
 
-def test_the_floor_changes_the_output_only_and_brings_the_digits_closer(tmp_path):
+def test_the_floor_changes_the_output_only_and_brings_the_digits_closer():
     view = _victim()
     kw = dict(iterations=400, m=2 * N, log_every=100)
     raw = get_attack("kkt", background=0, **kw).run(view, progress=False, seed=0)

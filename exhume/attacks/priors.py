@@ -43,7 +43,7 @@ def project_range(x: torch.Tensor, lo: torch.Tensor | float, hi: torch.Tensor | 
 BACKGROUND_TAU = 0.03
 #: data count as dark-background when at least this share of the mean image's pixels ...
 DARK_SHARE = 0.05
-#: ... is at most this bright (MNIST: 42 % of its mean's pixels, Fashion-MNIST 8 %, 8×8 digits 23 %; CIFAR-10 none)
+#: ... is at most this bright (MNIST: 42 % of its mean's pixels, Fashion-MNIST 8 %, 8×8 digits 23 %; a mid-grey mean such as CIFAR-10's: none)
 DARK_LEVEL = 0.01
 
 
