@@ -127,8 +127,9 @@ def job(args) -> None:
 
     torch.set_num_threads(args.threads)
     victim = load_victim(args.victim)
+    view = victim.attacker_view()
     t0 = time.perf_counter()
-    recon = attack(victim.attacker_view(), args.method, args.seconds, args.seed)
+    recon = attack(view, args.method, args.seconds, args.seed)
     wall = time.perf_counter() - t0
     raw = {}
     if args.method == "newpair":  # judge the raw candidates, then those the default's dark floor returns
@@ -137,7 +138,6 @@ def job(args) -> None:
         recon.save(Path(args.result).parent.parent / "raw" / Path(args.result).stem)  # for other thresholds, post hoc
         r = exhume.evaluate(recon, victim, pool_size=1000, figures=False).metrics
         raw = {"raw_memorised": r["memorised"], "raw_control": r.get("memorised_control"), "raw_one_to_one": r["one_to_one_ssim>=0.4"]}
-        view = victim.attacker_view()
         tau, _ = background_level("auto", view.mean, tuple(view.input_shape))
         raw["background_tau"] = tau
         recon.candidates = dark_floor(recon.candidates.float(), tau)

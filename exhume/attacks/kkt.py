@@ -292,14 +292,12 @@ class KKTAttack(Attack):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        for name, positive, what in (("lambda_scale", True, "a positive number"), ("lr_lambda", False, "a number >= 0")):
+        for name, ok, what in (("lambda_scale", lambda v: v > 0, "a positive number"), ("lr_lambda", lambda v: v >= 0, "a number >= 0"),
+                               ("background", lambda v: 0.0 <= v <= 0.5, "a number in [0, 0.5] (a share of the pixel range)")):
             v = self.config[name]
             number = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-            if not (v == "auto" or (number and (v > 0 if positive else v >= 0))):
+            if not (v == "auto" or (number and ok(v))):
                 raise ConfigError(f"{name} must be 'auto' or {what}, got {v!r}")
-        v = self.config["background"]
-        if not (v == "auto" or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 0.5)):
-            raise ConfigError(f"background must be 'auto' or a number in [0, 0.5] (a share of the pixel range), got {v!r}")
 
     def check(self, view) -> None:
         if self.config["tv_weight"] > 0 and len(view.input_shape) != 3:
