@@ -20,6 +20,8 @@ from torch import nn
 import exhume
 from exhume.attacks import Reconstruction, get_attack, load_reconstruction
 from exhume.cli import main
+from exhume.evaluation.matching import ncc_matrix
+from exhume.evaluation.ssim import ssim_pairs
 from exhume.portfolio import make_plan, pool, run_portfolio, starved
 from exhume.portfolio.report import summary_lines
 from exhume.victim import AttackerView, TrainConfig, make_victim
@@ -122,6 +124,38 @@ def test_candidates_still_near_the_mean_are_not_merged_copies_of_an_image_are():
     assert kept.tolist() == [0, 1, 2, 3, 4, 5, 6] and owner[7:].tolist() == [6, 6]
     kept_raw, _ = near_duplicates(cands, labels, torch.arange(9))  # without the mean taken out, they all look alike
     assert len(kept_raw) < 7
+
+
+def test_images_that_correlate_but_differ_in_local_structure_are_not_merged():
+    """A copy with a fine texture on it correlates with the original above 0.95 but its SSIM is below
+    0.98: both stay (the evaluator's SSIM can tell them apart); a copy with faint noise is merged;
+    without the SSIM check (or for inputs that are not images) the correlation alone decides."""
+    from exhume.portfolio.pool import DUPLICATE_NCC, DUPLICATE_SSIM, near_duplicates
+
+    yy, xx = torch.meshgrid(torch.arange(28.0), torch.arange(28.0), indexing="ij")
+    blob = torch.exp(-((yy - 14) ** 2 + (xx - 14) ** 2) / 40.0)[None, None]
+    textured = (blob + 0.04 * ((yy + xx) % 2 * 2 - 1)).clamp(0, 1)
+    faint = (blob + 0.005 * torch.randn(1, 1, 28, 28, generator=torch.Generator().manual_seed(0))).clamp(0, 1)
+    mean = torch.zeros(1, 28, 28)
+    assert float(ncc_matrix(blob, textured)) > DUPLICATE_NCC and float(ssim_pairs(blob, textured)) < DUPLICATE_SSIM
+    cands, labels, order = torch.cat([blob, textured, faint]), torch.ones(3), torch.arange(3)
+    kept, owner = near_duplicates(cands, labels, order, mean=mean)
+    assert kept.tolist() == [0, 1] and owner.tolist() == [0, 1, 0]
+    kept_ncc, _ = near_duplicates(cands, labels, order, mean=mean, ssim_threshold=None)
+    assert kept_ncc.tolist() == [0]
+    kept_flat, _ = near_duplicates(cands.reshape(3, -1), labels, order, mean=mean.reshape(-1))
+    assert kept_flat.tolist() == [0], "vectors: the correlation alone"
+
+
+def test_a_portfolio_on_vector_inputs_pools():
+    """Tabular victims (inputs that are not images): the restarts' candidates merge by correlation alone."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 16, bias=False), nn.ReLU(), nn.Linear(16, 1, bias=False), nn.Flatten(0))
+    view = AttackerView(model=model, task="binary", input_shape=(5,), mean=torch.zeros(5), loss="logistic",
+                        weight_decay=1e-2, n_train_hint=6)
+    out = run_portfolio(view, restarts=2, workers=1, progress=False, iterations=20)
+    assert out.summary["candidates_before_merge"] == 24 and 1 <= out.candidates.shape[0] <= 24
+    assert out.candidates.shape[1:] == (5,) and out.provenance["members"].shape == (out.candidates.shape[0], 2)
 
 
 def test_starved_rule():

@@ -36,7 +36,8 @@ def run_portfolio(victim, method: str = "kkt", *, max_seconds: float | None = No
     ``postgresql://…`` or ``sqlite:///…``), restarts are claimed from a study named ``study_name``
     by every process that joins it (:func:`exhume.portfolio.shared.portfolio_worker` on other
     machines) and their results are stored in that database, from which this call pools.
-    ``merge_threshold``: the NCC above which two same-label candidates are merged (1.0: never).
+    ``merge_threshold``: the NCC above which two same-label candidates are merged (1.0: never); image
+    candidates must also have an SSIM above ``DUPLICATE_SSIM`` (0.98) with each other.
     """
     from exhume.device import check_device
 

@@ -1,0 +1,70 @@
+"""Judge a portfolio's saved restarts pooled under several near-duplicate rules.
+
+    python benchmarks/merge_rules.py --victim runs/zoo/victims/fashion-256-haim --run runs/start/fashion-256-haim/noise \\
+        --restarts 2 4
+
+``--run`` holds restarts as ``<k>/`` or ``restarts/<k>/`` folders (a portfolio's run folder, or
+``first_layer_start.py``'s). For each number of restarts (the first ``R`` in restart order), their
+candidates are pooled as the portfolio pools them (concatenated, ranked attacker-side, merged going
+down the ranking: :func:`exhume.portfolio.pool.near_duplicates`) under each rule, and judged by
+``exhume.evaluate`` (1000 unseen pool images, the control on held-out non-members): unmerged; the
+correlation alone (NCC > 0.95, the rule before 2026-11-26); NCC > 0.95 and SSIM > 0.95; NCC > 0.95
+and SSIM > 0.98 (the default). Every pool comes from the same restarts, so the rules differ in the
+merge alone. Prints one markdown row per ``R``: memorised / control (candidates). Evaluator-side.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+import exhume
+from exhume.attacks import load_reconstruction
+from exhume.attacks.base import Reconstruction
+from exhume.portfolio.pool import DUPLICATE_NCC, near_duplicates, rank_scores
+
+RULES = (("unmerged", None, None), ("NCC", DUPLICATE_NCC, None), ("NCC + SSIM 0.95", DUPLICATE_NCC, 0.95),
+         ("NCC + SSIM 0.98", DUPLICATE_NCC, 0.98))
+
+
+def restart_folders(run: Path) -> list[Path]:
+    base = run / "restarts" if (run / "restarts").is_dir() else run
+    found = sorted((p for p in base.iterdir() if p.name.isdigit() and (p / "reconstruction.json").exists()), key=lambda p: int(p.name))
+    if not found:
+        raise SystemExit(f"--run: no finished restarts (<k>/reconstruction.json) in {base}")
+    return found
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--victim", required=True, help="a victim folder (with its training set's data spec)")
+    ap.add_argument("--run", required=True, help="a folder of saved restarts")
+    ap.add_argument("--restarts", type=int, nargs="+", default=[2], help="pool the first R restarts (several: one row each)")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    victim = exhume.load_victim(args.victim)
+    view = victim.attacker_view()
+    recs = [load_reconstruction(p) for p in restart_folders(Path(args.run))]
+    for r in args.restarts:
+        if not 1 <= r <= len(recs):
+            raise SystemExit(f"--restarts: {r} asked for, {len(recs)} saved")
+        part = recs[:r]
+        cands = torch.cat([x.candidates for x in part]).float()
+        labels = torch.cat([x.labels for x in part])
+        order = torch.argsort(-torch.cat([rank_scores(view, x) for x in part]), stable=True)
+        cells = []
+        for _, ncc, ssim in RULES:
+            kept = order if ncc is None else near_duplicates(cands, labels, order, ncc, mean=view.mean, ssim_threshold=ssim)[0]
+            rec = Reconstruction(method="kkt", candidates=cands[kept], labels=labels[kept], scores=None, config=dict(part[0].config),
+                                 seed=0, summary={})
+            m = exhume.evaluate(rec, victim, pool_size=1000, figures=False).metrics
+            cells.append(f"{m['memorised']} / {m['memorised_control']} ({len(kept)})")
+        print(f"| {Path(args.victim).name} | {r} | " + " | ".join(cells) + " |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
