@@ -31,6 +31,8 @@ RULES = (("unmerged", None, None), ("NCC", DUPLICATE_NCC, None), ("NCC + SSIM 0.
 
 def restart_folders(run: Path) -> list[Path]:
     base = run / "restarts" if (run / "restarts").is_dir() else run
+    if not base.is_dir():
+        raise SystemExit(f"--run: {run} is not a folder of saved restarts")
     found = sorted((p for p in base.iterdir() if p.name.isdigit() and (p / "reconstruction.json").exists()), key=lambda p: int(p.name))
     if not found:
         raise SystemExit(f"--run: no finished restarts (<k>/reconstruction.json) in {base}")
