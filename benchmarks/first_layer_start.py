@@ -28,6 +28,7 @@ Evaluator-side: reads the training set to judge.
 from __future__ import annotations
 
 import argparse
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -35,8 +36,10 @@ import torch
 
 import exhume
 from exhume.attacks import get_attack, load_reconstruction
-from exhume.attacks.base import Reconstruction
 from exhume.attacks.subspace import input_layer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "zoo"))
+from run import pooled  # noqa: E402  (the zoo's concatenation of restarts' candidates)
 
 VARIANTS = [{}, {"lr_lambda": 1e-2}]
 CONTRAST = 0.5
@@ -78,9 +81,7 @@ def one_restart(job: tuple[str, str, int, str, int]) -> None:
 
 
 def judged(victim, recs: list) -> str:
-    rec = Reconstruction(method="kkt", candidates=torch.cat([r.candidates for r in recs]), labels=torch.cat([r.labels for r in recs]),
-                         scores=torch.cat([r.scores for r in recs]), config=dict(recs[0].config), seed=0, summary={})
-    m = exhume.evaluate(rec, victim, pool_size=1000, figures=False).metrics
+    m = exhume.evaluate(pooled(recs, "kkt", {}), victim, pool_size=1000, figures=False).metrics
     return f"{m['memorised']} / {m['memorised_control']}"
 
 

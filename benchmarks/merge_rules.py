@@ -16,14 +16,18 @@ merge alone. Prints one markdown row per ``R``: memorised / control (candidates)
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import sys
 from pathlib import Path
 
 import torch
 
 import exhume
 from exhume.attacks import load_reconstruction
-from exhume.attacks.base import Reconstruction
 from exhume.portfolio.pool import DUPLICATE_NCC, near_duplicates, rank_scores
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "zoo"))
+from run import pooled  # noqa: E402  (the zoo's concatenation of restarts' candidates)
 
 RULES = (("unmerged", None, None), ("NCC", DUPLICATE_NCC, None), ("NCC + SSIM 0.95", DUPLICATE_NCC, 0.95),
          ("NCC + SSIM 0.98", DUPLICATE_NCC, 0.98))
@@ -54,14 +58,13 @@ def main(argv=None) -> int:
         if not 1 <= r <= len(recs):
             raise SystemExit(f"--restarts: {r} asked for, {len(recs)} saved")
         part = recs[:r]
-        cands = torch.cat([x.candidates for x in part]).float()
-        labels = torch.cat([x.labels for x in part])
+        whole = pooled(part, "kkt", {})
+        cands, labels = whole.candidates.float(), whole.labels
         order = torch.argsort(-torch.cat([rank_scores(view, x) for x in part]), stable=True)
         cells = []
         for _, ncc, ssim in RULES:
             kept = order if ncc is None else near_duplicates(cands, labels, order, ncc, mean=view.mean, ssim_threshold=ssim)[0]
-            rec = Reconstruction(method="kkt", candidates=cands[kept], labels=labels[kept], scores=None, config=dict(part[0].config),
-                                 seed=0, summary={})
+            rec = dataclasses.replace(whole, candidates=cands[kept], labels=labels[kept], scores=whole.scores[kept])
             m = exhume.evaluate(rec, victim, pool_size=1000, figures=False).metrics
             cells.append(f"{m['memorised']} / {m['memorised_control']} ({len(kept)})")
         print(f"| {Path(args.victim).name} | {r} | " + " | ".join(cells) + " |", flush=True)
