@@ -352,3 +352,37 @@ def test_two_workers_share_one_sqlite_study(victim_dir, tmp_path):
 
 def test_two_workers_share_one_postgres_study(victim_dir, tmp_path):
     _two_workers_one_study(victim_dir, tmp_path, _dsn())
+
+
+def test_blocked_merge_equals_the_dense_correlation_and_holds_no_m_by_m_matrix(monkeypatch):
+    """The merge computes the correlations over blocks of rows and keeps only the flagged pairs: on
+    candidates with planted near-copies (several labels, blocks of 7 rows) it merges exactly what the
+    dense ``ncc_matrix`` rule merges, and the pairs it finds are those of the dense matrix."""
+    import dataclasses
+    import importlib
+
+    pool_mod = importlib.import_module("exhume.portfolio.pool")
+
+    g = torch.Generator().manual_seed(3)
+    base = torch.rand(12, 1, 10, 10, generator=g)
+    copies = (base[torch.arange(36) % 12] + 0.03 * torch.randn(36, 1, 10, 10, generator=g)).clamp(0, 1)
+    cands = torch.cat([base, copies])[torch.randperm(48, generator=g)]
+    labels = torch.randint(0, 2, (48,), generator=g).float()
+    order = torch.randperm(48, generator=g)
+    mean = torch.full((1, 10, 10), 0.5)
+
+    flat = (cands.clamp(0, 1) - mean).reshape(48, -1)
+    dense = (ncc_matrix(flat.reshape(48, 1, 1, -1), flat.reshape(48, 1, 1, -1)) > 0.95) & (labels[:, None] == labels[None, :])
+    want = {(a, b) for a, b in torch.nonzero(torch.triu(dense, 1)).tolist()}
+    owner_ref = torch.full((48,), -1, dtype=torch.long)  # the greedy rule on the dense matrix
+    for a in order.tolist():
+        if owner_ref[a] < 0:
+            owner_ref[a] = a
+            owner_ref[(owner_ref < 0) & dense[a]] = a
+
+    monkeypatch.setattr(pool_mod, "LIMITS", dataclasses.replace(pool_mod.LIMITS, candidates_x_pool_block=7 * 48))  # 7 rows
+    i, j = pool_mod.flagged_pairs(flat, labels, 0.95)
+    assert set(zip(i.tolist(), j.tolist())) == want and len(want) >= 20
+    kept, owner = pool_mod.near_duplicates(cands, labels, order, mean=mean, ssim_threshold=None)
+    assert torch.equal(owner, owner_ref) and kept.tolist() == [a for a in order.tolist() if owner_ref[a] == a]
+    assert pool_mod.flagged_pairs(flat[:0], labels[:0], 0.95)[0].numel() == 0

@@ -40,11 +40,12 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+import numpy as np
 import torch
 
 from exhume.attacks import Reconstruction
-from exhume.evaluation.matching import ncc_matrix
 from exhume.evaluation.ssim import ssim_pairs
+from exhume.files import LIMITS
 
 DUPLICATE_NCC = 0.95
 #: image candidates are near-duplicates only when their SSIM with each other is above this as well
@@ -77,42 +78,69 @@ def near_duplicates(candidates: torch.Tensor, labels: torch.Tensor, order: torch
     while two copies of one reconstructed image are. For image candidates ``(m, C, H, W)`` a pair
     above ``threshold`` is a duplicate only if the SSIM of the two clipped images is above
     ``ssim_threshold`` as well (None: the correlation alone; other inputs: always).
+
+    Memory: the correlations are computed in blocks of rows (at most ``LIMITS.candidates_x_pool_block``
+    at once) and only the flagged pairs are kept, so a long portfolio's pool (64 restarts of 2n
+    candidates each) never holds an m × m matrix (12,800 candidates: 1.3 GB in float64; 128,000: 131 GB).
     """
     m = candidates.shape[0]
     clipped = candidates.float().clamp(0, 1)
     c = clipped
     if mean is not None:
         c = c - mean.float().clamp(0, 1).reshape(1, *c.shape[1:])
-    flat_view = c if c.dim() in (3, 4) else c.reshape(m, 1, 1, -1)  # vectors: one row of "pixels"
-    sim = ncc_matrix(flat_view, flat_view)
-    same = labels.reshape(m, -1)
-    same_label = (same[:, None, :] == same[None, :, :]).all(dim=-1)
-    dup = (sim > threshold) & same_label
-    del sim
+    i, j = flagged_pairs(c.flatten(1), labels, threshold)
     if ssim_threshold is not None and clipped.dim() == 4:
-        dup = _confirmed_by_ssim(clipped, dup, ssim_threshold)
-    owner = torch.full((m,), -1, dtype=torch.long)
+        i, j = _confirmed_by_ssim(clipped, i, j, ssim_threshold)
+    # neighbours of each candidate (both directions), as slices of one sorted array
+    src, dst = torch.cat([i, j]).numpy(), torch.cat([j, i]).numpy()
+    by_src = np.argsort(src, kind="stable")
+    nbr = dst[by_src]
+    start = np.concatenate([[0], np.cumsum(np.bincount(src, minlength=m))])
+    owner = np.full(m, -1, dtype=np.int64)
     kept = []
-    for i in order.tolist():
-        if owner[i] >= 0:
+    for a in order.tolist():
+        if owner[a] >= 0:
             continue
-        owner[i] = i
-        kept.append(i)
-        free = (owner < 0) & dup[i]
-        owner[free] = i
-    return torch.tensor(kept, dtype=torch.long), owner
+        owner[a] = a
+        kept.append(a)
+        near = nbr[start[a]:start[a + 1]]
+        owner[near[owner[near] < 0]] = a
+    return torch.tensor(kept, dtype=torch.long), torch.from_numpy(owner)
 
 
-def _confirmed_by_ssim(images: torch.Tensor, dup: torch.Tensor, threshold: float) -> torch.Tensor:
-    """``dup`` (symmetric, pairs the correlation flagged) less the pairs whose SSIM is at most ``threshold``."""
-    i, j = torch.nonzero(torch.triu(dup, diagonal=1), as_tuple=True)
-    out = torch.eye(dup.shape[0], dtype=torch.bool) & dup
+def flagged_pairs(flat: torch.Tensor, labels: torch.Tensor, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pairs ``i < j`` of rows of ``flat`` (m, d) with the same label whose Pearson correlation is above ``threshold``.
+
+    The same correlation as :func:`exhume.evaluation.matching.ncc_matrix` (float64, a constant row
+    correlates 0 with anything), computed over blocks of rows against the rows from the block on.
+    """
+    m = flat.shape[0]
+    if m == 0:
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+    z = flat.to(torch.float64)
+    z = z - z.mean(1, keepdim=True)
+    norm = z.norm(dim=1, keepdim=True)
+    z = torch.where(norm > 0, z / norm.clamp_min(1e-300), torch.zeros_like(z))
+    lab = labels.reshape(m, -1)
+    rows = max(1, min(m, LIMITS.candidates_x_pool_block // max(m, 1)))
+    out_i, out_j = [], []
+    for s in range(0, m, rows):
+        e = min(m, s + rows)
+        hit = (z[s:e] @ z[s:].T).clamp_(-1.0, 1.0) > threshold
+        hit &= (lab[s:e, None, :] == lab[None, s:, :]).all(dim=-1)
+        a, b = torch.nonzero(hit, as_tuple=True)
+        upper = b > a  # columns start at row s: the block's own diagonal and below are not pairs
+        out_i.append(a[upper] + s)
+        out_j.append(b[upper] + s)
+    return torch.cat(out_i), torch.cat(out_j)
+
+
+def _confirmed_by_ssim(images: torch.Tensor, i: torch.Tensor, j: torch.Tensor, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pairs ``(i, j)`` (the correlation flagged) whose SSIM is above ``threshold``."""
+    keep = torch.zeros(i.numel(), dtype=torch.bool)
     for s in range(0, i.numel(), PAIR_CHUNK):
-        a, b = i[s:s + PAIR_CHUNK], j[s:s + PAIR_CHUNK]
-        ok = ssim_pairs(images[a], images[b]) > threshold
-        out[a[ok], b[ok]] = True
-        out[b[ok], a[ok]] = True
-    return out
+        keep[s:s + PAIR_CHUNK] = ssim_pairs(images[i[s:s + PAIR_CHUNK]], images[j[s:s + PAIR_CHUNK]]) > threshold
+    return i[keep], j[keep]
 
 
 def rank_scores(view, recon: Reconstruction) -> torch.Tensor:
