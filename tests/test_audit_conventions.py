@@ -16,6 +16,7 @@ from exhume.audit import Audited
 from exhume.audit.facade import _labels
 from exhume.cli import build_parser, main
 from exhume.evaluation.assumptions import relative_stationarity, unmodelled_layers
+from exhume.evaluation.run import summary_rows
 from exhume.evaluation.verdict import decide, fisher_p
 from exhume.victim import AttackerView
 
@@ -165,3 +166,23 @@ def test_without_weight_decay_a_multiplier_scale_far_from_the_margins_makes_find
     base = {"memorised": 0, "memorised_control": 0, "n_train": 100, "control_size": 100, "pool_size": 900}
     assert decide(base, far)["verdict"] == "inconclusive"
     assert decide({**base, "memorised": 30}, far)["verdict"] == "leaks"
+
+
+def test_the_oracle_control_is_what_the_training_images_themselves_would_score():
+    """Control images that are near-copies of training images are matched by a faithful reconstruction:
+    ``memorised_control_oracle`` (evaluator-side) counts them, whatever the candidates; candidates equal
+    to the training images score exactly that control, random candidates do not."""
+    rng = np.random.default_rng(1)
+    train = rng.random((10, 12, 12)).astype(np.float32)
+    near = np.clip(train[np.arange(40) % 10] + 0.05 * rng.standard_normal((40, 12, 12)), 0, 1).astype(np.float32)
+    unseen = np.concatenate([near, rng.random((40, 12, 12)).astype(np.float32)])
+    exact = Reconstruction("kkt", torch.from_numpy(train[:, None]).clone(), torch.ones(10), None, {}, 0,
+                           summary={"final_relative_stationarity": 0.01})
+    m = exhume.evaluate(exact, train=(train, None), unseen=unseen, figures=False).metrics
+    assert m["memorised_control_oracle"] == m["memorised_control"] >= 2 and "ORACLE" in m["memorised_control_oracle_note"]
+    noise = Reconstruction("kkt", torch.rand(10, 1, 12, 12, generator=torch.Generator().manual_seed(0)), torch.ones(10), None, {}, 0,
+                           summary={"final_relative_stationarity": 0.01})
+    m2 = exhume.evaluate(noise, train=(train, None), unseen=unseen, figures=False).metrics
+    assert m2["memorised_control_oracle"] == m["memorised_control_oracle"] and m2["memorised_control"] < m2["memorised_control_oracle"]
+    rows = dict(summary_rows(m))
+    assert rows["  control if the candidates were the training images (ORACLE)"] == f"{m['memorised_control_oracle']} / 10"

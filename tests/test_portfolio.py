@@ -354,7 +354,7 @@ def test_two_workers_share_one_postgres_study(victim_dir, tmp_path):
     _two_workers_one_study(victim_dir, tmp_path, _dsn())
 
 
-def test_blocked_merge_equals_the_dense_correlation_and_holds_no_m_by_m_matrix(monkeypatch):
+def test_blocked_merge_equals_the_dense_correlation_rule(monkeypatch):
     """The merge computes the correlations over blocks of rows and keeps only the flagged pairs: on
     candidates with planted near-copies (several labels, blocks of 7 rows) it merges exactly what the
     dense ``ncc_matrix`` rule merges, and the pairs it finds are those of the dense matrix."""

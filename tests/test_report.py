@@ -53,6 +53,7 @@ def test_report_content_and_self_contained(run_dir):
     assert page.count("data:image/png;base64,") == 5
     assert 'class="oracle"' in page
     assert f"{metrics['memorised_control']} / {metrics['control_size']}" in page
+    assert "what a perfect reconstruction would score" in page and f"{metrics['memorised_control_oracle']} / {metrics['control_size']}" in page
     # self-contained: nothing fetched from anywhere
     for needle in ("http://", "https://", "<script", "<link", "src=\"/", "src=\"file"):
         assert needle not in page
@@ -86,6 +87,9 @@ def test_verdict_distinguishes_leak_from_chance():
     assert not leaks and "No evidence of leakage" in text
     text, leaks = verdict({**base, "memorised": 60})
     assert leaks and "leaks part of its training set" in text
+    text, leaks = verdict({**base, "memorised": 60, "memorised_control_oracle": 7})
+    assert leaks and "would pass this test for 7 of the 100 control images (oracle)" in text
+    assert "oracle" not in verdict({**base, "memorised": 60, "memorised_control": 0, "memorised_control_oracle": 7})[0]
     text, leaks = verdict({**base, "memorised": None})
     assert not leaks and "No memorisation count" in text
 

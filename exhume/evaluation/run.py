@@ -99,7 +99,7 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
         extra, arrays = restart_breakdown(candidates, train_x, result.arrays["pool_ssim"], members, result.arrays["memorised"], match)
         result.metrics.update(extra)
         result.arrays.update(arrays)
-    _control(result, candidates, control, pool, match)
+    _control(result, candidates, control, pool, match, train_x)
     result.metrics["pool_description"] = description
     if pool is not None:
         from exhume.evaluation.membership import membership_uncertainty
@@ -164,7 +164,7 @@ def _victim_sets(victim, pool_size: int, pool_seed: int):
     return train, control, pool, description
 
 
-def _control(result: EvalResult, candidates, control, pool, match: str) -> None:
+def _control(result: EvalResult, candidates, control, pool, match: str, train_x=None) -> None:
     if control is None or len(control) == 0 or pool is None:
         return
     ctrl = evaluate_images(candidates, control, pool, match=match)
@@ -174,6 +174,14 @@ def _control(result: EvalResult, candidates, control, pool, match: str) -> None:
     result.metrics["memorised_control_note"] = (
         "the memorisation count computed for unseen images (non-members) in place of the training images; "
         "a leak shows as memorised well above memorised_control")
+    if train_x is not None:
+        # ORACLE (evaluator-side, uses the training images): the control a perfect reconstruction would score
+        oracle = evaluate_images(train_x, control, pool, match=match)
+        result.metrics["memorised_control_oracle"] = oracle.metrics["memorised"]
+        result.metrics["memorised_control_oracle_note"] = (
+            "ORACLE: the control count if the candidates were the training images themselves (control images that look more "
+            "like some training image than like any pool image); an attack that reconstructs the training set faithfully "
+            "approaches this control, so a control above 0 can come from exact reconstructions of training images")
 
 
 def victim_info(victim, train) -> dict[str, Any]:
@@ -224,6 +232,9 @@ def summary_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
         if metrics.get("memorised_control") is not None:
             rows.append((f"  same count for {metrics['control_size']} unseen images (control)",
                          f"{metrics['memorised_control']} / {metrics['control_size']}"))
+        if metrics.get("memorised_control_oracle") is not None:
+            rows.append(("  control if the candidates were the training images (ORACLE)",
+                         f"{metrics['memorised_control_oracle']} / {metrics['control_size']}"))
         if metrics.get("memorised_found_by") is not None:
             hist = metrics["memorised_found_by"]
             rows.append(("  memorised images found by k restarts", ", ".join(f"k={k}: {v}" for k, v in hist.items()) or "none"))

@@ -101,7 +101,7 @@ def check_reconstruction_tensors(tensors: dict, source: str) -> None:
         raise ExhumeError(f"{source}: tensor 'candidates' holds NaN/inf values; expected finite images")
 
 
-COUNT_KEYS = ("n_train", "n_candidates", "pool_size", "memorised", "memorised_control", "control_size")
+COUNT_KEYS = ("n_train", "n_candidates", "pool_size", "memorised", "memorised_control", "memorised_control_oracle", "control_size")
 
 
 def read_metrics(path: Path) -> dict[str, Any]:
@@ -117,8 +117,9 @@ def read_metrics(path: Path) -> dict[str, Any]:
     for key in ("memorised", "memorised_control", "ssim>=0.4", "pool_ssim>=0.4"):
         if (metrics.get(key) or 0) > metrics["n_train"] and key != "memorised_control":
             f.fail(key, f"expected at most n_train = {metrics['n_train']}, got {metrics[key]}")
-    if (metrics.get("memorised_control") or 0) > (metrics.get("control_size") or 0):
-        f.fail("memorised_control", f"expected at most control_size = {metrics.get('control_size')}")
+    for key in ("memorised_control", "memorised_control_oracle"):
+        if (metrics.get(key) or 0) > (metrics.get("control_size") or 0):
+            f.fail(key, f"expected at most control_size = {metrics.get('control_size')}")
     f.object("attack")
     f.object("victim")
     return metrics

@@ -105,6 +105,11 @@ def verdict(metrics: dict[str, Any]) -> tuple[str, bool]:
         leaks = stated == "leaks" if stated else (p < alpha and k > 0)
         text += (f"The same test run on {nc} unseen images that were not in the training set (the control) passes for {c} of them "
                  f"(one-sided Fisher exact test: p = {p:.2g}, alpha = {alpha:g}). ")
+        oracle = metrics.get("memorised_control_oracle")
+        if c and oracle is not None:
+            text += (f"Some non-members look like members: the training images themselves, given as reconstructions, would pass "
+                     f"this test for {oracle} of the {nc} control images (oracle), so a faithful attack is expected to show a "
+                     f"control above zero. ")
     else:
         leaks = stated == "leaks"
         text += "No held-out control was measured for this run, so the comparison with non-members is missing. "
@@ -157,6 +162,9 @@ def render(run: str | Path) -> str:
         ("MEMORISED: closer to a training image than every unseen image", f"{metrics.get('memorised')} / {n}", True),
         ("  control: the same count for unseen non-member images",
          None if metrics.get("memorised_control") is None else f"{metrics['memorised_control']} / {metrics.get('control_size')}", False),
+        ("  control if the candidates were the training images themselves (what a perfect reconstruction would score)",
+         None if metrics.get("memorised_control_oracle") is None else f"{metrics['memorised_control_oracle']} / {metrics.get('control_size')}",
+         True),
         ("unseen pool", metrics.get("pool_description") or metrics.get("pool_size"), False),
         ("SSIM ≥ 0.4, one-to-one (Hungarian)", f"{metrics.get('one_to_one_ssim>=0.4')} / {n}", True),
         ("SSIM ≥ 0.5, one-to-one (Hungarian)", f"{metrics.get('one_to_one_ssim>=0.5')} / {n}", True),
