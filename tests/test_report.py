@@ -90,6 +90,8 @@ def test_verdict_distinguishes_leak_from_chance():
     text, leaks = verdict({**base, "memorised": 60, "memorised_control_oracle": 7})
     assert leaks and "would pass this test for 7 of the 100 control images (oracle)" in text
     assert "oracle" not in verdict({**base, "memorised": 60, "memorised_control": 0, "memorised_control_oracle": 7})[0]
+    text = verdict({**base, "memorised": 60, "memorised_control_oracle": 0})[0]
+    assert "would pass this test for none of the control images" in text and "look like members" not in text
     text, leaks = verdict({**base, "memorised": None})
     assert not leaks and "No memorisation count" in text
 

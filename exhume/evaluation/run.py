@@ -61,7 +61,9 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
 
     **Control.** The control images are judged exactly like the training images: how many of them
     does a candidate match better than the best pool image? ``"memorised_control"`` is that
-    count, the baseline the memorisation count must beat. **Verdict** (``"verdict"``,
+    count, the baseline the memorisation count must beat; ``"memorised_control_oracle"`` (ORACLE,
+    it reads the training images) is the control the training images themselves would score as the
+    candidates, the level a faithful reconstruction approaches. **Verdict** (``"verdict"``,
     ``"verdict_reason"``, ``"p_value"``, ``"alpha"``; see :mod:`exhume.evaluation.verdict`):
     *leaks* when memorised is significantly above the control (one-sided Fisher exact test,
     ``p < alpha``); else *inconclusive* when an assumption of the attack failed (``assumptions``:

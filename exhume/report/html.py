@@ -106,10 +106,13 @@ def verdict(metrics: dict[str, Any]) -> tuple[str, bool]:
         text += (f"The same test run on {nc} unseen images that were not in the training set (the control) passes for {c} of them "
                  f"(one-sided Fisher exact test: p = {p:.2g}, alpha = {alpha:g}). ")
         oracle = metrics.get("memorised_control_oracle")
-        if c and oracle is not None:
+        if c and oracle:
             text += (f"Some non-members look like members: the training images themselves, given as reconstructions, would pass "
                      f"this test for {oracle} of the {nc} control images (oracle), so a faithful attack is expected to show a "
                      f"control above zero. ")
+        elif c and oracle == 0:
+            text += ("The training images themselves, given as reconstructions, would pass this test for none of the control "
+                     "images (oracle): the control's matches are not look-alikes of members. ")
     else:
         leaks = stated == "leaks"
         text += "No held-out control was measured for this run, so the comparison with non-members is missing. "
