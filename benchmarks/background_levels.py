@@ -12,7 +12,9 @@ differ by that output step alone (same optimisation, same iterations and seconds
 ``--concatenate-restarts`` judges a portfolio folder's restarts (``restarts/<k>/``) concatenated, as
 ``variant_screen.py`` pools them, instead of its merged reconstruction. ``--oracle`` adds the
 control the training images themselves score as the candidates: what a perfect reconstruction of
-every training image would leave in the control (evaluator-side, oracle).
+every training image would leave in the control (evaluator-side, oracle). ``--quantiles q ...`` adds
+a per-candidate level: each candidate's own ``q``-quantile of its clipped pixels, clamped to
+``--quantile-range`` (default 0.03–0.15), so a candidate with more haze gets a higher floor.
 """
 
 from __future__ import annotations
@@ -31,12 +33,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "zoo"))
 from run import pooled, restart_results  # noqa: E402  (the zoo's concatenation of restarts' candidates)
 
 
-def judge(folder: Path, victim, taus: list[float], oracle: bool, concatenate: bool) -> list[str]:
+def per_candidate_floor(v: torch.Tensor, q: float, lo: float, hi: float) -> torch.Tensor:
+    """``dark_floor`` with each candidate's own level: its ``q``-quantile of clipped pixels, clamped to [lo, hi]."""
+    tau = v.clamp(0, 1).flatten(1).quantile(q, dim=1).clamp(lo, hi).reshape(-1, *[1] * (v.dim() - 1))
+    return torch.clamp(v - tau, min=0.0) / (1.0 - tau)
+
+
+def judge(folder: Path, victim, taus: list[float], oracle: bool, concatenate: bool, quantiles=(), qrange=(0.03, 0.15)) -> list[str]:
     rec = pooled(restart_results(folder), "kkt", {}) if concatenate else load_reconstruction(folder)
     raw = rec.candidates.float()
     cells = []
-    for tau in taus:
-        rec.candidates = dark_floor(raw, tau)
+    floors = [lambda v, t=t: dark_floor(v, t) for t in taus] + [lambda v, q=q: per_candidate_floor(v, q, *qrange) for q in quantiles]
+    for floor in floors:
+        rec.candidates = floor(raw)
         m = exhume.evaluate(rec, victim, pool_size=1000, figures=False).metrics
         cells.append(f"{m['memorised']} / {m['memorised_control']} ({m['one_to_one_ssim>=0.4']})")
     if oracle:
@@ -53,18 +62,22 @@ def main(argv=None) -> int:
     where.add_argument("--victim", help="the victim folder of every reconstruction")
     where.add_argument("--victims", help="a folder of victims, named as the reconstructions' folders begin")
     ap.add_argument("--taus", nargs="+", type=float, default=[0.0, 0.03, 0.05, 0.1])
+    ap.add_argument("--quantiles", nargs="*", type=float, default=[], help="per-candidate levels: each candidate's q-quantile")
+    ap.add_argument("--quantile-range", nargs=2, type=float, default=[0.03, 0.15], help="clamp the per-candidate level")
     ap.add_argument("--oracle", action="store_true", help="add the control of the training images as the candidates")
     ap.add_argument("--concatenate-restarts", action="store_true", help="a portfolio folder's restarts, concatenated")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    head = [f"τ = {t:g}" for t in args.taus] + (["control of the training images as candidates (oracle)"] if args.oracle else [])
+    head = [f"τ = {t:g}" for t in args.taus] + [f"τ = own {q:g}-quantile" for q in args.quantiles]
+    head += (["control of the training images as candidates (oracle)"] if args.oracle else [])
     print("memorised / control (one-to-one SSIM >= 0.4)\n\n| reconstruction | " + " | ".join(head) + " |")
     print("|" + "---|" * (len(head) + 1))
     for f in map(Path, args.folders):
         victim_dir = args.victim or str(Path(args.victims) / f.name.split("__")[0])
         victim = exhume.load_victim(victim_dir)
-        print(f"| {f.name} | " + " | ".join(judge(f, victim, args.taus, args.oracle, args.concatenate_restarts)) + " |", flush=True)
+        print(f"| {f.name} | " + " | ".join(judge(f, victim, args.taus, args.oracle, args.concatenate_restarts,
+                                                                   args.quantiles, tuple(args.quantile_range))) + " |", flush=True)
     return 0
 
 
