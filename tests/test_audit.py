@@ -97,6 +97,7 @@ def test_audit_cli_on_a_users_own_model_writes_a_verdict_and_a_report(user, tmp_
     restarts = m["attack"]["config"]["portfolio"]["restarts"]  # the audit spends its budget on the attack's portfolio
     assert len(restarts) >= 1 and all(r["iterations"] == 200 for r in restarts) and m["attack"]["iterations"] == 200 * len(restarts)
     assert f"verdict: {m['verdict'].upper()}" in proc.stdout
+    assert f"(oracle {m['memorised_control_oracle']}: the training images themselves as candidates)" in proc.stdout
     got = open_in_chromium(out / "report.html", tmp_path)
     assert got["ready"] == "complete" and f"Verdict: {m['verdict'].upper()}" in got["verdict"]
     assert len(got["images"]) == 5 and all(c and w > 0 for c, w, _, _ in got["images"])

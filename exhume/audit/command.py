@@ -150,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
     m = result.metrics
     p = "n/a" if m.get("p_value") is None else f"{m['p_value']:.3g}"
     print(f"verdict: {result.verdict.upper()} (memorised {m.get('memorised')} / {m.get('n_train')}, control "
-          f"{m.get('memorised_control')} / {m.get('control_size')}, one-sided Fisher p = {p}, alpha {m['alpha']})")
+          f"{m.get('memorised_control')} / {m.get('control_size')} (oracle {m.get('memorised_control_oracle')}: the training images "
+          f"themselves as candidates), one-sided Fisher p = {p}, alpha {m['alpha']})")
     print(f"reason: {result.reason}")
     print(f"metrics: {out / 'evaluation' / 'metrics.json'}   report: {out / 'report.html'}")
     return 0
