@@ -23,24 +23,13 @@ from pathlib import Path
 import torch
 
 import exhume
-from exhume.attacks import load_reconstruction
 from exhume.portfolio.pool import DUPLICATE_NCC, near_duplicates, rank_scores
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "zoo"))
-from run import pooled  # noqa: E402  (the zoo's concatenation of restarts' candidates)
+from run import pooled, restart_results  # noqa: E402  (the zoo's restarts reader and concatenation of candidates)
 
 RULES = (("unmerged", None, None), ("NCC", DUPLICATE_NCC, None), ("NCC + SSIM 0.95", DUPLICATE_NCC, 0.95),
          ("NCC + SSIM 0.98", DUPLICATE_NCC, 0.98))
-
-
-def restart_folders(run: Path) -> list[Path]:
-    base = run / "restarts" if (run / "restarts").is_dir() else run
-    if not base.is_dir():
-        raise SystemExit(f"--run: {run} is not a folder of saved restarts")
-    found = sorted((p for p in base.iterdir() if p.name.isdigit() and (p / "reconstruction.json").exists()), key=lambda p: int(p.name))
-    if not found:
-        raise SystemExit(f"--run: no finished restarts (<k>/reconstruction.json) in {base}")
-    return found
 
 
 def main(argv=None) -> int:
@@ -53,7 +42,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     victim = exhume.load_victim(args.victim)
     view = victim.attacker_view()
-    recs = [load_reconstruction(p) for p in restart_folders(Path(args.run))]
+    recs = restart_results(args.run)
     for r in args.restarts:
         if not 1 <= r <= len(recs):
             raise SystemExit(f"--restarts: {r} asked for, {len(recs)} saved")

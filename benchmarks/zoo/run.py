@@ -63,10 +63,17 @@ def pooled(recons, method: str, extra: dict):
 
 
 def restart_results(run) -> list:
-    """The reconstructions a portfolio saved in ``run/restarts/<k>/``, in restart order."""
+    """The finished reconstructions saved in ``run/restarts/<k>/`` (a portfolio's folder) or ``run/<k>/``
+    (``first_layer_start.py``'s), in restart order; a clear exit when there are none."""
     from exhume.attacks import load_reconstruction
 
-    folders = sorted((p for p in (Path(run) / "restarts").iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    run = Path(run)
+    base = run / "restarts" if (run / "restarts").is_dir() else run
+    if not base.is_dir():
+        raise SystemExit(f"{run} is not a folder of saved restarts")
+    folders = sorted((p for p in base.iterdir() if p.name.isdigit() and (p / "reconstruction.json").exists()), key=lambda p: int(p.name))
+    if not folders:
+        raise SystemExit(f"no finished restarts (<k>/reconstruction.json) in {base}")
     return [load_reconstruction(p) for p in folders]
 
 

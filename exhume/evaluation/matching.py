@@ -86,13 +86,16 @@ def ncc_matrix(a, b) -> Tensor:
     Pearson correlation of the flattened images; a constant image correlates 0 with anything.
     """
     a, b = as_images(a, "a", check_range=False), as_images(b, "b", check_range=False)
-    fa, fb = _flat(a), _flat(b)
-    fa = fa - fa.mean(1, keepdim=True)
-    fb = fb - fb.mean(1, keepdim=True)
-    na, nb = fa.norm(dim=1, keepdim=True), fb.norm(dim=1, keepdim=True)
-    fa = torch.where(na > 0, fa / na.clamp_min(1e-300), torch.zeros_like(fa))
-    fb = torch.where(nb > 0, fb / nb.clamp_min(1e-300), torch.zeros_like(fb))
-    return (fa @ fb.T).clamp_(-1.0, 1.0)
+    return (unit_rows(_flat(a)) @ unit_rows(_flat(b)).T).clamp_(-1.0, 1.0)
+
+
+def unit_rows(flat: Tensor) -> Tensor:
+    """Rows ``(n, d)`` centred and scaled to unit norm (a constant row becomes 0), in float64: the
+    dot product of two such rows is their Pearson correlation, the rule of :func:`ncc_matrix`."""
+    f = flat.to(torch.float64)
+    f = f - f.mean(1, keepdim=True)
+    norm = f.norm(dim=1, keepdim=True)
+    return torch.where(norm > 0, f / norm.clamp_min(1e-300), torch.zeros_like(f))
 
 
 def match_downsample(shape, downsample: int | str | None = "auto") -> int:

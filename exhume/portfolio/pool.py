@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from exhume.attacks import Reconstruction
+from exhume.evaluation.matching import unit_rows
 from exhume.evaluation.ssim import ssim_pairs
 from exhume.files import LIMITS
 
@@ -111,16 +112,13 @@ def near_duplicates(candidates: torch.Tensor, labels: torch.Tensor, order: torch
 def flagged_pairs(flat: torch.Tensor, labels: torch.Tensor, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Pairs ``i < j`` of rows of ``flat`` (m, d) with the same label whose Pearson correlation is above ``threshold``.
 
-    The same correlation as :func:`exhume.evaluation.matching.ncc_matrix` (float64, a constant row
-    correlates 0 with anything), computed over blocks of rows against the rows from the block on.
+    The correlation of :func:`exhume.evaluation.matching.ncc_matrix` (its :func:`unit_rows`), computed
+    over blocks of rows against the rows from the block on.
     """
     m = flat.shape[0]
     if m == 0:
         return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
-    z = flat.to(torch.float64)
-    z = z - z.mean(1, keepdim=True)
-    norm = z.norm(dim=1, keepdim=True)
-    z = torch.where(norm > 0, z / norm.clamp_min(1e-300), torch.zeros_like(z))
+    z = unit_rows(flat)
     lab = labels.reshape(m, -1)
     rows = max(1, min(m, LIMITS.candidates_x_pool_block // max(m, 1)))
     out_i, out_j = [], []
