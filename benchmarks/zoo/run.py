@@ -26,6 +26,9 @@ Methods:
   (the main fields), so the two differ in that output step only, at the same iterations and seconds
   (near-duplicates are merged on the raw candidates; the default merges floored ones).
 
+``--keep`` saves each job's returned reconstruction in ``OUT/reconstructions/<victim>__<method>__s<seed>/``,
+for judging again (``benchmarks/memorised_sets.py``: which training images each method memorises).
+
 ``table`` gathers ``results.csv``, ``results.json`` and ``table.md`` from the job files.
 """
 
@@ -148,6 +151,8 @@ def job(args) -> None:
         tau, _ = background_level("auto", view.mean, tuple(view.input_shape))
         raw["background_tau"] = tau
         recon.candidates = dark_floor(recon.candidates.float(), tau)
+    if args.keep:  # the returned candidates, for judging again (benchmarks/memorised_sets.py)
+        recon.save(Path(args.result).parent.parent / "reconstructions" / Path(args.result).stem)
     res = exhume.evaluate(recon, victim, pool_size=1000, figures=False)
     m = res.metrics
     row = {"victim": Path(args.victim).name, "method": args.method, "seed": args.seed, "budget_s": args.seconds,
@@ -214,7 +219,7 @@ def run_all(args) -> None:
             result = out / "results" / f"{n}__{tag}__s{args.seed}.json"
             if not result.exists():
                 jobs.append(me + ["job", "--victim", str(out / "victims" / n), "--method", method, "--seconds", str(args.seconds),
-                                  "--seed", str(args.seed), "--result", str(result)])
+                                  "--seed", str(args.seed), "--result", str(result)] + (["--keep"] if args.keep else []))
     t0 = time.perf_counter()
     parallel(jobs, args.slots, args.cores_per_job, out / "log.txt", args.first_core)
     print(f"ran {len(jobs)} jobs in {time.perf_counter() - t0:.0f} s", flush=True)
@@ -268,6 +273,7 @@ def main(argv=None) -> int:
     a.add_argument("--fashion-root", default=None)
     a.add_argument("--victims", nargs="*", default=None)
     a.add_argument("--methods", nargs="+", default=["new", "old", "reference"])
+    a.add_argument("--keep", action="store_true", help="save each job's reconstruction in OUT/reconstructions/<victim>__<method>__s<seed>/")
     b = sub.add_parser("build")
     b.add_argument("--name", required=True)
     b.add_argument("--out", required=True)
@@ -279,6 +285,7 @@ def main(argv=None) -> int:
     j.add_argument("--seconds", type=float, required=True)
     j.add_argument("--seed", type=int, default=0)
     j.add_argument("--threads", type=int, default=2)
+    j.add_argument("--keep", action="store_true")
     t = sub.add_parser("table")
     t.add_argument("--out", default="runs/zoo")
     args = ap.parse_args(argv)
