@@ -8,7 +8,8 @@ points' margin gradients (soft margin for 10-class victims; exact ReLU derivativ
 share of ``‖θ‖²`` explained and each tensor's relative residual; and how the fit spreads over the
 training points: how many get a multiplier above 0, the participation ratio of their contributions
 ``c_i = λ_i ‖∇_θ h_i‖`` (``(Σc)²/Σc²``), how many points carry 90 % of ``Σ c_i²``, and the ten
-largest (training-set indices). Evaluator-side: reads the training set. Memory: ``n × P`` float64 gradients (100 points of a 1000-1000 MLP: about 1.4 GB).
+largest (training-set indices). Evaluator-side: reads the training set. Memory: ``n × P`` float64
+gradients (100 points of a 1000-1000 MLP: about 1.4 GB).
 """
 
 from __future__ import annotations
@@ -49,11 +50,12 @@ def main(argv=None) -> int:
             base = params if theta is None else theta
             per = ", ".join(f"{k} {float((rest[k] ** 2).sum() / (base[k] ** 2).sum().clamp_min(1e-300)):.3f}" for k in params)
             print(f"  {name}: the {x.shape[0]} training points explain {share:.1%} of its ‖·‖²; residual per tensor: {per}", flush=True)
-            c = torch.as_tensor(lam, dtype=torch.float64).reshape(-1) * gnorm
+            lam = torch.as_tensor(lam, dtype=torch.float64).reshape(-1)
+            c = lam * gnorm
             order = torch.argsort(c, descending=True)
             energy = torch.cumsum(c[order] ** 2, 0) / (c**2).sum().clamp_min(1e-300)
             carry = int(torch.searchsorted(energy, torch.tensor(0.9, dtype=energy.dtype))) + 1
-            print(f"    multipliers above 0: {int((c > 0).sum())}; participation ratio of the contributions "
+            print(f"    multipliers above 0: {int((lam > 0).sum())}; participation ratio of the contributions "
                   f"{float(c.sum() ** 2 / (c**2).sum().clamp_min(1e-300)):.1f}; points carrying 90 % of Σc²: {carry}; "
                   f"largest: {order[:10].tolist()}", flush=True)
     return 0

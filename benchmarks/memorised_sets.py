@@ -10,9 +10,9 @@ Each reconstruction folder (anything :func:`exhume.attacks.load_reconstruction` 
 prints each one's memorised training images (indices into the training set), for every pair the
 images the first memorises and the second does not, and the union. ``--images 97,26`` also prints,
 for those training images, the SSIM of each reconstruction's best candidate and of the best pool
-image (the bar a candidate must beat). The union is not an attack's
-count: it is what pooling those reconstructions' memorised images would at most give (pooling the
-candidates can only match it or fall short, since the one-to-one matching is not re-run here).
+image (the bar a candidate must beat). A training image is memorised when its nearest candidate
+beats the pool, so the union is exactly what the runs' candidates concatenated would memorise (at
+the runs' summed budget; the portfolio's near-duplicate merge could drop a few).
 Evaluator-side: it reads the training set.
 """
 

@@ -60,15 +60,17 @@ the titles named here, most of them on the victim zoo (``benchmarks/zoo/``) at e
   return", "The learning-rate schedule, again, with the span projection"). An exponential moving
   average of the iterates (``average_decay=0.99``), judged by the attack's own loss every
   ``snapshot_every`` iterations; the best is kept (``keep="best"``, its iteration in
-  ``summary["kept_iteration"]``). The rates are constant; ``"cosine"`` decays them over the budget
-  (``iterations`` or ``max_seconds``, whichever ends first), which paid before the span projection
-  and costs since. ``average_decay=0, keep="last"`` returns the last iterate.
+  ``summary["kept_iteration"]``). The rates are constant (``lr_schedule="constant"``); ``"cosine"``
+  decays them over the budget (``iterations`` or ``max_seconds``, whichever ends first, so a run
+  resumed with a larger budget follows a new schedule), which paid before the span projection and
+  costs since. ``average_decay=0, keep="last"`` returns the last iterate.
 - **A dark background** (``background="auto"``, :func:`exhume.attacks.priors.dark_floor`; "A dark
   background: soft-thresholding the returned candidates"). The returned candidates carry a faint
   haze where the training images are 0, which SSIM's luminance term punishes on a black background;
   where the data mean shows one (``background_level``), the candidates are soft-thresholded at
   ``τ = 0.03`` and stretched back, ``max(v − τ, 0)/(1 − τ)``. The optimisation, the multipliers, the
-  kept snapshot and ``final_relative_stationarity`` are those of the raw iterate. Larger levels
+  kept snapshot and ``final_relative_stationarity`` are those of the raw iterate (``background=0``
+  returns it). Larger levels
   memorise more and match more non-members; 0.03 keeps the demo's control at 2.
 - **Total variation** (``tv_weight``, off). It helps on convolutional victims, whose 3×3 filters
   and pooling barely see high-frequency noise; MLP victims do not need it.
