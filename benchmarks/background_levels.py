@@ -35,8 +35,8 @@ from run import pooled, restart_results  # noqa: E402  (the zoo's concatenation 
 
 def per_candidate_floor(v: torch.Tensor, q: float, lo: float, hi: float) -> torch.Tensor:
     """``dark_floor`` with each candidate's own level: its ``q``-quantile of clipped pixels, clamped to [lo, hi]."""
-    tau = v.clamp(0, 1).flatten(1).quantile(q, dim=1).clamp(lo, hi).reshape(-1, *[1] * (v.dim() - 1))
-    return torch.clamp(v - tau, min=0.0) / (1.0 - tau)
+    taus = v.clamp(0, 1).flatten(1).quantile(q, dim=1).clamp(lo, hi)
+    return torch.stack([dark_floor(c, float(t)) for c, t in zip(v, taus)])
 
 
 def judge(folder: Path, victim, taus: list[float], oracle: bool, concatenate: bool, quantiles=(), qrange=(0.03, 0.15)) -> list[str]:
