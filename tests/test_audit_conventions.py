@@ -103,6 +103,12 @@ def test_public_evaluate_on_plain_arrays_with_a_verdict():
     fake = Reconstruction("kkt", torch.rand(10, 1, 8, 8), torch.ones(10), None, {}, 0, summary={"final_relative_stationarity": 2.0})
     m = exhume.evaluate(fake, train=(train, None), unseen=unseen, figures=False).metrics
     assert m["verdict"] != "leaks" and any("did not find candidates" in f for f in m["assumption_failures"])
+    # a pooled portfolio reports a residual per restart: judged by its best restart
+    for per, fails in (([0.92, None, 0.7], True), ([0.92, 0.3], False), ([None], False)):
+        pooled = Reconstruction("kkt", fake.candidates, fake.labels, None, {}, 0,
+                                summary={"final_relative_stationarity_per_restart": per})
+        failures = exhume.evaluate(pooled, train=(train, None), unseen=unseen, figures=False).metrics["assumption_failures"]
+        assert any("best final relative residual of its 2 restarts 0.7 > 0.5" in f for f in failures) == fails, per
     view = AttackerView(model=nn.Sequential(nn.Flatten(), nn.Linear(64, 1)), task="binary", input_shape=(1, 8, 8), mean=0.0)
     with pytest.raises(exhume.ExhumeError, match="holds no training data"):
         exhume.evaluate(recon, view)
