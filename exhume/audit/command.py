@@ -157,13 +157,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _given(cfg: dict[str, Any], key: str, default):
+    """``cfg[key]`` when given (0 included: a value the checks then judge), else ``default``."""
+    value = cfg.get(key)
+    return default if value is None else value
+
+
 def _audit(model, x, y, unseen, cfg: dict[str, Any], out: Path, progress: bool, force: bool = False):
     from exhume.audit import audit
     from exhume.device import check_device
 
     return audit(model, (x, y), unseen, loss=cfg.get("loss"), weight_decay=cfg.get("weight_decay"),
                  normalize=parse_normalize(cfg.get("normalize")), task=cfg.get("task"), positive_class=cfg.get("positive_class"),
-                 max_seconds=float(cfg.get("max_seconds") or 300.0), method=cfg.get("method") or "kkt",
-                 attack_args=cfg.get("attack_args"), alpha=float(cfg.get("alpha") or 0.05), out=out, seed=int(cfg.get("seed") or 0),
-                 device=check_device(cfg.get("device") or "cpu"), progress=progress, force=force,
+                 max_seconds=_given(cfg, "max_seconds", 300.0), method=_given(cfg, "method", "kkt"),
+                 attack_args=cfg.get("attack_args"), alpha=_given(cfg, "alpha", 0.05), out=out, seed=int(_given(cfg, "seed", 0)),
+                 device=check_device(_given(cfg, "device", "cpu")), progress=progress, force=force,
                  settings={k: v for k, v in cfg.items() if k in ("model", "model_args", "weights", "train", "unseen", "normalize")})

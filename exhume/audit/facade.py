@@ -12,6 +12,7 @@ normalisation must be stated, or the audit is refused with a message naming the 
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from exhume.errors import ConfigError, DataError
+from exhume.evaluation.verdict import check_alpha
 
 LOSS_NAMES = {"logistic": "logistic", "bce": "logistic", "bce-with-logits": "logistic", "binary-cross-entropy": "logistic",
               "cross-entropy": "cross-entropy", "ce": "cross-entropy"}
@@ -109,6 +111,8 @@ def _labels(y, task: str, k: int, positive_class) -> tuple[torch.Tensor, Any]:
     pos = max(values) if positive_class is None and k == 1 else (1 if positive_class is None else int(positive_class))
     if k == 2 and pos not in (0, 1):
         raise ConfigError(f"positive class {pos}: a two-logit model's positive class is 0 or 1")
+    if positive_class is not None and pos not in values:
+        raise ConfigError(f"positive class {pos} is not among the training labels {values}; expected one of them")
     return torch.from_numpy(np.where(y == pos, 1.0, -1.0).astype(np.float32)), pos
 
 
@@ -143,8 +147,15 @@ def audit(model: nn.Module, train, unseen, *, loss: str | None = None, weight_de
     if weight_decay is None:
         raise ConfigError("weight_decay is not given: state the L2 weight decay the model was trained with "
                           "(the weight_decay of torch.optim.SGD/Adam; 0 for none); it changes the attack's equation")
-    if not float(weight_decay) >= 0:
-        raise ConfigError(f"weight_decay must be >= 0, got {weight_decay}")
+    if not (math.isfinite(float(weight_decay)) and float(weight_decay) >= 0):
+        raise ConfigError(f"weight_decay must be a finite number >= 0, got {weight_decay}")
+    alpha = check_alpha(alpha)
+    try:
+        seconds = float(max_seconds)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ConfigError(f"max_seconds {max_seconds!r}: expected the attack's budget in seconds, a number > 0")
     if not isinstance(train, (tuple, list)) or len(train) != 2:
         raise ConfigError("train must be (x, y): the training images and their labels")
     x = _tensor_images(train[0], "training images")

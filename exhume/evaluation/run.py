@@ -15,7 +15,7 @@ from exhume.evaluation.assumptions import attack_failures, scale_failure
 from exhume.evaluation.matching import match as match_images  # evaluate()'s parameter `match` shadows the name
 from exhume.evaluation.metrics import EvalResult, _jsonable, evaluate_images
 from exhume.evaluation.plots import candidates_grid, pairs_grid, plot_sorted_ssim, plot_ssim_vs_margin
-from exhume.evaluation.verdict import ALPHA, decide
+from exhume.evaluation.verdict import ALPHA, check_alpha, decide
 from exhume.losses import margin, soft_margin
 
 
@@ -73,6 +73,7 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
     ``arrays.npz`` and the figures there.
     """
     t0 = time.perf_counter()
+    alpha = check_alpha(alpha)
     if victim is not None and (train is not None or unseen is not None):
         raise ConfigError("evaluate() takes a victim or train=(x, y) and unseen=x, not both")
     if victim is not None and not hasattr(victim, "load_train_set"):

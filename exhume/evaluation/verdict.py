@@ -21,6 +21,19 @@ ALPHA = 0.05
 VERDICTS = ("leaks", "no evidence", "inconclusive")
 
 
+def check_alpha(alpha) -> float:
+    """``alpha`` as a float, refused unless it is a significance level strictly between 0 and 1."""
+    from exhume.errors import ConfigError
+
+    try:
+        value = float(alpha)
+    except (TypeError, ValueError):
+        raise ConfigError(f"alpha {alpha!r}: expected a significance level between 0 and 1 (e.g. 0.05)") from None
+    if not 0.0 < value < 1.0:
+        raise ConfigError(f"alpha {alpha!r}: expected a significance level strictly between 0 and 1 (e.g. 0.05)")
+    return value
+
+
 def fisher_p(memorised: int, n: int, control: int, n_control: int) -> float:
     """One-sided Fisher exact p-value that ``memorised / n`` exceeds ``control / n_control``."""
     from scipy.stats import fisher_exact
