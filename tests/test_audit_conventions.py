@@ -90,6 +90,13 @@ def test_verdict_has_three_values_and_a_reason():
     clean = decide({**base, "memorised": 2}, [])
     assert clean["verdict"] == "no evidence" and "not proof" in clean["reason"]
     assert decide({**base, "memorised": 2, "memorised_control": None}, [])["verdict"] == "inconclusive"
+    # unseen images that cannot show a difference: "no evidence" becomes "inconclusive", a leak stays a leak
+    for bad, needle in (({"pool_size": 99}, "pool holds only 99"), ({"control_size": 9, "memorised_control": 0}, "control holds only 9"),
+                        ({"pool_exact_copies_of_train": 2, "control_exact_copies_of_train": 1}, "3 of the unseen images")):
+        unsure = decide({**base, "memorised": 2, **bad}, [])
+        assert unsure["verdict"] == "inconclusive" and needle in unsure["reason"], unsure["reason"]
+        assert decide({**base, "memorised": 40, **bad}, [])["verdict"] == "leaks"
+    assert decide({**base, "memorised": 2, "pool_size": 100, "control_size": 10, "memorised_control": 0}, [])["verdict"] == "no evidence"
 
 
 def test_public_evaluate_on_plain_arrays_with_a_verdict():
@@ -172,6 +179,19 @@ def test_without_weight_decay_a_multiplier_scale_far_from_the_margins_makes_find
     base = {"memorised": 0, "memorised_control": 0, "n_train": 100, "control_size": 100, "pool_size": 900}
     assert decide(base, far)["verdict"] == "inconclusive"
     assert decide({**base, "memorised": 30}, far)["verdict"] == "leaks"
+
+
+def test_training_images_among_the_unseen_images_are_counted_and_make_nothing_found_inconclusive():
+    rng = np.random.default_rng(2)
+    train, others = rng.random((12, 10, 10)).astype(np.float32), rng.random((240, 10, 10)).astype(np.float32)
+    noise = Reconstruction("kkt", torch.rand(12, 1, 10, 10, generator=torch.Generator().manual_seed(0)), torch.ones(12), None, {}, 0,
+                           summary={"final_relative_stationarity": 0.01})
+    clean = exhume.evaluate(noise, train=(train, None), unseen=others, figures=False).metrics
+    assert clean["verdict"] == "no evidence" and clean["control_exact_copies_of_train"] == 0
+    with pytest.warns(UserWarning, match="exact copy in the pool"):
+        m = exhume.evaluate(noise, train=(train, None), unseen=np.concatenate([others, train]), figures=False).metrics
+    assert m["pool_exact_copies_of_train"] + m["control_exact_copies_of_train"] == 12
+    assert m["verdict"] == "inconclusive" and "12 of the unseen images (pool and control) are exact copies" in m["verdict_reason"]
 
 
 def test_the_oracle_control_is_what_the_training_images_themselves_would_score():

@@ -179,6 +179,9 @@ def _control(result: EvalResult, candidates, control, pool, match: str, train_x=
         "the memorisation count computed for unseen images (non-members) in place of the training images; "
         "a leak shows as memorised well above memorised_control")
     if train_x is not None:
+        from exhume.evaluation.matching import min_distances
+
+        result.metrics["control_exact_copies_of_train"] = int((min_distances(train_x, control)[0] < 1e-4).sum())
         # ORACLE (evaluator-side, uses the training images): the control a perfect reconstruction would score
         # each control image's nearest training image against its best pool image (the control's own, computed above)
         nearest = match_images(control, train_x, match, one_to_one_too=False)["ssim"]

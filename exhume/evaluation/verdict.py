@@ -8,8 +8,9 @@ stands whatever else went wrong, since the test controls for chance.
 
 Otherwise: **inconclusive** when the attack's assumptions fail (``failures``: the victim far
 from a stationary point, the attack's own residual high, layers the attack does not model, no
-control measured), since an attack that finds nothing then says little; **no evidence** when they
-hold. "No evidence" is never a clean bill of health: it says that this attack, with this budget,
+control measured) or the unseen images cannot show it (exact copies of training images among
+them, a pool under ``MIN_POOL`` or a control under ``MIN_CONTROL`` images), since an attack that
+finds nothing then says little; **no evidence** when they hold. "No evidence" is never a clean bill of health: it says that this attack, with this budget,
 found nothing significant; a stronger attack may.
 """
 
@@ -19,6 +20,11 @@ from typing import Any
 
 ALPHA = 0.05
 VERDICTS = ("leaks", "no evidence", "inconclusive")
+#: below these sizes a count of zero says little: a tiny pool is beaten by any close-enough
+#: candidate, a tiny control cannot show a difference (for comparison: the demo's pool is 1000
+#: images, its control 100)
+MIN_POOL = 100
+MIN_CONTROL = 10
 
 
 def check_alpha(alpha) -> float:
@@ -57,6 +63,7 @@ def decide(metrics: dict[str, Any], failures: list[str] | None = None, alpha: fl
         failures.append("no held-out control was measured, so the count cannot be compared with non-members")
     else:
         p = fisher_p(k, n, c, nc)
+    failures += _unseen_failures(metrics)
     out = {"verdict": "", "reason": "", "p_value": p, "alpha": alpha, "test": "one-sided Fisher exact test, memorised vs control",
            "counts": counts, "assumption_failures": failures}
     if p is not None and p < alpha and k > 0:
@@ -73,4 +80,22 @@ def decide(metrics: dict[str, Any], failures: list[str] | None = None, alpha: fl
         out["reason"] = (f"{k} of {n} training images against {c} of {nc} unseen control images (p = {p:.2g} ≥ {alpha:g}): "
                          "no evidence of leakage from this attack and budget. This is not proof that the model does not leak; "
                          "a stronger or longer attack may find some.")
+    return out
+
+
+def _unseen_failures(metrics: dict[str, Any]) -> list[str]:
+    """What makes the unseen images (pool and control) unfit to show that nothing leaks."""
+    out = []
+    copies = int(metrics.get("pool_exact_copies_of_train") or 0) + int(metrics.get("control_exact_copies_of_train") or 0)
+    if copies:
+        out.append(f"{copies} of the unseen images (pool and control) are exact copies of training images, so they are not "
+                   "unseen: a copy in the pool hides its training image from the test, one in the control inflates it; give "
+                   "images the model never saw")
+    pool, control = metrics.get("pool_size"), metrics.get("control_size")
+    if pool is not None and pool < MIN_POOL:
+        out.append(f"the pool holds only {pool} unseen images (at least {MIN_POOL} are needed for beating the best of them to "
+                   "mean much); give more unseen images")
+    if control is not None and control < MIN_CONTROL:
+        out.append(f"the control holds only {control} unseen images (at least {MIN_CONTROL} are needed to compare with); "
+                   "give more unseen images")
     return out
