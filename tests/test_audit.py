@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -205,3 +207,36 @@ def test_a_pt_state_dict_loads_like_safetensors(user, tmp_path):
     a = load_weights(load_model_class(f"{user['root'] / 'model.py'}:TinyNet", {"hidden": 24}), user["root"] / "net.pt")
     b = load_weights(load_model_class(f"{user['root'] / 'model.py'}:TinyNet", {"hidden": 24}), user["root"] / "net.safetensors")
     assert all(torch.equal(a.state_dict()[k], b.state_dict()[k]) for k in a.state_dict())
+
+
+@pytest.mark.parametrize("restarts", [1, 2])  # one run, and the portfolio the audit runs by default
+def test_an_interrupted_audit_resumes_its_attack_instead_of_starting_over(user, tmp_path, restarts):
+    """SIGTERM in the middle of the attack leaves checkpoints; ``--resume`` continues them and judges the result."""
+    root, out = user["root"], tmp_path / "audit"
+    cmd = [sys.executable, "-m", "exhume", "audit", "--model", f"{root / 'model.py'}:TinyNet", "--model-args", '{"hidden": 24}',
+           "--weights", str(root / "net.safetensors"), "--train", str(root / "train.npz"), "--unseen", str(root / "unseen.npz"),
+           "--normalize", f"{MEAN},{STD}", "--loss", "logistic", "--weight-decay", "5e-3", "--no-progress", "-o", str(out),
+           "--max-seconds", "120", "-p", f"restarts={restarts}", "-p", "checkpoint_every=10"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd + ["-p", "iterations=1000000"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not list(out.rglob("checkpoint.pt")) and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert list(out.rglob("checkpoint.pt")), proc.stderr.read() if proc.poll() is not None else "no checkpoint"
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143 and "Traceback" not in err, err[-2000:]
+    saved = max(int(torch.load(c, weights_only=True)["state"]["iteration"]) for c in out.rglob("checkpoint.pt"))
+    assert saved >= 10 and not (out / "evaluation").exists()
+    again = subprocess.run(cmd + ["-p", f"iterations={saved + 5}"], check=False, capture_output=True, text=True, timeout=300, env=env)
+    assert again.returncode == 2 and "--resume" in again.stderr  # not silently started over
+    resumed = subprocess.run(cmd + ["-p", f"iterations={saved + 5}", "--resume"], check=False, capture_output=True, text=True,
+                             timeout=300, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    m = json.loads((out / "evaluation" / "metrics.json").read_text())
+    assert m["verdict"] in VERDICTS and m["attack"]["iterations"] == (saved + 5) * restarts  # each run to its new budget

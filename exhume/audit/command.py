@@ -58,6 +58,8 @@ def add_parser(sub) -> None:
     p.add_argument("--alpha", type=float, default=None, help="significance level of the one-sided Fisher test (default 0.05)")
     p.add_argument("-o", "--out", default=None, help="folder to write (default runs/audit)")
     p.add_argument("--force", action="store_true", help="replace an earlier audit's attack run in --out")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted audit's attack run in --out (same model, data and settings), then judge it")
     p.add_argument("--seed", type=int, default=None, help="attack and pool/control split seed (default 0)")
     p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default cpu)")
     p.add_argument("--no-progress", action="store_true", help="hide progress output")
@@ -144,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
                         "the unseen images must be of the same kind and size as the training images")
     out = Path(cfg.get("out") or "runs/audit")
     try:
-        result = _audit(model, x, y, unseen, cfg, out, progress=not args.no_progress, force=args.force)
+        result = _audit(model, x, y, unseen, cfg, out, progress=not args.no_progress, force=args.force, resume=args.resume)
     except DataError as e:  # about the training data and the model: name the file
         raise DataError(f"{cfg['train']}: {e}") from None
     m = result.metrics
@@ -163,7 +165,7 @@ def _given(cfg: dict[str, Any], key: str, default):
     return default if value is None else value
 
 
-def _audit(model, x, y, unseen, cfg: dict[str, Any], out: Path, progress: bool, force: bool = False):
+def _audit(model, x, y, unseen, cfg: dict[str, Any], out: Path, progress: bool, force: bool = False, resume: bool = False):
     from exhume.audit import audit
     from exhume.device import check_device
 
@@ -171,5 +173,5 @@ def _audit(model, x, y, unseen, cfg: dict[str, Any], out: Path, progress: bool, 
                  normalize=parse_normalize(cfg.get("normalize")), task=cfg.get("task"), positive_class=cfg.get("positive_class"),
                  max_seconds=_given(cfg, "max_seconds", 300.0), method=_given(cfg, "method", "kkt"),
                  attack_args=cfg.get("attack_args"), alpha=_given(cfg, "alpha", 0.05), out=out, seed=int(_given(cfg, "seed", 0)),
-                 device=check_device(_given(cfg, "device", "cpu")), progress=progress, force=force,
+                 device=check_device(_given(cfg, "device", "cpu")), progress=progress, force=force, resume=resume,
                  settings={k: v for k, v in cfg.items() if k in ("model", "model_args", "weights", "train", "unseen", "normalize")})

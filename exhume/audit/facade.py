@@ -120,7 +120,7 @@ def audit(model: nn.Module, train, unseen, *, loss: str | None = None, weight_de
           task: str | None = None, positive_class: int | None = None, max_seconds: float = DEFAULT_SECONDS,
           method: str = "kkt", attack_args: dict[str, Any] | None = None, alpha: float = 0.05, out: str | Path | None = None,
           seed: int = 0, device: str = "cpu", progress: bool = True, settings: dict[str, Any] | None = None,
-          force: bool = False) -> AuditResult:
+          force: bool = False, resume: bool = False) -> AuditResult:
     """Audit ``model`` (trained on ``train = (x, y)``) for training-data leakage; see the module docstring.
 
     ``x``: display-space images (floats in [0, 1] or uint8), ``(N, C, H, W)``, ``(N, H, W)`` or
@@ -129,7 +129,8 @@ def audit(model: nn.Module, train, unseen, *, loss: str | None = None, weight_de
     logits). ``weight_decay``: the L2 coefficient ``w`` of ``mean loss + (w/2)‖θ‖²``, i.e. the
     ``weight_decay`` of ``torch.optim.SGD``/``Adam`` (0 for none). ``normalize``: ``(mean, std)``
     (scalars, per channel, or images) the model's inputs were normalised with, or ``"none"``.
-    ``force=True`` replaces an earlier audit's attack run in ``out``.
+    ``force=True`` replaces an earlier audit's attack run in ``out``; ``resume=True`` continues an
+    interrupted one (same model, data and settings) and judges it.
     """
     import exhume  # the public exhume.attack: whatever runs it (e.g. a restart portfolio) applies here
     from exhume.evaluation.assumptions import fit_failure, relative_stationarity, scale_failure, stationarity_failure, unmodelled_layers
@@ -180,7 +181,8 @@ def audit(model: nn.Module, train, unseen, *, loss: str | None = None, weight_de
                         weight_decay=float(weight_decay), num_classes=k if task == "multiclass" else None, n_train_hint=len(x))
     out = None if out is None else Path(out)
     kwargs = {"iterations": 10_000_000, "max_seconds": float(max_seconds), **(attack_args or {})}
-    recon = exhume.attack(view, method=method, seed=seed, out=out, device=device, progress=progress, force=force, **kwargs)
+    recon = exhume.attack(view, method=method, seed=seed, out=out, device=device, progress=progress, force=force,
+                          resume=resume, **kwargs)
     margins, support_margins = margins_of(wrapped, centred, y, task, loss)
     failures += fit_failure(margins, float(weight_decay)) + scale_failure(recon, margins, float(weight_decay))
     result = evaluate(recon, train=(x, None), unseen=unseen_x, margins=margins, support_margins=support_margins,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
+import signal
 import socket
 import sys
 from collections.abc import Callable
@@ -69,9 +70,20 @@ def threads_per_worker(workers: int, method: str) -> int:
 _STATE: dict[str, Any] = {}
 
 
+def _worker_signals() -> None:
+    """SIGTERM and SIGINT interrupt a worker's restart as Ctrl-C does (it checkpoints), whatever the parent had."""
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def _init_worker(view_bytes: bytes, threads: int) -> None:
     import torch
 
+    _worker_signals()
     torch.set_num_threads(threads)
     _STATE["view"] = pickle.loads(view_bytes)  # noqa: S301 - bytes made by the parent process, not a file
 
@@ -79,6 +91,7 @@ def _init_worker(view_bytes: bytes, threads: int) -> None:
 def _init_forked(threads: int) -> None:
     import torch
 
+    _worker_signals()
     torch.set_num_threads(threads)
 
 
@@ -118,13 +131,35 @@ def run_pending(view, plan, pending: list[Restart], store, workers: int, resume:
             store.save(restart, recon, row)
             on_done(restart.index, recon, row)
         return
-    with executor(view, workers, device) as pool:
+    pool = executor(view, workers, device)
+    try:
         futures = {pool.submit(_run_local, plan.method, r.record(), store.folder(r.index), resume, device) for r in pending}
         while futures:
             finished, futures = wait(futures, return_when=FIRST_COMPLETED)
             for f in finished:
                 on_done(*f.result())
-    _STATE.clear()
+    except BaseException:  # Ctrl-C, SIGTERM, a failed restart: stop the workers, each checkpointing its restart
+        stop_workers(pool)
+        raise
+    else:
+        pool.shutdown(wait=True)
+    finally:
+        _STATE.clear()
+
+
+def stop_workers(pool: ProcessPoolExecutor, timeout: float = 120.0) -> None:
+    """Cancel the restarts not started and interrupt the running ones (SIGTERM: each checkpoints and stops).
+
+    Without this the pool's shutdown would wait for every queued and running restart to spend
+    its whole budget after the parent was interrupted (SIGTERM reaches the parent only).
+    """
+    procs = list((getattr(pool, "_processes", None) or {}).values())  # before shutdown, which forgets them
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in procs:
+        proc.join(timeout)
 
 
 __all__ = ["run_restart", "run_pending", "executor"]
