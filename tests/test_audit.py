@@ -209,9 +209,11 @@ def test_a_pt_state_dict_loads_like_safetensors(user, tmp_path):
     assert all(torch.equal(a.state_dict()[k], b.state_dict()[k]) for k in a.state_dict())
 
 
-@pytest.mark.parametrize("restarts", [1, 2])  # one run, and the portfolio the audit runs by default
-def test_an_interrupted_audit_resumes_its_attack_instead_of_starting_over(user, tmp_path, restarts):
-    """SIGTERM in the middle of the attack leaves checkpoints; ``--resume`` continues them and judges the result."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_an_interrupted_audit_resumes_its_attack_instead_of_starting_over(user, tmp_path, sig):
+    """SIGTERM or SIGKILL in the middle of the attack's portfolio: the workers stop (none left running) and leave
+    checkpoints; ``--resume`` continues them and judges the result."""
+    restarts = 2
     root, out = user["root"], tmp_path / "audit"
     cmd = [sys.executable, "-m", "exhume", "audit", "--model", f"{root / 'model.py'}:TinyNet", "--model-args", '{"hidden": 24}',
            "--weights", str(root / "net.safetensors"), "--train", str(root / "train.npz"), "--unseen", str(root / "unseen.npz"),
@@ -225,12 +227,18 @@ def test_an_interrupted_audit_resumes_its_attack_instead_of_starting_over(user, 
             time.sleep(0.2)
         assert list(out.rglob("checkpoint.pt")), proc.stderr.read() if proc.poll() is not None else "no checkpoint"
         time.sleep(1.0)
-        proc.send_signal(signal.SIGTERM)
+        workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()]
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 143 and "Traceback" not in err, err[-2000:]
+    assert proc.returncode == (143 if sig == signal.SIGTERM else -9) and "Traceback" not in err, err[-2000:]
+    assert len(workers) >= restarts
+    deadline = time.time() + 60
+    while any(Path(f"/proc/{w}").exists() for w in workers) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(Path(f"/proc/{w}").exists() for w in workers), "workers outlived the audit"
     saved = max(int(torch.load(c, weights_only=True)["state"]["iteration"]) for c in out.rglob("checkpoint.pt"))
     assert saved >= 10 and not (out / "evaluation").exists()
     again = subprocess.run(cmd + ["-p", f"iterations={saved + 5}"], check=False, capture_output=True, text=True, timeout=300, env=env)

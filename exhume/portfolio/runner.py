@@ -14,6 +14,7 @@ a script must guard its entry point as :mod:`multiprocessing` requires.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
 import signal
 import socket
@@ -71,12 +72,28 @@ _STATE: dict[str, Any] = {}
 
 
 def _worker_signals() -> None:
-    """SIGTERM and SIGINT interrupt a worker's restart as Ctrl-C does (it checkpoints), whatever the parent had."""
+    """SIGTERM and SIGINT interrupt a worker's restart as Ctrl-C does (it checkpoints), whatever the parent had.
+
+    On Linux a worker also gets SIGTERM when its parent dies (``prctl(PR_SET_PDEATHSIG)``), so a
+    killed ``exhume`` (SIGKILL, the OOM killer) leaves checkpoints, not orphans spending their budget.
+    """
     signal.signal(signal.SIGTERM, _raise_interrupt)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        parent = os.getppid()
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # no prctl: the worker outlives a killed parent, as before
+            return
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _raise_interrupt(signum, frame):
+    if not _STATE.get("busy"):  # idle between restarts: nothing to checkpoint
+        os._exit(128 + signum)
     raise KeyboardInterrupt(f"signal {signum}")
 
 
@@ -99,7 +116,13 @@ def _run_local(method: str, rec: dict[str, Any], folder, resume: bool, device: s
     from exhume.portfolio.store import LocalStore
 
     restart = Restart.from_record(rec)
-    recon, row = run_restart(_STATE["view"], method, restart, folder, resume, device, False)
+    _STATE["busy"] = True
+    try:
+        recon, row = run_restart(_STATE["view"], method, restart, folder, resume, device, False)
+    except KeyboardInterrupt:  # SIGTERM/SIGINT: the restart has checkpointed; a stopped worker takes no more work
+        os._exit(130)
+    finally:
+        _STATE["busy"] = False
     if folder is not None:
         LocalStore(folder.parent.parent).save(restart, recon, row)
     return rec["restart"], recon, row
