@@ -77,14 +77,17 @@ def attack(victim: Victim | AttackerView, method: str = "kkt", seed: int = 0, ou
         init_kw = {"init": init, "init_name": init_name or "given"}
     elif mix is not None:
         raise ConfigError("mix=(l1, l2) needs init='mix'")
+    from exhume.files.runfolder import fingerprint
+
+    fp = fingerprint(view.model)
     if out is None:
-        return _finish(atk.run(view, out=None, seed=seed, device=device, resume=resume, progress=progress, **init_kw), victim)
+        return _finish(atk.run(view, out=None, seed=seed, device=device, resume=resume, progress=progress, **init_kw), victim, fp)
     from exhume.attacks.checkpoint import run_owner
-    from exhume.files.runfolder import fingerprint, own_run_folder
+    from exhume.files.runfolder import own_run_folder
 
     budget = atk.config.get("iterations", atk.config.get("steps"))
-    with own_run_folder(out, resume=resume, force=force), run_owner(fingerprint(view.model), budget):
-        result = _finish(atk.run(view, out=out, seed=seed, device=device, resume=resume, progress=progress, **init_kw), victim)
+    with own_run_folder(out, resume=resume, force=force), run_owner(fp, budget):
+        result = _finish(atk.run(view, out=out, seed=seed, device=device, resume=resume, progress=progress, **init_kw), victim, fp)
         result.save(out)
     return result
 
@@ -101,7 +104,8 @@ def check_owner(folder: Path, victim, resume: bool) -> None:
     mark.write_text(fp + "\n")
 
 
-def _finish(result: Reconstruction, victim: Victim | AttackerView) -> Reconstruction:
+def _finish(result: Reconstruction, victim: Victim | AttackerView, fp: str) -> Reconstruction:
+    result.victim_fingerprint = fp  # what exhume.evaluate checks the victim against
     if isinstance(victim, Victim) and victim.path is not None:
         result.victim_path = str(victim.path)
     return result

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from exhume.errors import ConfigError, DivergenceError, ExhumeError
+from exhume.errors import ConfigError, DivergenceError, ExhumeError, VictimError
 from exhume.params import parse_params
 
 
@@ -206,7 +206,10 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     recon = exhume.load_reconstruction(args.run)
     victim = exhume.load_victim(args.against)
     out = Path(args.out) if args.out else Path(args.run) / "evaluation"
-    result = exhume.evaluate(recon, victim, pool_size=args.pool_size, match=args.match, out=out)
+    try:
+        result = exhume.evaluate(recon, victim, pool_size=args.pool_size, match=args.match, out=out)
+    except VictimError as e:  # e.g. the run was attacked from another victim: name the run folder too
+        raise VictimError(f"{args.run}: {e}") from None
     print(format_table(summary_rows(result.metrics)))
     print(f"metrics and figures written to {out}")
     return 0

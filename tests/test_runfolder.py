@@ -106,3 +106,32 @@ def test_output_json_has_no_nan_or_infinity(tmp_path):
 
     assert json.loads((tmp_path / "x.json").read_text(), parse_constant=refuse) == {"a": None, "b": [1.0, None], "c": {"d": None}, "e": 2}
     assert not list(tmp_path.glob(".*tmp"))
+
+
+def test_evaluate_refuses_a_victim_the_run_was_not_attacked_from(victims, tmp_path, capsys):
+    import exhume
+    from exhume.errors import VictimError
+
+    run, pooled = tmp_path / "run", tmp_path / "pooled"
+    assert main(_attack(victims / "victim0", run, "--iterations", "5")) == 0
+    assert main(["attack", str(victims / "victim0"), "-o", str(pooled), "--no-progress", "--restarts", "2", "--workers", "1",
+                 "--iterations", "5"]) == 0
+    capsys.readouterr()
+    for folder in (run, pooled):  # one run and a portfolio record the weights they attacked
+        assert main(["evaluate", str(folder), "--against", str(victims / "victim1"), "--pool-size", "20"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and str(folder) in err and str(victims / "victim1") in err and "another victim" not in err
+        assert not (folder / "evaluation").exists()
+    assert main(["evaluate", str(run), "--against", str(victims / "victim0"), "--pool-size", "20"]) == 0
+    # the Python API refuses the same victim
+    with pytest.raises(VictimError, match="not from victim"):
+        exhume.evaluate(exhume.load_reconstruction(run), exhume.load_victim(victims / "victim1"), pool_size=20, figures=False)
+    # a portfolio saved before reconstruction.json recorded the fingerprint: OUT/victim.fingerprint is read
+    meta = json.loads((pooled / "reconstruction.json").read_text())
+    del meta["victim_fingerprint"]
+    (pooled / "reconstruction.json").write_text(json.dumps(meta))
+    assert exhume.load_reconstruction(pooled).victim_fingerprint == (pooled / "victim.fingerprint").read_text().strip()
+    # a run with no recorded fingerprint (older runs) is evaluated as before
+    (pooled / "victim.fingerprint").unlink()
+    assert main(["evaluate", str(pooled), "--against", str(victims / "victim1"), "--pool-size", "20"]) == 0
+

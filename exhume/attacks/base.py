@@ -170,6 +170,8 @@ class Reconstruction:
     (the multipliers λ for the stationarity attacks). ``provenance``: per-candidate tensors of a
     pooled result (which restart, iteration and rank each candidate comes from; see
     :mod:`exhume.portfolio`), saved as ``provenance_<name>``; empty for a single run.
+    ``victim_fingerprint``: :func:`exhume.files.runfolder.fingerprint` of the weights attacked
+    (``None`` in runs saved before it was recorded); :func:`exhume.evaluate` refuses another victim.
     """
 
     method: str
@@ -182,6 +184,7 @@ class Reconstruction:
     summary: dict[str, Any] = field(default_factory=dict)
     victim_path: str | None = None
     provenance: dict[str, torch.Tensor] = field(default_factory=dict)
+    victim_fingerprint: str | None = None
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The tensors of ``reconstruction.safetensors``."""
@@ -195,7 +198,7 @@ class Reconstruction:
     def meta(self) -> dict[str, Any]:
         """The JSON of ``reconstruction.json``."""
         return {"method": self.method, "config": self.config, "seed": self.seed, "summary": self.summary,
-                "victim_path": self.victim_path, "loss_history": self.loss_history}
+                "victim_path": self.victim_path, "victim_fingerprint": self.victim_fingerprint, "loss_history": self.loss_history}
 
     @classmethod
     def from_parts(cls, meta: dict[str, Any], tensors: dict[str, torch.Tensor], source: str = "the reconstruction") -> Reconstruction:
@@ -210,7 +213,7 @@ class Reconstruction:
         return cls(method=meta["method"], candidates=tensors["candidates"], labels=tensors["labels"],
                    scores=tensors.get("scores"), config=meta.get("config") or {}, seed=int(meta.get("seed") or 0),
                    loss_history=meta.get("loss_history") or [], summary=meta.get("summary") or {},
-                   victim_path=meta.get("victim_path"), provenance=provenance)
+                   victim_path=meta.get("victim_path"), provenance=provenance, victim_fingerprint=meta.get("victim_fingerprint"))
 
     def save(self, folder: str | Path) -> Path:
         folder = Path(folder)
@@ -232,4 +235,8 @@ def load_reconstruction(folder: str | Path) -> Reconstruction:
     except (SafetensorError, OSError, ValueError) as e:
         raise ExhumeError(f"cannot read the reconstruction in {folder}: {e}") from None
     check_reconstruction_tensors(tensors, str(tensor_path))
-    return Reconstruction.from_parts(meta, tensors, str(folder))
+    recon = Reconstruction.from_parts(meta, tensors, str(folder))
+    mark = folder / "victim.fingerprint"  # a portfolio run saved before reconstruction.json recorded the fingerprint
+    if recon.victim_fingerprint is None and mark.is_file():
+        recon.victim_fingerprint = mark.read_text().strip() or None
+    return recon

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ import numpy as np
 import torch
 
 from exhume.attacks.formulation import auto_form
-from exhume.errors import ConfigError, DataError
+from exhume.errors import ConfigError, DataError, VictimError
 from exhume.evaluation.assumptions import attack_failures, scale_failure
 from exhume.evaluation.matching import match as match_images  # evaluate()'s parameter `match` shadows the name
 from exhume.evaluation.metrics import EvalResult, _jsonable, evaluate_images
@@ -23,7 +24,15 @@ def training_margins(victim, train) -> np.ndarray | None:
     """Each training image's margin ``y_i Φ(x_i)`` under the victim (evaluator-side); None for regression."""
     if victim.task == "regression":
         return None
-    return margins_of(victim.model.float().eval(), train.centred.float(), train.y, victim.task, victim.loss)[0]
+    return margins_of(_float32(victim.model), train.centred.float(), train.y, victim.task, victim.loss)[0]
+
+
+def _float32(model):
+    """``model`` in float32 for the margins, a copy when it is not (a victim's weights are never converted in place:
+    its fingerprint stays the one its attacks recorded)."""
+    if any(p.dtype != torch.float32 for p in model.parameters()):
+        model = copy.deepcopy(model).float()
+    return model.eval()
 
 
 def margins_of(model, centred, y, task: str, loss: str | None) -> tuple[np.ndarray, np.ndarray | None]:
@@ -85,10 +94,11 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
         train_x, control, pool, description = _arrays(train, unseen, pool_seed)
         failures, info = list(assumptions or []), {}
     else:
+        check_attacked(recon, victim)
         train_set, control, pool, description = _victim_sets(victim, pool_size, pool_seed)
         train_x, margins, support_margins = train_set.x, None, None
         if victim.task != "regression":
-            margins, support_margins = margins_of(victim.model.float().eval(), train_set.centred.float(), train_set.y,
+            margins, support_margins = margins_of(_float32(victim.model), train_set.centred.float(), train_set.y,
                                                   victim.task, victim.loss)
         failures, info = list(assumptions or []) + victim_failures(victim, train_set), victim_info(victim, train_set)
     candidates = recon.candidates.float().clamp(0, 1)
@@ -124,6 +134,22 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
     if out is not None:
         _write(result, candidates, train_x, pool, Path(out), figures)
     return result
+
+
+def check_attacked(recon, victim) -> None:
+    """Refuse a victim whose weights are not those ``recon`` was attacked from (by the fingerprint
+    the reconstruction records; a reconstruction without one, saved by older versions, is not checked)."""
+    recorded = getattr(recon, "victim_fingerprint", None)
+    if recorded is None:
+        return
+    from exhume.files.runfolder import fingerprint
+
+    given = fingerprint(victim.model)
+    if given != recorded:
+        source = f"victim {recon.victim_path}" if getattr(recon, "victim_path", None) else "another victim"
+        target = f"victim {victim.path}" if getattr(victim, "path", None) is not None else "the given victim"
+        raise VictimError(f"the reconstruction was attacked from {source} (weights fingerprint {recorded}), not from {target} "
+                          f"(fingerprint {given}); evaluate it against the victim it was made from")
 
 
 def _as_display(x, what: str) -> torch.Tensor:

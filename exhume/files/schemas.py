@@ -79,6 +79,7 @@ def read_reconstruction_meta(path: Path) -> dict[str, Any]:
     f.int("seed", required=False)
     f.object("summary")
     f.str("victim_path", required=False)
+    f.str("victim_fingerprint", required=False, max_len=64)
     f.list("loss_history")
     return meta
 

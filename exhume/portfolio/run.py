@@ -8,6 +8,7 @@ from typing import Any
 
 from exhume.attacks import Reconstruction
 from exhume.errors import ConfigError
+from exhume.files.runfolder import fingerprint
 from exhume.portfolio import sizing as sizing_mod
 from exhume.portfolio.plan import DEFAULT_STUDY, Plan, as_view, default_workers, make_plan
 from exhume.portfolio.pool import DUPLICATE_NCC, pool
@@ -70,6 +71,7 @@ def run_portfolio(victim, method: str = "kkt", *, max_seconds: float | None = No
     victim_path = getattr(victim, "path", None)
     if victim_path is not None:
         recon.victim_path = str(victim_path)
+    recon.victim_fingerprint = fingerprint(view.model)  # what exhume.evaluate checks the victim against
     if out is not None:
         recon.save(out)
     return recon
