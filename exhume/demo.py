@@ -36,13 +36,23 @@ DEMO_ATTACK: dict[str, Any] = {"iterations": 1_000_000, "max_seconds": 360.0}
 def run_demo(out: str | Path = "runs/demo", seed: int = 0, device: str = "cpu", dtype: str = "float32",
              train_seconds: float | None = None, attack_seconds: float | None = None, resume: bool = False,
              progress: bool = True) -> dict[str, Any]:
-    import exhume
     from exhume.device import check_device
-    from exhume.evaluation.run import format_table, summary_rows
-    from exhume.victim import TrainConfig, load_victim, make_victim
+    from exhume.files.runfolder import own_run_folder
 
     check_device(device)
     out = Path(out)
+    # the whole demo folder is locked: a second demo on it (which would retrain OUT/victim under a running
+    # attack and replace OUT/attack) is refused while this one runs, --resume or not
+    with own_run_folder(out, run_files=()):
+        return _demo(out, seed, device, dtype, train_seconds, attack_seconds, resume, progress)
+
+
+def _demo(out: Path, seed: int, device: str, dtype: str, train_seconds: float | None, attack_seconds: float | None,
+          resume: bool, progress: bool) -> dict[str, Any]:
+    import exhume
+    from exhume.evaluation.run import format_table, summary_rows
+    from exhume.victim import TrainConfig, load_victim, make_victim
+
     t0 = time.perf_counter()
     # the same layout as 'exhume attack' + 'exhume evaluate' + 'exhume report': RUN/evaluation, RUN/report.html
     victim_dir, attack_dir = out / "victim", out / "attack"

@@ -135,3 +135,30 @@ def test_evaluate_refuses_a_victim_the_run_was_not_attacked_from(victims, tmp_pa
     (pooled / "victim.fingerprint").unlink()
     assert main(["evaluate", str(pooled), "--against", str(victims / "victim1"), "--pool-size", "20"]) == 0
 
+
+def test_force_never_replaces_a_folder_a_live_process_holds(victims, tmp_path, capsys):
+    pooled, demo = tmp_path / "pooled", tmp_path / "demo"
+    portfolio = ["attack", str(victims / "victim0"), "-o", str(pooled), "--no-progress", "--restarts", "2", "--workers", "1",
+                 "--iterations", "5"]
+    assert main(portfolio) == 0
+    before = {p: p.read_bytes() for p in pooled.rglob("*") if p.is_file()}
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (pooled / LOCK_NAME).write_text(str(holder.pid))
+        capsys.readouterr()
+        for cmd in (portfolio + ["--force"], _attack(victims / "victim1", pooled, "--iterations", "5", "--force")):
+            assert main(cmd) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and str(pooled) in err and f"pid {holder.pid}" in err and "--force replaces only" in err
+        assert {p: p.read_bytes() for p in pooled.rglob("*") if p.is_file()} == {**before, pooled / LOCK_NAME: str(holder.pid).encode()}
+        # the demo (which always replaces its attack) is refused before it retrains OUT/victim
+        demo.mkdir()
+        (demo / LOCK_NAME).write_text(str(holder.pid))
+        assert main(["demo", "-o", str(demo), "--no-progress", "--train-seconds", "1", "--attack-seconds", "1"]) == 2
+        assert f"pid {holder.pid}" in capsys.readouterr().err and [p.name for p in demo.iterdir()] == [LOCK_NAME]
+    finally:
+        holder.kill()
+        holder.wait()
+    # once the holder is gone, --force replaces the run
+    assert main(portfolio + ["--force", "--seed", "3"]) == 0
+    assert json.loads((pooled / "reconstruction.json").read_text())["seed"] == 3 and not (pooled / LOCK_NAME).exists()

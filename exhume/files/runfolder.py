@@ -3,7 +3,8 @@
 ``RUN/.exhume.lock`` holds the writer's pid; a second writer is refused while that process lives,
 and a lock left by a dead process is taken over. A folder that already holds a run
 (``checkpoint.pt`` or ``reconstruction.json``) is continued only with ``resume=True`` and
-replaced only with ``force=True``.
+replaced only with ``force=True``; ``force`` never overrides the lock of a live run (the lock is
+taken before anything is removed).
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ def own_run_folder(folder: str | Path, resume: bool = False, force: bool = False
             pid = 0
         if pid and _alive(pid) and pid != os.getpid():
             raise RunFolderError(f"output folder {folder} is in use by another exhume run (pid {pid}, lock {lock}); "
-                                 "wait for it to finish or choose another -o")
+                                 + ("--force replaces only a finished or abandoned run: " if force else "")
+                                 + "wait for it to finish or choose another -o")
         lock.unlink(missing_ok=True)  # stale: its process is gone
     else:
         raise RunFolderError(f"cannot take the lock {lock}; another run keeps taking it")
