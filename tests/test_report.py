@@ -112,6 +112,16 @@ def test_report_cli_missing_folder(tmp_path, capsys):
     assert "is not a folder" in capsys.readouterr().err
 
 
+def test_report_of_a_victim_folder_says_it_takes_a_run(run_dir, capsys):
+    victim = run_dir / "victim"
+    for against in ([], ["--against", str(victim)]):
+        assert main(["report", str(victim), *against]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{victim} is a victim folder" in err and "takes an attack run folder" in err
+        assert f"exhume evaluate {victim}" not in err and f"--against {victim}" in err
+    assert not (victim / "evaluation").exists() and not (victim / "report.html").exists()
+
+
 def test_report_cli_corrupt_metrics(run_dir, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(run_dir / "run", run)

@@ -260,6 +260,10 @@ def write_report(run: str | Path, out: str | Path | None = None, against: str | 
     run = Path(run)
     if not run.is_dir():
         raise ExhumeError(f"{run} is not a folder; expected an attack run folder written by 'exhume attack'")
+    if (run / "victim.json").is_file() and not (run / "reconstruction.json").is_file():
+        raise ExhumeError(f"{run} is a victim folder (written by 'exhume train'), not an attack run; the report takes an attack "
+                          f"run folder: 'exhume attack {run} -o RUN', then 'exhume evaluate RUN --against {run}' and "
+                          "'exhume report RUN' (or 'exhume report RUN --against VICTIM' in one step)")
     if not (run / "evaluation" / "metrics.json").is_file() and against is not None:
         import exhume
 
