@@ -189,6 +189,7 @@ def _args(user, tmp_path, **over):
     ({"--weight-decay": False}, "weight_decay is not given"),
     ({"--normalize": False}, "normalize is not given"),
     ({"--normalize": "0.3"}, "expected an even count"),
+    ({"--normalize": "nan,1"}, "--normalize 'nan,1': expected finite numbers"),
 ])
 def test_bad_inputs_give_one_line_naming_the_file_and_exit_2(user, tmp_path, capsys, over, needle):
     root = user["root"]

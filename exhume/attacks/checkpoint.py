@@ -61,11 +61,16 @@ def load_checkpoint(path: Path, tensors: dict[str, torch.Tensor], optimizers: di
         raise ExhumeError(f"cannot resume from {path}: it was written for another victim (weights fingerprint "
                           f"{payload.get('victim')!r}, this victim's is {owner['victim']!r}); use a new output folder")
     for key, value in expect.items():
-        if state.get(key) != value:
-            raise ExhumeError(
-                f"cannot resume from {path}: it was written with {key}={state.get(key)!r}, this run has {key}={value!r}; "
-                "use the same settings or a new output folder"
-            )
+        saved = state.get(key)
+        if saved != value:
+            if isinstance(saved, dict) and isinstance(value, dict):  # name the settings that differ, not the whole dicts
+                diff = sorted(set(saved) | set(value), key=str)
+                shown = ", ".join(f"{k}={saved.get(k, '(unset)')!r} there, {value.get(k, '(unset)')!r} here"
+                                  for k in diff if saved.get(k, "(unset)") != value.get(k, "(unset)"))
+            else:
+                shown = f"{key}={saved!r} there, {value!r} here"
+            raise ExhumeError(f"cannot resume from {path}: it was written with other settings ({shown}); "
+                              "use the same settings or a new output folder")
     with torch.no_grad():
         for k, t in tensors.items():
             saved = payload["tensors"][k]

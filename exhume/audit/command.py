@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,8 @@ def add_parser(sub) -> None:
     p.add_argument("--force", action="store_true", help="replace an earlier audit's attack run in --out")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted audit's attack run in --out (same model, data and settings), then judge it")
-    p.add_argument("--seed", type=int, default=None, help="attack and pool/control split seed (default 0)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="attack seed (default 0); the unseen images are split into pool and control with seed 1, as in exhume evaluate")
     p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default cpu)")
     p.add_argument("--no-progress", action="store_true", help="hide progress output")
 
@@ -106,6 +108,8 @@ def parse_normalize(value: Any):
         raise ConfigError(f"--normalize {value!r}: expected MEAN,STD numbers (C means then C stds) or 'none'") from None
     if len(nums) % 2 or not nums:
         raise ConfigError(f"--normalize {value!r}: expected an even count, C means then C stds (e.g. 0.1307,0.3081)")
+    if not all(math.isfinite(v) for v in nums):
+        raise ConfigError(f"--normalize {value!r}: expected finite numbers, C means then C stds (e.g. 0.1307,0.3081)")
     half = len(nums) // 2
     return nums[:half], nums[half:]
 
