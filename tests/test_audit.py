@@ -249,3 +249,17 @@ def test_an_interrupted_audit_resumes_its_attack_instead_of_starting_over(user, 
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     m = json.loads((out / "evaluation" / "metrics.json").read_text())
     assert m["verdict"] in VERDICTS and m["attack"]["iterations"] == (saved + 5) * restarts  # each run to its new budget
+
+
+def test_a_training_set_too_large_to_evaluate_is_refused_before_the_attack(user, tmp_path, capsys, monkeypatch):
+    import dataclasses
+
+    from exhume.files import limits
+
+    # the user's 20 images and kkt's 2n = 40 candidates: 800 pairs; a limit of 799 stands for 60,000 images' 7.2e9
+    monkeypatch.setattr(limits, "LIMITS", dataclasses.replace(limits.LIMITS, one_to_one_entries=799))
+    assert main(_args(user, tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert "train.npz: 20 training images: the evaluation matches every training image with every candidate" in err
+    assert "at least 40 candidates (800 pairs), over the limit of 799 pairs" in err and "at most 19 training images" in err
+    assert not (tmp_path / "out").exists() and len(err.strip().splitlines()) == 1  # refused before the attack wrote anything

@@ -116,6 +116,28 @@ def _labels(y, task: str, k: int, positive_class) -> tuple[torch.Tensor, Any]:
     return torch.from_numpy(np.where(y == pos, 1.0, -1.0).astype(np.float32)), pos
 
 
+def _check_matching_size(n: int, method: str, attack_args: dict[str, Any]) -> None:
+    """Refuse, before anything runs, a training set the evaluation's one-to-one matching would refuse after the attack.
+
+    The evaluation pairs every training image with every candidate (``LIMITS.one_to_one_entries``);
+    kkt makes at least ``m = candidates_per_point × n`` candidates per restart (2n by default), bilevel ``n``.
+    """
+    from exhume.files import limits
+
+    if method == "kkt":
+        m = attack_args.get("m") or max(1, round(float(attack_args.get("candidates_per_point", 2.0)) * (attack_args.get("n_guess") or n)))
+    elif method == "bilevel":
+        m = attack_args.get("m") or n
+    else:
+        return
+    cap = limits.LIMITS.one_to_one_entries
+    if n * int(m) > cap:
+        raise DataError(f"{n} training images: the evaluation matches every training image with every candidate, and the {method} "
+                        f"attack makes at least {int(m)} candidates ({n * int(m):,} pairs), over the limit of {cap:,} pairs "
+                        f"(LIMITS.one_to_one_entries); with {m / n:g} candidates per image at most {int((cap / (m / n)) ** 0.5):,} "
+                        "training images can be audited")
+
+
 def audit(model: nn.Module, train, unseen, *, loss: str | None = None, weight_decay: float | None = None, normalize=None,
           task: str | None = None, positive_class: int | None = None, max_seconds: float = DEFAULT_SECONDS,
           method: str = "kkt", attack_args: dict[str, Any] | None = None, alpha: float = 0.05, out: str | Path | None = None,
@@ -163,6 +185,7 @@ def audit(model: nn.Module, train, unseen, *, loss: str | None = None, weight_de
     unseen_x = _tensor_images(unseen[0] if isinstance(unseen, (tuple, list)) else unseen, "unseen images")
     if len(train[1]) != len(x):
         raise DataError(f"{len(x)} training images but {len(train[1])} labels")
+    _check_matching_size(len(x), method, attack_args or {})
     if tuple(unseen_x.shape[1:]) != tuple(x.shape[1:]):
         raise DataError(f"unseen images have shape {tuple(unseen_x.shape[1:])}, training images {tuple(x.shape[1:])}; expected the same")
     input_shape = tuple(x.shape[1:])
