@@ -344,3 +344,23 @@ def test_the_default_trial_takes_kkt_lr_lambda_auto_as_it_resolves_for_the_victi
     assert DEFAULTS["lr_lambda"] == 1e-4
     assert defaults_for(AttackerView(task="regression", loss="squared", **kw), {})["lr_lambda"] == 1e-2
     assert defaults_for(AttackerView(task="binary", loss="logistic", **kw), {"formulation": "loss"})["lr_lambda"] == 1e-2
+
+
+def test_distinct_in_row_blocks_equals_the_dense_cosine_matrix(monkeypatch):
+    """candidate_terms' ``distinct`` never builds the m × m cosine matrix; blocked, it flags what the dense rule flags."""
+    import dataclasses
+
+    from exhume.tune import score as score_mod
+
+    g = torch.Generator().manual_seed(3)
+    flat = torch.randn(40, 30, generator=g, dtype=torch.float64)
+    for a, b in ((5, 2), (17, 3), (18, 17), (39, 0), (30, 29)):  # near copies of an earlier row
+        flat[a] = 1.3 * flat[b] + 0.01 * torch.randn(30, generator=g, dtype=torch.float64)
+    flat[9] = 0.0  # a zero row: no duplicate of anything (cosine 0)
+    norms = flat.norm(dim=1).clamp_min(1e-12)
+    dense = torch.tril((flat @ flat.T) / (norms[:, None] * norms[None, :]) >= score_mod.DUPLICATE_COSINE, -1).any(dim=1)
+    assert sorted(torch.nonzero(dense).reshape(-1).tolist()) == [5, 17, 18, 30, 39]
+    for cells in (1, 7 * 40, 40 * 40, score_mod.LIMITS.candidates_x_pool_block):  # 1 row, 7 rows, one block, the default
+        monkeypatch.setattr(score_mod, "LIMITS", dataclasses.replace(score_mod.LIMITS, candidates_x_pool_block=cells))
+        assert torch.equal(score_mod.earlier_duplicates(flat), dense)
+    assert score_mod.earlier_duplicates(flat[:0]).numel() == 0

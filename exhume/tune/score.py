@@ -40,6 +40,7 @@ import torch
 from exhume.attacks.base import attack_model
 from exhume.attacks.stationarity import stationarity_residual
 from exhume.errors import ConfigError
+from exhume.files import LIMITS
 from exhume.losses import margin as margin_fn
 
 DUPLICATE_COSINE = 0.95
@@ -68,9 +69,7 @@ def candidate_terms(view, candidates: torch.Tensor, labels: torch.Tensor, multip
     flat = x.reshape(m, -1)
     disp = candidates.to(dtype).reshape(m, -1)
     # distinct: greedy, an earlier near-duplicate makes a later one count zero
-    norms = flat.norm(dim=1).clamp_min(1e-12)
-    cos = (flat @ flat.T) / (norms[:, None] * norms[None, :])
-    earlier = torch.tril(cos >= DUPLICATE_COSINE, diagonal=-1).any(dim=1)
+    earlier = earlier_duplicates(flat, DUPLICATE_COSINE)
     terms = {"distinct": (~earlier).to(dtype),
              "non_degenerate": (flat.abs().max(dim=1).values >= MIN_DEVIATION).to(dtype),
              "in_range": ((disp >= -PIXEL_SLACK) & (disp <= 1 + PIXEL_SLACK)).to(dtype).mean(dim=1)}
@@ -80,6 +79,24 @@ def candidate_terms(view, candidates: torch.Tensor, labels: torch.Tensor, multip
             margins = margin_fn(model(x), labels.to(dtype)).reshape(-1)
         terms["margin_consistent"] = _margin_consistency(view, margins, multipliers.to(dtype), n_guess or view.n_train_hint or max(1, m // 2))
     return terms
+
+
+def earlier_duplicates(flat: torch.Tensor, threshold: float = DUPLICATE_COSINE) -> torch.Tensor:
+    """Whether each row of ``flat`` (m, d) has an earlier row whose cosine similarity with it is ``>= threshold``.
+
+    Computed over blocks of rows against the rows before the block's end (at most
+    ``LIMITS.candidates_x_pool_block`` cosines at once), never as the m × m matrix: a portfolio
+    restart of 120,000 candidates (m = 2n for n = 60,000) would need 115 GB for it in float64.
+    """
+    m = flat.shape[0]
+    norms = flat.norm(dim=1).clamp_min(1e-12)
+    earlier = torch.zeros(m, dtype=torch.bool, device=flat.device)
+    rows = max(1, min(m, LIMITS.candidates_x_pool_block // max(m, 1)))
+    for s in range(0, m, rows):
+        e = min(m, s + rows)
+        cos = (flat[s:e] @ flat[:e].T) / (norms[s:e, None] * norms[None, :e])
+        earlier[s:e] = torch.tril(cos >= threshold, diagonal=s - 1).any(dim=1)  # columns j < i (global)
+    return earlier
 
 
 def _margin_consistency(view, margins: torch.Tensor, lam: torch.Tensor, n: int) -> torch.Tensor:
