@@ -124,16 +124,20 @@ def _check_matching_size(n: int, method: str, attack_args: dict[str, Any]) -> No
     """
     from exhume.files import limits
 
-    if method == "kkt":
-        m = attack_args.get("m") or max(1, round(float(attack_args.get("candidates_per_point", 2.0)) * (attack_args.get("n_guess") or n)))
-    elif method == "bilevel":
-        m = attack_args.get("m") or n
-    else:
+    try:
+        if method == "kkt":
+            m = int(attack_args.get("m") or max(1, round(float(attack_args.get("candidates_per_point", 2.0))
+                                                          * int(attack_args.get("n_guess") or n))))
+        elif method == "bilevel":
+            m = int(attack_args.get("m") or n)
+        else:
+            return
+    except (TypeError, ValueError):  # a malformed setting: the attack's own validation names it
         return
     cap = limits.LIMITS.one_to_one_entries
-    if n * int(m) > cap:
+    if n * m > cap:
         raise DataError(f"{n} training images: the evaluation matches every training image with every candidate, and the {method} "
-                        f"attack makes at least {int(m)} candidates ({n * int(m):,} pairs), over the limit of {cap:,} pairs "
+                        f"attack makes at least {m} candidates ({n * m:,} pairs), over the limit of {cap:,} pairs "
                         f"(LIMITS.one_to_one_entries); with {m / n:g} candidates per image at most {int((cap / (m / n)) ** 0.5):,} "
                         "training images can be audited")
 

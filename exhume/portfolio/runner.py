@@ -82,13 +82,13 @@ def _worker_signals() -> None:
     if sys.platform.startswith("linux"):
         import ctypes
 
-        parent = os.getppid()
+        parent = multiprocessing.parent_process()  # its pid was recorded when this worker was started
         try:
             ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
         except (OSError, AttributeError):  # no prctl: the worker outlives a killed parent, as before
             return
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os.kill(os.getpid(), signal.SIGTERM)
+        if parent is not None and os.getppid() != parent.pid:  # the parent died before prctl took effect
+            os._exit(128 + int(signal.SIGTERM))
 
 
 def _raise_interrupt(signum, frame):
