@@ -111,6 +111,11 @@ LR_LAMBDA_MARGIN = 1e-4
 LR_LAMBDA_SIGNED = 1e-2
 
 
+def candidate_count(m: int | None, candidates_per_point: float, n: int) -> int:
+    """The number of candidates: ``m`` when given, else ``candidates_per_point × n`` (at least 1)."""
+    return int(m) if m else max(1, round(float(candidates_per_point) * n))
+
+
 def resolve_lr_lambda(value: Any, form: str) -> float:
     """``lr_lambda`` as a number: ``value`` itself, or for ``"auto"`` the rate for formulation ``form``."""
     if value != "auto":
@@ -297,7 +302,7 @@ class KKTAttack(Attack):
         dtype = DTYPES[cfg["dtype"]]
         model, params = attack_model(view.model, dev, dtype)
         n = cfg["n_guess"] or view.n_train_hint or 100
-        m = cfg["m"] or (init.shape[0] if init is not None else max(1, round(cfg["candidates_per_point"] * n)))
+        m = cfg["m"] or (init.shape[0] if init is not None else candidate_count(None, cfg["candidates_per_point"], n))
         target, denoised = learned_part(params, n) if cfg["denoise"] != "off" else (None, {})
         form = resolve(view, model, cfg["formulation"], cfg["loss"], cfg["weight_decay"], cfg["lambda_scale"], params, n, m, dtype)
         form.info.update(denoised)

@@ -122,12 +122,13 @@ def _check_matching_size(n: int, method: str, attack_args: dict[str, Any]) -> No
     The evaluation pairs every training image with every candidate (``LIMITS.one_to_one_entries``);
     kkt makes at least ``m = candidates_per_point × n`` candidates per restart (2n by default), bilevel ``n``.
     """
+    from exhume.attacks.kkt import KKTAttack, candidate_count
     from exhume.files import limits
 
     try:
         if method == "kkt":
-            m = int(attack_args.get("m") or max(1, round(float(attack_args.get("candidates_per_point", 2.0))
-                                                          * int(attack_args.get("n_guess") or n))))
+            per_point = attack_args.get("candidates_per_point", KKTAttack.params["candidates_per_point"].default)
+            m = candidate_count(attack_args.get("m"), per_point, int(attack_args.get("n_guess") or n))
         elif method == "bilevel":
             m = int(attack_args.get("m") or n)
         else:

@@ -14,6 +14,7 @@ from exhume.attacks.formulation import auto_form
 from exhume.errors import ConfigError, DataError, VictimError
 from exhume.evaluation.assumptions import attack_failures, scale_failure
 from exhume.evaluation.matching import match as match_images  # evaluate()'s parameter `match` shadows the name
+from exhume.evaluation.matching import min_distances
 from exhume.evaluation.metrics import EvalResult, _jsonable, evaluate_images
 from exhume.evaluation.plots import candidates_grid, pairs_grid, plot_sorted_ssim, plot_ssim_vs_margin
 from exhume.evaluation.verdict import ALPHA, check_alpha, decide
@@ -205,8 +206,6 @@ def _control(result: EvalResult, candidates, control, pool, match: str, train_x=
         "the memorisation count computed for unseen images (non-members) in place of the training images; "
         "a leak shows as memorised well above memorised_control")
     if train_x is not None:
-        from exhume.evaluation.matching import min_distances
-
         result.metrics["control_exact_copies_of_train"] = int((min_distances(train_x, control)[0] < 1e-4).sum())
         # ORACLE (evaluator-side, uses the training images): the control a perfect reconstruction would score
         # each control image's nearest training image against its best pool image (the control's own, computed above)

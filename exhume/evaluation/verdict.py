@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from exhume.errors import ConfigError
+
 ALPHA = 0.05
 VERDICTS = ("leaks", "no evidence", "inconclusive")
 #: below these sizes a count of zero says little: a tiny pool is beaten by any close-enough
@@ -30,8 +32,6 @@ MIN_CONTROL = 10
 
 def check_alpha(alpha) -> float:
     """``alpha`` as a float, refused unless it is a significance level strictly between 0 and 1."""
-    from exhume.errors import ConfigError
-
     try:
         value = float(alpha)
     except (TypeError, ValueError):
