@@ -83,20 +83,20 @@ def test_unmodelled_layers_are_found_in_modules_and_functional_calls():
 def test_verdict_has_three_values_and_a_reason():
     base = {"n_train": 50, "pool_size": 500, "control_size": 50, "memorised_control": 1}
     leak = decide({**base, "memorised": 12}, ["the network uses GELU"])
-    assert leak["verdict"] == "leaks" and leak["p_value"] == pytest.approx(fisher_p(12, 50, 1, 50))  # evidence stands
-    assert leak["p_value"] < 0.05
+    assert leak.verdict == "leaks" and leak.p_value == pytest.approx(fisher_p(12, 50, 1, 50))  # evidence stands
+    assert leak.p_value < 0.05
     unsure = decide({**base, "memorised": 2}, ["the network uses GELU"])
-    assert unsure["verdict"] == "inconclusive" and "GELU" in unsure["reason"]
+    assert unsure.verdict == "inconclusive" and "GELU" in unsure.reason
     clean = decide({**base, "memorised": 2}, [])
-    assert clean["verdict"] == "no evidence" and "not proof" in clean["reason"]
-    assert decide({**base, "memorised": 2, "memorised_control": None}, [])["verdict"] == "inconclusive"
+    assert clean.verdict == "no evidence" and "not proof" in clean.reason
+    assert decide({**base, "memorised": 2, "memorised_control": None}, []).verdict == "inconclusive"
     # unseen images that cannot show a difference: "no evidence" becomes "inconclusive", a leak stays a leak
     for bad, needle in (({"pool_size": 99}, "pool holds only 99"), ({"control_size": 9, "memorised_control": 0}, "control holds only 9"),
                         ({"pool_exact_copies_of_train": 2, "control_exact_copies_of_train": 1}, "3 of the unseen images")):
         unsure = decide({**base, "memorised": 2, **bad}, [])
-        assert unsure["verdict"] == "inconclusive" and needle in unsure["reason"], unsure["reason"]
-        assert decide({**base, "memorised": 40, **bad}, [])["verdict"] == "leaks"
-    assert decide({**base, "memorised": 2, "pool_size": 100, "control_size": 10, "memorised_control": 0}, [])["verdict"] == "no evidence"
+        assert unsure.verdict == "inconclusive" and needle in unsure.reason, unsure.reason
+        assert decide({**base, "memorised": 40, **bad}, []).verdict == "leaks"
+    assert decide({**base, "memorised": 2, "pool_size": 100, "control_size": 10, "memorised_control": 0}, []).verdict == "no evidence"
 
 
 def test_public_evaluate_on_plain_arrays_with_a_verdict():
@@ -177,8 +177,8 @@ def test_without_weight_decay_a_multiplier_scale_far_from_the_margins_makes_find
     assert scale_failure(bilevel, margins, 0.0) == []
     # and it turns "no evidence" into "inconclusive", never a found leak into anything else
     base = {"memorised": 0, "memorised_control": 0, "n_train": 100, "control_size": 100, "pool_size": 900}
-    assert decide(base, far)["verdict"] == "inconclusive"
-    assert decide({**base, "memorised": 30}, far)["verdict"] == "leaks"
+    assert decide(base, far).verdict == "inconclusive"
+    assert decide({**base, "memorised": 30}, far).verdict == "leaks"
 
 
 def test_training_images_among_the_unseen_images_are_counted_and_make_nothing_found_inconclusive():
@@ -187,7 +187,7 @@ def test_training_images_among_the_unseen_images_are_counted_and_make_nothing_fo
     noise = Reconstruction("kkt", torch.rand(12, 1, 10, 10, generator=torch.Generator().manual_seed(0)), torch.ones(12), None, {}, 0,
                            summary={"final_relative_stationarity": 0.01})
     clean = exhume.evaluate(noise, train=(train, None), unseen=others, figures=False).metrics
-    assert clean["verdict"] == "no evidence" and clean["control_exact_copies_of_train"] == 0
+    assert clean.verdict == "no evidence" and clean["control_exact_copies_of_train"] == 0
     with pytest.warns(UserWarning, match="exact copy in the pool"):
         m = exhume.evaluate(noise, train=(train, None), unseen=np.concatenate([others, train]), figures=False).metrics
     assert m["pool_exact_copies_of_train"] + m["control_exact_copies_of_train"] == 12

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -84,6 +84,40 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
     """
     t0 = time.perf_counter()
     alpha = check_alpha(alpha)
+    given = _inputs(recon, victim, train, unseen, margins, support_margins, assumptions, pool_size, pool_seed)
+    candidates = recon.candidates.float().clamp(0, 1)
+    if tuple(candidates.shape[1:]) != tuple(given.train_x.shape[1:]):
+        raise DataError(f"the reconstruction's candidates have shape {tuple(candidates.shape[1:])} but the training images "
+                        f"have {tuple(given.train_x.shape[1:])}; evaluate against the data the attacked model takes")
+    result = evaluate_images(candidates, given.train_x, given.pool, margins=given.margins,
+                             support_margins=given.support_margins, match=match)
+    _restarts(result, recon, candidates, given.train_x, match)
+    _control(result, candidates, given.control, given.pool, match, given.train_x)
+    _context(result, recon, candidates, given)
+    failures = given.failures + attack_failures(recon)
+    if victim is not None:
+        failures += scale_failure(recon, given.margins, float(victim.weight_decay or 0.0))
+    result.metrics.set_verdict(decide(result.metrics, failures, alpha))
+    result.metrics.evaluation_seconds = round(time.perf_counter() - t0, 3)
+    if out is not None:
+        _write(result, candidates, given.train_x, given.pool, Path(out), figures)
+    return result
+
+
+class _Given(NamedTuple):
+    """What evaluate() judges against: the training images, the control and the pool, and what it knows of the model."""
+
+    train_x: torch.Tensor
+    control: torch.Tensor | None
+    pool: torch.Tensor | None
+    description: str | None
+    margins: Any
+    support_margins: Any
+    failures: list[str]
+    info: dict[str, Any]
+
+
+def _inputs(recon, victim, train, unseen, margins, support_margins, assumptions, pool_size: int, pool_seed: int) -> _Given:
     if victim is not None and (train is not None or unseen is not None):
         raise ConfigError("evaluate() takes a victim or train=(x, y) and unseen=x, not both")
     if victim is not None and not hasattr(victim, "load_train_set"):
@@ -93,48 +127,41 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
         if train is None or unseen is None:
             raise ConfigError("evaluate() needs a victim, or train=(x, y) and unseen=x (images the model never saw)")
         train_x, control, pool, description = _arrays(train, unseen, pool_seed)
-        failures, info = list(assumptions or []), {}
-    else:
-        check_attacked(recon, victim)
-        train_set, control, pool, description = _victim_sets(victim, pool_size, pool_seed)
-        train_x, margins, support_margins = train_set.x, None, None
-        if victim.task != "regression":
-            margins, support_margins = margins_of(_float32(victim.model), train_set.centred.float(), train_set.y,
-                                                  victim.task, victim.loss)
-        failures, info = list(assumptions or []) + victim_failures(victim, train_set), victim_info(victim, train_set)
-    candidates = recon.candidates.float().clamp(0, 1)
-    if tuple(candidates.shape[1:]) != tuple(train_x.shape[1:]):
-        raise DataError(f"the reconstruction's candidates have shape {tuple(candidates.shape[1:])} but the training images "
-                        f"have {tuple(train_x.shape[1:])}; evaluate against the data the attacked model takes")
-    result = evaluate_images(candidates, train_x, pool, margins=margins, support_margins=support_margins, match=match)
-    members = getattr(recon, "provenance", {}).get("members")
-    if members is not None and "memorised" in result.arrays:  # a pooled portfolio: which restarts found each image
-        from exhume.evaluation.restarts import restart_breakdown
+        return _Given(train_x, control, pool, description, margins, support_margins, list(assumptions or []), {})
+    check_attacked(recon, victim)
+    train_set, control, pool, description = _victim_sets(victim, pool_size, pool_seed)
+    margins = support_margins = None
+    if victim.task != "regression":
+        margins, support_margins = margins_of(_float32(victim.model), train_set.centred.float(), train_set.y,
+                                              victim.task, victim.loss)
+    failures = list(assumptions or []) + victim_failures(victim, train_set)
+    return _Given(train_set.x, control, pool, description, margins, support_margins, failures, victim_info(victim, train_set))
 
-        extra, arrays = restart_breakdown(candidates, train_x, result.arrays["pool_ssim"], members, result.arrays["memorised"], match)
-        result.metrics.update(extra)
-        result.arrays.update(arrays)
-    _control(result, candidates, control, pool, match, train_x)
-    result.metrics["pool_description"] = description
-    if pool is not None:
+
+def _restarts(result: EvalResult, recon, candidates, train_x, match: str) -> None:
+    """A pooled portfolio: which restarts found each memorised image."""
+    members = getattr(recon, "provenance", {}).get("members")
+    if members is None or "memorised" not in result.arrays:
+        return
+    from exhume.evaluation.restarts import restart_breakdown
+
+    extra, arrays = restart_breakdown(candidates, train_x, result.arrays["pool_ssim"], members, result.arrays["memorised"], match)
+    result.metrics.update(extra)
+    result.arrays.update(arrays)
+
+
+def _context(result: EvalResult, recon, candidates, given: _Given) -> None:
+    """The pool's description, the membership AUC, the attack's and the victim's settings."""
+    m = result.metrics
+    m.pool_description = given.description
+    if given.pool is not None:
         from exhume.evaluation.membership import membership_uncertainty
 
-        mu = membership_uncertainty(candidates, train_x, pool)
-        result.metrics["membership_auc"] = mu["auc"]
-        result.metrics["membership"] = {k: v for k, v in mu.items() if k not in ("d_train", "d_heldout")}
-    result.metrics["attack"] = {"method": recon.method, "seed": recon.seed, "config": recon.config, **recon.summary}
-    result.metrics["victim"] = info
-    failures += attack_failures(recon)
-    if victim is not None:
-        failures += scale_failure(recon, margins, float(victim.weight_decay or 0.0))
-    verdict = decide(result.metrics, failures, alpha)
-    result.metrics.update(verdict=verdict["verdict"], verdict_reason=verdict["reason"], p_value=verdict["p_value"],
-                          alpha=alpha, verdict_test=verdict["test"], assumption_failures=verdict["assumption_failures"])
-    result.metrics = _jsonable(result.metrics)
-    result.metrics["evaluation_seconds"] = round(time.perf_counter() - t0, 3)
-    if out is not None:
-        _write(result, candidates, train_x, pool, Path(out), figures)
-    return result
+        mu = membership_uncertainty(candidates, given.train_x, given.pool)
+        m.membership_auc = _jsonable(mu["auc"])
+        m.membership = _jsonable({k: v for k, v in mu.items() if k not in ("d_train", "d_heldout")})
+    m.attack = _jsonable({"method": recon.method, "seed": recon.seed, "config": recon.config, **recon.summary})
+    m.victim = _jsonable(given.info)
 
 
 def check_attacked(recon, victim) -> None:
@@ -199,19 +226,20 @@ def _control(result: EvalResult, candidates, control, pool, match: str, train_x=
     if control is None or len(control) == 0 or pool is None:
         return
     ctrl = evaluate_images(candidates, control, pool, match=match)
-    result.metrics["memorised_control"] = ctrl.metrics["memorised"]
-    result.metrics["control_size"] = len(control)
-    result.metrics["one_to_one_ssim>=0.4_control"] = ctrl.metrics["one_to_one_ssim>=0.4"]
-    result.metrics["memorised_control_note"] = (
+    m = result.metrics
+    m.memorised_control = ctrl.metrics.memorised
+    m.control_size = len(control)
+    m.one_to_one_control = ctrl.metrics.one_to_one_at[0.4]
+    m.memorised_control_note = (
         "the memorisation count computed for unseen images (non-members) in place of the training images; "
         "a leak shows as memorised well above memorised_control")
     if train_x is not None:
-        result.metrics["control_exact_copies_of_train"] = int((min_distances(train_x, control)[0] < 1e-4).sum())
+        m.control_exact_copies_of_train = int((min_distances(train_x, control)[0] < 1e-4).sum())
         # ORACLE (evaluator-side, uses the training images): the control a perfect reconstruction would score
         # each control image's nearest training image against its best pool image (the control's own, computed above)
         nearest = match_images(control, train_x, match, one_to_one_too=False)["ssim"]
-        result.metrics["memorised_control_oracle"] = int((nearest > ctrl.arrays["pool_ssim"]).sum())
-        result.metrics["memorised_control_oracle_note"] = (
+        m.memorised_control_oracle = int((nearest > ctrl.arrays["pool_ssim"]).sum())
+        m.memorised_control_oracle_note = (
             "ORACLE: the control count if the candidates were the training images themselves (control images that look more "
             "like some training image than like any pool image); an attack that reconstructs the training set faithfully "
             "approaches this control, so a control above 0 can come from exact reconstructions of training images")

@@ -17,12 +17,15 @@ stronger attack may.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from exhume.errors import ConfigError
 
 ALPHA = 0.05
 VERDICTS = ("leaks", "no evidence", "inconclusive")
+TEST = "one-sided Fisher exact test, memorised vs control"
 #: below these sizes a count of zero says little: a tiny pool is beaten by any close-enough
 #: candidate, a tiny control cannot show a difference (for comparison: the demo's pool is 1000
 #: images, its control 100)
@@ -48,15 +51,40 @@ def fisher_p(memorised: int, n: int, control: int, n_control: int) -> float:
     return float(fisher_exact([[memorised, n - memorised], [control, n_control - control]], alternative="greater")[1])
 
 
-def decide(metrics: dict[str, Any], failures: list[str] | None = None, alpha: float = ALPHA) -> dict[str, Any]:
-    """The verdict for ``metrics`` (from :func:`exhume.evaluation.evaluate_images` plus the control).
+@dataclass(frozen=True)
+class Counts:
+    """The counts a verdict compares: the training images' memorisation count against the control's."""
 
-    Returns ``{"verdict", "reason", "p_value", "alpha", "counts", "assumption_failures"}``.
-    """
+    memorised: int | None
+    n_train: int | None
+    memorised_control: int | None
+    control_size: int | None
+    pool_size: int | None
+
+    @classmethod
+    def of(cls, metrics: Mapping[str, Any]) -> Counts:
+        return cls(metrics.get("memorised"), metrics.get("n_train"), metrics.get("memorised_control"),
+                   metrics.get("control_size"), metrics.get("pool_size"))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """leaks / no evidence / inconclusive, its reason in plain words, and the test behind it."""
+
+    verdict: str
+    reason: str
+    p_value: float | None
+    alpha: float
+    counts: Counts
+    assumption_failures: list[str] = field(default_factory=list)
+    test: str = TEST
+
+
+def decide(metrics: Mapping[str, Any], failures: list[str] | None = None, alpha: float = ALPHA) -> Verdict:
+    """The verdict for ``metrics`` (from :func:`exhume.evaluation.evaluate_images` plus the control)."""
     failures = list(failures or [])
-    k, n = metrics.get("memorised"), metrics.get("n_train")
-    c, nc = metrics.get("memorised_control"), metrics.get("control_size")
-    counts = {"memorised": k, "n_train": n, "memorised_control": c, "control_size": nc, "pool_size": metrics.get("pool_size")}
+    counts = Counts.of(metrics)
+    k, n, c, nc = counts.memorised, counts.n_train, counts.memorised_control, counts.control_size
     p = None
     if k is None:
         failures.append("no memorisation count: the evaluation had no pool of unseen images")
@@ -65,26 +93,28 @@ def decide(metrics: dict[str, Any], failures: list[str] | None = None, alpha: fl
     else:
         p = fisher_p(k, n, c, nc)
     failures += _unseen_failures(metrics)
-    out = {"verdict": "", "reason": "", "p_value": p, "alpha": alpha, "test": "one-sided Fisher exact test, memorised vs control",
-           "counts": counts, "assumption_failures": failures}
     if p is not None and p < alpha and k > 0:
-        out["verdict"] = "leaks"
-        out["reason"] = (f"{k} of {n} training images were reconstructed closer than any of {counts['pool_size']} unseen images, "
-                         f"against {c} of {nc} unseen control images (p = {p:.2g} < {alpha:g}).")
-    elif failures:
-        out["verdict"] = "inconclusive"
-        found = "" if p is None else f"The attack found no significant leak ({k} of {n} against {c} of {nc} in the control, p = {p:.2g}), but "
-        out["reason"] = (found + ("this says little because " if found else "Inconclusive because ")
-                         + "; ".join(failures) + ".")
+        word = "leaks"
     else:
-        out["verdict"] = "no evidence"
-        out["reason"] = (f"{k} of {n} training images against {c} of {nc} unseen control images (p = {p:.2g} ≥ {alpha:g}): "
-                         "no evidence of leakage from this attack and budget. This is not proof that the model does not leak; "
-                         "a stronger or longer attack may find some.")
-    return out
+        word = "inconclusive" if failures else "no evidence"
+    return Verdict(word, _reason(word, counts, p, alpha, failures), p, alpha, counts, failures)
 
 
-def _unseen_failures(metrics: dict[str, Any]) -> list[str]:
+def _reason(word: str, counts: Counts, p: float | None, alpha: float, failures: list[str]) -> str:
+    """The verdict in plain words, with the counts and the p-value behind it."""
+    k, n, c, nc = counts.memorised, counts.n_train, counts.memorised_control, counts.control_size
+    if word == "leaks":
+        return (f"{k} of {n} training images were reconstructed closer than any of {counts.pool_size} unseen images, "
+                f"against {c} of {nc} unseen control images (p = {p:.2g} < {alpha:g}).")
+    if word == "inconclusive":
+        found = "" if p is None else f"The attack found no significant leak ({k} of {n} against {c} of {nc} in the control, p = {p:.2g}), but "
+        return found + ("this says little because " if found else "Inconclusive because ") + "; ".join(failures) + "."
+    return (f"{k} of {n} training images against {c} of {nc} unseen control images (p = {p:.2g} ≥ {alpha:g}): "
+            "no evidence of leakage from this attack and budget. This is not proof that the model does not leak; "
+            "a stronger or longer attack may find some.")
+
+
+def _unseen_failures(metrics: Mapping[str, Any]) -> list[str]:
     """What makes the unseen images (pool and control) unfit to show that nothing leaks."""
     out = []
     copies = int(metrics.get("pool_exact_copies_of_train") or 0) + int(metrics.get("control_exact_copies_of_train") or 0)

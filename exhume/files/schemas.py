@@ -1,4 +1,8 @@
-"""Schemas of the JSON files and checkpoints exhume reads: types, ranges and sizes, one place."""
+"""Schemas of the JSON files and checkpoints exhume reads: types, ranges and sizes, one place.
+
+metrics.json is read against its type instead (:class:`exhume.evaluation.metrics.Metrics`, a
+:class:`~exhume.files.records.Record`).
+"""
 
 from __future__ import annotations
 
@@ -102,30 +106,6 @@ def check_reconstruction_tensors(tensors: dict, source: str) -> None:
         raise ExhumeError(f"{source}: tensor 'candidates' holds NaN/inf values; expected finite images")
 
 
-COUNT_KEYS = ("n_train", "n_candidates", "pool_size", "memorised", "memorised_control", "memorised_control_oracle", "control_size")
-
-
-def read_metrics(path: Path) -> dict[str, Any]:
-    """metrics.json written by 'exhume evaluate': counts are non-negative integers, rates finite."""
-    metrics = read_json(path, ExhumeError, "the metrics.json written by 'exhume evaluate'")
-    f = Fields(metrics, str(path))
-    f.int("n_train", low=0, high=MAX_N)
-    for key in metrics:
-        if key in COUNT_KEYS or ">=" in key:
-            f.int(key, low=0, high=MAX_N, required=False)
-        elif key.endswith(("_mean", "_median", "_auc", "_rho", "_p", "_real_unseen_images")):
-            f.float(key, required=False)
-    for key in ("memorised", "memorised_control", "ssim>=0.4", "pool_ssim>=0.4"):
-        if (metrics.get(key) or 0) > metrics["n_train"] and key != "memorised_control":
-            f.fail(key, f"expected at most n_train = {metrics['n_train']}, got {metrics[key]}")
-    for key in ("memorised_control", "memorised_control_oracle"):
-        if (metrics.get(key) or 0) > (metrics.get("control_size") or 0):
-            f.fail(key, f"expected at most control_size = {metrics.get('control_size')}")
-    f.object("attack")
-    f.object("victim")
-    return metrics
-
-
 def check_checkpoint(payload: Any, source: str, tensors: dict, optimizers: dict, max_iteration: int | None) -> dict[str, Any]:
     """A checkpoint's structure: tensors and optimiser states present, progress in range."""
     import torch
@@ -144,4 +124,4 @@ def check_checkpoint(payload: Any, source: str, tensors: dict, optimizers: dict,
 
 
 __all__ = ["check_arch", "check_checkpoint", "check_data_spec", "check_float", "check_int", "check_victim_meta",
-           "read_metrics", "read_reconstruction_meta", "read_victim_meta"]
+           "read_reconstruction_meta", "read_victim_meta"]

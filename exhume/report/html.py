@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from exhume.errors import ExhumeError
-from exhume.files.schemas import read_metrics, read_reconstruction_meta
+from exhume.files.schemas import read_reconstruction_meta
 
 FIGURES = [
     ("ssim_sorted.png", "Sorted SSIM curve",
@@ -138,7 +138,9 @@ def render(run: str | Path) -> str:
     if not mpath.is_file():
         raise ExhumeError(f"{mpath} is missing; run 'exhume evaluate {run} --against VICTIM' first "
                           f"(or pass --against VICTIM to 'exhume report' to evaluate on the fly)")
-    metrics = read_metrics(mpath)
+    from exhume.evaluation.metrics import Metrics
+
+    metrics = Metrics.read(mpath)
     attack = metrics.get("attack") or {}
     rpath = run / "reconstruction.json"
     if rpath.is_file():
