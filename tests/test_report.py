@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import shutil
@@ -143,12 +144,13 @@ def open_in_chromium(page: Path, tmp_path: Path) -> dict:
     opts.binary_location = chromium
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run", "--disable-dev-shm-usage", f"--user-data-dir={tempfile.mkdtemp(dir=tmp_path)}",
-                 "--window-size=1100,900"):
+                 "--window-size=1280,800"):
         opts.add_argument(flag)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(driver_path), options=opts)
     try:
         driver.set_page_load_timeout(30)
+        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {"width": 1280, "height": 800, "deviceScaleFactor": 1, "mobile": False})
         driver.get(page.resolve().as_uri())
         shot = tmp_path / "report.png"
         driver.save_screenshot(str(shot))
@@ -161,6 +163,10 @@ def open_in_chromium(page: Path, tmp_path: Path) -> dict:
             "errors": [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")],
             "resources": driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)"),
             "screenshot_bytes": shot.stat().st_size,
+            "viewport": driver.execute_script("return [window.innerWidth, window.innerHeight]"),
+            "boxes": driver.execute_script(  # [top, bottom] of what the first screen must show, and of what comes after it
+                "const box = s => { const r = document.querySelector(s).getBoundingClientRect(); return [r.top, r.bottom]; };"
+                "return {verdict: box('#verdict'), pairs: box('#best-pairs img'), counts: box('h2')}"),
         }
     finally:
         driver.quit()
@@ -179,3 +185,22 @@ def test_report_renders_in_headless_chromium(run_dir, tmp_path):
     assert got["errors"] == [], got["errors"]
     assert [r for r in got["resources"] if not r.startswith("data:")] == []
     assert got["screenshot_bytes"] > 10_000
+    # the first screen (1280 x 800) shows the verdict and the best pairs whole; the counts come after them
+    assert got["viewport"] == [1280, 800]
+    boxes = got["boxes"]
+    assert 0 <= boxes["verdict"][0] and boxes["verdict"][1] <= 800 and 0 <= boxes["pairs"][0] and boxes["pairs"][1] <= 800, boxes
+    assert boxes["counts"][0] > max(boxes["verdict"][1], boxes["pairs"][1]), boxes
+
+
+def test_report_first_screen_order(run_dir):
+    """The verdict with its reason, the words it uses and, beside them, the best pairs; then counts, settings, more figures."""
+    page = render(run_dir / "run")
+    metrics = json.loads((run_dir / "run" / "evaluation" / "metrics.json").read_text())
+    marks = ['id="first-screen"', 'id="verdict"', 'class="reason"', 'id="glossary"', 'id="best-pairs"', "<h2>Counts</h2>",
+             "<h2>The model (victim)</h2>", "<h2>Attack settings</h2>", "<h2>More figures</h2>", 'alt="Sorted SSIM curve"']
+    at = [page.index(m) for m in marks]
+    assert at == sorted(at), dict(zip(marks, at))
+    first = page[at[0]:at[5]]
+    assert f"Verdict: {metrics['verdict'].upper()}" in first and html.escape(metrics["verdict_reason"]) in first
+    assert "<dt>memorised</dt>" in first and "<dt>control</dt>" in first and 'alt="Best pairs"' in first
+    assert page.count('alt="Best pairs"') == 1

@@ -12,20 +12,23 @@ from __future__ import annotations
 import base64
 import html
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from exhume.errors import ExhumeError
 from exhume.files.schemas import read_reconstruction_meta
 
+BEST_PAIRS = ("best_pairs.png", "Best pairs",
+              "Each triple: a training image | the attack's closest reconstruction | the closest of the unseen images, with "
+              "their SSIM (1 = identical). Chosen by looking at the training set (oracle); * marks a memorised image.")
 FIGURES = [
     ("ssim_sorted.png", "Sorted SSIM curve",
      "Each training image's best SSIM against the reconstructions (oracle: each training image picks its closest candidate), "
      "sorted; the dashed lines are the 0.4 and 0.5 thresholds."),
     ("ssim_vs_margin.png", "SSIM against the training margin",
      "Training images with small margins sit on the decision boundary and carry large multipliers; they are the ones the attack recovers."),
-    ("best_pairs.png", "Best pairs (oracle-selected)",
-     "Training image | its closest reconstruction | the closest of the unseen images. Chosen by looking at the training set (oracle)."),
+    BEST_PAIRS,
     ("worst_pairs.png", "Worst pairs (oracle-selected)",
      "The training images the attack recovered least well, with their closest reconstruction and unseen image."),
     ("candidates.png", "Reconstructions as the attacker sees them",
@@ -33,14 +36,21 @@ FIGURES = [
 ]
 
 CSS = """
-body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;max-width:980px;margin:2em auto;padding:0 1em;color:#1d1d1f;line-height:1.45}
-h1{font-size:1.6em;margin-bottom:.2em}h2{font-size:1.2em;margin-top:1.8em;border-bottom:1px solid #ddd;padding-bottom:.2em}
-.verdict{border-left:6px solid #b00020;background:#fff4f4;padding:.8em 1em;margin:1em 0;font-size:1.08em}
+body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;max-width:1200px;margin:1.2em auto;padding:0 1.2em;color:#1d1d1f;line-height:1.45}
+h1{font-size:1.5em;margin:0 0 .1em}h2{font-size:1.2em;margin-top:1.8em;border-bottom:1px solid #ddd;padding-bottom:.2em}
+.first{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1.1fr);gap:1.6em;align-items:start;margin-top:1em}
+@media (max-width:900px){.first{grid-template-columns:1fr}}
+.verdict{border-left:6px solid #b00020;background:#fff4f4;padding:.6em 1em;margin:0 0 .8em}
 .verdict.low{border-color:#2e7d32;background:#f3fbf3}.verdict.unsure{border-color:#b26a00;background:#fff8e6}
+.verdict .word{font-size:1.5em;font-weight:700;margin:0 0 .2em;letter-spacing:.02em}.verdict p{margin:.3em 0}
+.explain{font-size:.93em;margin:.4em 0}
+dl.glossary{font-size:.9em;margin:.6em 0;color:#333}dl.glossary dt{font-weight:700;display:inline}dl.glossary dd{display:inline;margin:0}
+dl.glossary dd:after{content:"";display:block;margin-bottom:.25em}
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding:.25em .6em;text-align:left;vertical-align:top}
 th{background:#f5f5f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .oracle{display:inline-block;font-size:.75em;font-weight:600;color:#6a1b9a;border:1px solid #6a1b9a;border-radius:3px;padding:0 .3em;margin-left:.4em}
 figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}figcaption{color:#555;font-size:.92em}
+#best-pairs{margin:0}
 .note{color:#555;font-size:.92em}code{background:#f5f5f5;padding:0 .2em}
 """
 
@@ -74,7 +84,7 @@ def _img(path: Path, alt: str) -> str:
     return f'<img src="data:image/png;base64,{data}" alt="{_e(alt)}">'
 
 
-def verdict(metrics: dict[str, Any]) -> tuple[str, bool]:
+def verdict(metrics: Mapping[str, Any]) -> tuple[str, bool]:
     """The plain-language verdict (text, leaks) from the evaluation metrics.
 
     The verdict itself (leaks / no evidence / inconclusive), its reason and the p-value are
@@ -82,47 +92,42 @@ def verdict(metrics: dict[str, Any]) -> tuple[str, bool]:
     function words them. For a metrics.json written before the verdict was stored, the one-sided
     Fisher exact test (p < 0.05) is recomputed by the same function.
     """
+    text, leaks = explain(metrics)
+    stated = metrics.get("verdict")
+    return (f"Verdict: {stated.upper()}. " if stated and metrics.get("memorised") is not None else "") + text, leaks
+
+
+def explain(metrics: Mapping[str, Any], failures: bool = True) -> tuple[str, bool]:
+    """:func:`verdict`'s text without its first words; ``failures=False`` leaves out the failed assumptions
+    (for a page that shows the stored reason, which lists them, beside it)."""
     from exhume.evaluation.verdict import ALPHA, fisher_p
 
-    n = metrics.get("n_train")
-    k = metrics.get("memorised")
-    pool = metrics.get("pool_size")
+    n, k, pool = metrics.get("n_train"), metrics.get("memorised"), metrics.get("pool_size")
     c, nc = metrics.get("memorised_control"), metrics.get("control_size")
-    s04 = metrics.get("ssim>=0.4")
-    pool04 = metrics.get("pool_ssim>=0.4")
-    stated = metrics.get("verdict")
+    s04, pool04, stated = metrics.get("ssim>=0.4"), metrics.get("pool_ssim>=0.4"), metrics.get("verdict")
     if k is None:
         return (f"No memorisation count: the run was evaluated without a pool of unseen images, so it cannot tell a "
                 f"recovered training image from a merely plausible one. {s04} of {n} training images have a reconstruction "
                 f"with SSIM ≥ 0.4, which alone is not proof of leakage. Re-run 'exhume evaluate' with --pool-size > 0.", False)
-    text = f"Verdict: {stated.upper()}. " if stated else ""
-    text += (f"{k} of {n} training images can be recovered recognisably from the weights alone: for each of them the attack "
-             f"produced an image that resembles it (SSIM) more closely than any of {pool} unseen images of the same classes does. ")
+    text = (f"{k} of {n} training images can be recovered recognisably from the weights alone: for each of them the attack "
+            f"produced an image that resembles it (SSIM) more closely than any of {pool} unseen images of the same classes does. ")
     alpha = metrics.get("alpha") or ALPHA
     if c is not None and nc:
         p = metrics.get("p_value")
         p = fisher_p(k, n, c, nc) if p is None else float(p)
         leaks = stated == "leaks" if stated else (p < alpha and k > 0)
         text += (f"The same test run on {nc} unseen images that were not in the training set (the control) passes for {c} of them "
-                 f"(one-sided Fisher exact test: p = {p:.2g}, alpha = {alpha:g}). ")
-        oracle = metrics.get("memorised_control_oracle")
-        if c and oracle:
-            text += (f"Some non-members look like members: the training images themselves, given as reconstructions, would pass "
-                     f"this test for {oracle} of the {nc} control images (oracle), so a faithful attack is expected to show a "
-                     f"control above zero. ")
-        elif c and oracle == 0:
-            text += ("The training images themselves, given as reconstructions, would pass this test for none of the control "
-                     "images (oracle): the control's matches are not look-alikes of members. ")
+                 f"(one-sided Fisher exact test: p = {p:.2g}, alpha = {alpha:g}). ") + _oracle_sentence(metrics)
     else:
         leaks = stated == "leaks"
         text += "No held-out control was measured for this run, so the comparison with non-members is missing. "
     if leaks:
         text += "This model leaks part of its training set. "
     elif stated == "inconclusive":
-        text += "Inconclusive: " + "; ".join(metrics.get("assumption_failures") or []) + ". "
+        text += ("Inconclusive: " + "; ".join(metrics.get("assumption_failures") or []) + ". ") if failures else ""
     elif k > 0:
         text += ("That is not clearly more than for non-members, so this run alone does not prove leakage; inspect the best "
-                 "pairs below (a longer attack may find more). ")
+                 "pairs (a longer attack may find more). ")
     else:
         text += "No evidence of leakage from this run (a stronger attack may still find some). "
     text += (f"Note that an SSIM ≥ 0.4 is not proof on its own: {s04} of {n} training images have a reconstruction at SSIM ≥ 0.4, "
@@ -130,46 +135,104 @@ def verdict(metrics: dict[str, Any]) -> tuple[str, bool]:
     return text, leaks
 
 
+def _oracle_sentence(metrics: Mapping[str, Any]) -> str:
+    c, nc, oracle = metrics.get("memorised_control"), metrics.get("control_size"), metrics.get("memorised_control_oracle")
+    if c and oracle:
+        return (f"Some non-members look like members: the training images themselves, given as reconstructions, would pass "
+                f"this test for {oracle} of the {nc} control images (oracle), so a faithful attack is expected to show a "
+                f"control above zero. ")
+    if c and oracle == 0:
+        return ("The training images themselves, given as reconstructions, would pass this test for none of the control "
+                "images (oracle): the control's matches are not look-alikes of members. ")
+    return ""
+
+
 def render(run: str | Path) -> str:
-    """The report's HTML for an evaluated run folder."""
+    """The report's HTML for an evaluated run folder: first the verdict beside the best pairs, then the numbers."""
     run = Path(run)
     ev = run / "evaluation"
+    metrics, attack = _load(run, ev)
+    parts = [_head(run, attack), _first_screen(metrics, attack, ev), _counts_section(metrics), _victim_section(metrics),
+             _attack_section(attack)]
+    portfolio = (attack.get("config") or {}).get("portfolio")
+    if isinstance(portfolio, dict):
+        parts.append(_portfolio_section(portfolio, attack, metrics))
+    parts.append(_figures_section(ev))
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _load(run: Path, ev: Path):
+    """metrics.json (checked against its type) and the attack's settings (from reconstruction.json when present)."""
+    from exhume.evaluation.metrics import Metrics
+
     mpath = ev / "metrics.json"
     if not mpath.is_file():
         raise ExhumeError(f"{mpath} is missing; run 'exhume evaluate {run} --against VICTIM' first "
                           f"(or pass --against VICTIM to 'exhume report' to evaluate on the fly)")
-    from exhume.evaluation.metrics import Metrics
-
     metrics = Metrics.read(mpath)
-    attack = metrics.get("attack") or {}
+    attack = metrics.attack or {}
     rpath = run / "reconstruction.json"
     if rpath.is_file():
         meta = read_reconstruction_meta(rpath)
         attack = {"method": meta.get("method"), "seed": meta.get("seed"), "config": meta.get("config") or {}, **(meta.get("summary") or {})}
-    victim = metrics.get("victim") or {}
-    n = metrics["n_train"]
-    text, leaks = verdict(metrics)
+    return metrics, attack
 
-    parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-             f"<title>exhume audit report: {_e(run.name)}</title><style>{CSS}</style></head><body>"]
-    parts.append(f"<h1>Training-data reconstruction audit</h1><p class=\"note\">Run <code>{_e(run)}</code> · attack "
-                 f"<code>{_e(attack.get('method'))}</code> · generated by exhume</p>")
-    style = "" if leaks else (" unsure" if metrics.get("verdict") == "inconclusive" or metrics.get("verdict") is None else " low")
-    parts.append(f"<h2>Verdict</h2><div class=\"verdict{style}\" id=\"verdict\">{_e(text)}</div>")
-    parts.append("<p class=\"note\">The attack used only the weights and public facts about the model. Every number below was measured "
-                 "afterwards by the evaluator, who has the training set. Numbers marked <span class=\"oracle\">oracle</span> were "
-                 "selected by looking at the training images (each picks its closest reconstruction), so they are upper bounds on what "
-                 "an attacker could single out unaided; the memorisation count controls for this with unseen images.</p>")
+
+def _head(run: Path, attack: dict[str, Any]) -> str:
+    return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width, "
+            f"initial-scale=1\"><title>exhume audit report: {_e(run.name)}</title><style>{CSS}</style></head><body>\n"
+            f"<h1>Training-data reconstruction audit</h1><p class=\"note\">Run <code>{_e(run)}</code> · attack "
+            f"<code>{_e(attack.get('method'))}</code> · generated by exhume</p>")
+
+
+def _first_screen(metrics, attack: dict[str, Any], ev: Path) -> str:
+    """What a reader came for: the verdict with its reason and what the words mean, beside the best pairs."""
+    stated, reason = metrics.get("verdict"), metrics.get("verdict_reason")
+    text, leaks = explain(metrics, failures=not reason)
+    style = "" if leaks else (" unsure" if stated in ("inconclusive", None) else " low")
+    word = stated.upper() if stated else ("LEAKS" if leaks else "not recorded (evaluated by an older exhume)")
+    box = f"<div class=\"verdict{style}\"><p class=\"word\">Verdict: {_e(word)}</p>"
+    box += (f"<p class=\"reason\">{_e(reason)}</p>" if reason else "") + "</div>"
+    left = [f"<div id=\"verdict\">{box}<p class=\"explain\">{_e(text)}</p></div>", _glossary(metrics)]
+    cfg = attack.get("config") or {}
+    if cfg.get("oracle_init"):
+        left.append(f"<p class=\"verdict\">This run started from an oracle initialisation ({_e(cfg.get('init'))}) built from real "
+                    "data: its numbers do not describe an attacker who has the weights only.</p>")
+    fname, title, caption = BEST_PAIRS
+    path = ev / fname
+    right = (f"<figure id=\"best-pairs\">{_img(path, title)}<figcaption><b>{_e(title)}</b>. {_e(caption)}</figcaption></figure>"
+             if path.is_file() else f"<p class=\"note\" id=\"best-pairs\">{_e(title)}: figure {_e(fname)} not found in {_e(ev)}.</p>")
+    return f"<section class=\"first\" id=\"first-screen\"><div>{''.join(left)}</div>{right}</section>"
+
+
+def _glossary(metrics) -> str:
+    """What the verdict's words mean, one line each."""
+    pool, nc = metrics.get("pool_size") or "the", metrics.get("control_size") or "some"
+    terms = [("memorised", f"the attack's closest reconstruction of a training image resembles it more than any of {pool} "
+                           "unseen images does: the image was recovered, not merely imitated."),
+             ("control", f"the same test run on {nc} images the model never saw: how often chance alone passes it. The verdict "
+                         "is leaks only when memorised is above the control by more than chance explains (p < alpha)."),
+             ("oracle", "chosen by looking at the training images, which an attacker does not have (for display and upper "
+                        "bounds only).")]
+    return "<dl class=\"glossary\" id=\"glossary\">" + "".join(f"<dt>{_e(t)}</dt><dd>: {_e(d)}</dd>" for t, d in terms) + "</dl>"
+
+
+def _counts_section(metrics) -> str:
+    """The counts behind the verdict, and the membership AUC."""
+    n = metrics.get("n_train")
+
+    def of(key: str, total_key: str = "n_train"):
+        value = metrics.get(key)
+        return None if value is None else f"{value} / {metrics.get(total_key)}"
 
     rows = [
         ("training images (n)", n, False),
         ("candidates (reconstructions)", metrics.get("n_candidates"), False),
         ("MEMORISED: closer to a training image than every unseen image", f"{metrics.get('memorised')} / {n}", True),
-        ("  control: the same count for unseen non-member images",
-         None if metrics.get("memorised_control") is None else f"{metrics['memorised_control']} / {metrics.get('control_size')}", False),
+        ("  control: the same count for unseen non-member images", of("memorised_control", "control_size"), False),
         ("  control if the candidates were the training images themselves (what a perfect reconstruction would score)",
-         None if metrics.get("memorised_control_oracle") is None else f"{metrics['memorised_control_oracle']} / {metrics.get('control_size')}",
-         True),
+         of("memorised_control_oracle", "control_size"), True),
         ("unseen pool", metrics.get("pool_description") or metrics.get("pool_size"), False),
         ("SSIM ≥ 0.4, one-to-one (Hungarian)", f"{metrics.get('one_to_one_ssim>=0.4')} / {n}", True),
         ("SSIM ≥ 0.5, one-to-one (Hungarian)", f"{metrics.get('one_to_one_ssim>=0.5')} / {n}", True),
@@ -183,46 +246,53 @@ def render(run: str | Path) -> str:
          metrics.get("support_estimate"), False),
         ("SSIM window", metrics.get("ssim_window"), False),
     ]
-    parts.append("<h2>Counts</h2>" + _rows(rows))
+    out = ["<h2>Counts</h2><p class=\"note\">The attack used only the weights and public facts about the model. Every number below "
+           "was measured afterwards by the evaluator, who has the training set. Numbers marked <span class=\"oracle\">oracle</span> "
+           "were selected by looking at the training images (each picks its closest reconstruction), so they are upper bounds on "
+           "what an attacker could single out unaided; the memorisation count controls for this with unseen images.</p>" + _rows(rows)]
     if metrics.get("membership_auc") is not None:
-        parts.append("<h2>Membership uncertainty</h2>" + _rows([("membership AUC (0.5 = cannot tell members from non-members)",
-                                                                  metrics["membership_auc"], False)]))
+        out.append("<h2>Membership uncertainty</h2>" + _rows([("membership AUC (0.5 = cannot tell members from non-members)",
+                                                               metrics["membership_auc"], False)]))
     else:
-        parts.append("<p class=\"note\" id=\"membership\">Membership uncertainty: not measured for this run.</p>")
+        out.append("<p class=\"note\" id=\"membership\">Membership uncertainty: not measured for this run.</p>")
+    return "\n".join(out)
 
-    vrows = [("architecture", victim.get("arch") or victim.get("model"), False), ("task", victim.get("task"), False), ("loss", victim.get("loss"), False),
-             ("weight decay", victim.get("weight_decay"), False), ("train accuracy", victim.get("train_accuracy"), False),
-             ("test accuracy", victim.get("test_accuracy"), False), ("final training loss", victim.get("final_loss"), False),
-             ("relative stationarity residual", victim.get("stationarity_residual"), False), ("epochs", victim.get("epochs"), False),
-             ("data", victim.get("data"), False)]
-    vrows += [(label, victim[key], False) for key, label in (("normalisation", "input normalisation"), ("positive_class", "positive class (+1)"),
-              ("stationarity_limit", "stationarity residual limit"), ("stationarity_definition", "stationarity residual, definition"))
-              if key in victim]
+
+def _victim_section(metrics) -> str:
+    victim = metrics.get("victim") or {}
+    rows = [("architecture", victim.get("arch") or victim.get("model"), False), ("task", victim.get("task"), False),
+            ("loss", victim.get("loss"), False), ("weight decay", victim.get("weight_decay"), False),
+            ("train accuracy", victim.get("train_accuracy"), False), ("test accuracy", victim.get("test_accuracy"), False),
+            ("final training loss", victim.get("final_loss"), False),
+            ("relative stationarity residual", victim.get("stationarity_residual"), False), ("epochs", victim.get("epochs"), False),
+            ("data", victim.get("data"), False)]
+    rows += [(label, victim[key], False) for key, label in (("normalisation", "input normalisation"), ("positive_class", "positive class (+1)"),
+             ("stationarity_limit", "stationarity residual limit"), ("stationarity_definition", "stationarity residual, definition"))
+             if key in victim]
     if metrics.get("assumption_failures"):
-        vrows.append(("assumptions of the attack that fail", "; ".join(metrics["assumption_failures"]), False))
-    parts.append("<h2>The model (victim)</h2>" + _rows(vrows))
+        rows.append(("assumptions of the attack that fail", "; ".join(metrics["assumption_failures"]), False))
+    return "<h2>The model (victim)</h2>" + _rows(rows)
 
-    cfg = dict(attack.get("config") or {})
-    portfolio = cfg.pop("portfolio", None)
-    arows = [("method", attack.get("method"), False), ("seed", attack.get("seed"), False),
-             ("iterations run", attack.get("iterations"), False), ("seconds", attack.get("seconds"), False),
-             ("final relative stationarity residual", attack.get("final_relative_stationarity"), False)]
-    arows += [(k, v, False) for k, v in sorted(cfg.items())]
-    parts.append("<h2>Attack settings</h2>" + _rows(arows))
-    if cfg.get("oracle_init"):
-        parts.append(f"<p class=\"verdict\">This run started from an oracle initialisation ({_e(cfg.get('init'))}) built from real data: "
-                     "its numbers do not describe an attacker who has the weights only.</p>")
 
-    if isinstance(portfolio, dict):
-        parts.append(_portfolio_section(portfolio, attack, metrics))
-    parts.append("<h2>Figures</h2>")
+def _attack_section(attack: dict[str, Any]) -> str:
+    cfg = {k: v for k, v in (attack.get("config") or {}).items() if k != "portfolio"}
+    rows = [("method", attack.get("method"), False), ("seed", attack.get("seed"), False),
+            ("iterations run", attack.get("iterations"), False), ("seconds", attack.get("seconds"), False),
+            ("final relative stationarity residual", attack.get("final_relative_stationarity"), False)]
+    rows += [(k, v, False) for k, v in sorted(cfg.items())]
+    return "<h2>Attack settings</h2>" + _rows(rows)
+
+
+def _figures_section(ev: Path) -> str:
+    parts = ["<h2>More figures</h2>"]
     for fname, title, caption in FIGURES:
+        if fname == BEST_PAIRS[0]:
+            continue  # on the first screen
         p = ev / fname
         if p.is_file():
             parts.append(f"<figure>{_img(p, title)}<figcaption><b>{_e(title)}</b>. {_e(caption)}</figcaption></figure>")
         else:
             parts.append(f"<p class=\"note\">{_e(title)}: figure {_e(fname)} not found in {_e(ev)}.</p>")
-    parts.append("</body></html>")
     return "\n".join(parts)
 
 
