@@ -27,7 +27,7 @@ from scipy.stats import spearmanr
 
 from ..errors import ConfigError, DataError
 from ..files.jsonio import atomic_write
-from ..files.records import Record, count, entry, jsonable
+from ..files.records import Record, count, entry
 from .matching import MATCH_RULES, match_downsample, min_distances
 from .matching import match as _match  # evaluate_images' parameter `match` shadows the name
 from .ssim import as_images, window_description, window_for
@@ -124,10 +124,6 @@ class Metrics(Record):
         """Record a :class:`~exhume.evaluation.verdict.Verdict`."""
         self.verdict, self.verdict_reason, self.p_value = verdict.verdict, verdict.reason, verdict.p_value
         self.alpha, self.verdict_test, self.assumption_failures = verdict.alpha, verdict.test, list(verdict.assumption_failures)
-
-
-def _jsonable(v):
-    return jsonable(v)
 
 
 @dataclass

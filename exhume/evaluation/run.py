@@ -15,9 +15,10 @@ from exhume.errors import ConfigError, DataError, VictimError
 from exhume.evaluation.assumptions import attack_failures, scale_failure
 from exhume.evaluation.matching import match as match_images  # evaluate()'s parameter `match` shadows the name
 from exhume.evaluation.matching import min_distances
-from exhume.evaluation.metrics import EvalResult, _jsonable, evaluate_images
+from exhume.evaluation.metrics import EvalResult, evaluate_images
 from exhume.evaluation.plots import candidates_grid, pairs_grid, plot_sorted_ssim, plot_ssim_vs_margin
 from exhume.evaluation.verdict import ALPHA, check_alpha, decide
+from exhume.files.records import jsonable
 from exhume.losses import margin, soft_margin
 
 
@@ -158,10 +159,10 @@ def _context(result: EvalResult, recon, candidates, given: _Given) -> None:
         from exhume.evaluation.membership import membership_uncertainty
 
         mu = membership_uncertainty(candidates, given.train_x, given.pool)
-        m.membership_auc = _jsonable(mu["auc"])
-        m.membership = _jsonable({k: v for k, v in mu.items() if k not in ("d_train", "d_heldout")})
-    m.attack = _jsonable({"method": recon.method, "seed": recon.seed, "config": recon.config, **recon.summary})
-    m.victim = _jsonable(given.info)
+        m.membership_auc = jsonable(mu["auc"])
+        m.membership = jsonable({k: v for k, v in mu.items() if k not in ("d_train", "d_heldout")})
+    m.attack = jsonable({"method": recon.method, "seed": recon.seed, "config": recon.config, **recon.summary})
+    m.victim = jsonable(given.info)
 
 
 def check_attacked(recon, victim) -> None:

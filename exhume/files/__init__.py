@@ -1,7 +1,8 @@
 """The one layer through which exhume reads (and atomically writes) files.
 
 Every loader calls it: JSON with size and depth limits (:mod:`.jsonio`), typed schemas for
-victim.json, reconstruction.json, metrics.json, data specs and checkpoints (:mod:`.schemas`),
+victim.json, reconstruction.json, data specs and checkpoints (:mod:`.schemas`), typed records
+whose schema comes from their dataclass, such as metrics.json (:mod:`.records`),
 binary formats whose declared sizes are checked before anything is allocated — gzip and IDX,
 ``.npy``, tar members, image headers (:mod:`.binary`) — and run folders owned by one writer
 (:mod:`.runfolder`). Every failure is an :class:`~exhume.errors.ExhumeError` naming the file and
