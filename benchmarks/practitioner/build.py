@@ -63,7 +63,7 @@ class Spec:
     split: str = "blocks"  # blocks (practitioner.data) | readme (the README's idx[:100], idx[100:1100])
 
 
-_TRUNK = (("features.", "trunk.0."), ("classifier.0.", "trunk.1."))
+_TRUNK = (("features.", "trunk.0."),)  # the pre-trained CNN's convolutional part
 _MNIST_PRE = Spec("pretrain-mnist-cnn", "mnist", "10-class", "CNN", {"c1": 8, "c2": 16, "hidden": 64, "outputs": 10},
                   "adam", 1e-3, batch=128, epochs=5, n=8000, seed=100)
 _FASHION_PRE = replace(_MNIST_PRE, name="pretrain-fashion-cnn", data="fashion", n=10_000, seed=101)
@@ -88,11 +88,11 @@ ZOO = (
          epochs=50, n=200, seed=7, pretrain=replace(_MNIST_PRE, name="pretrain-mnist-mlp", model="MLP", model_args=_MLP10)),
     Spec("fashion-cnn-finetune", "fashion", "10-class", "CNN", {"c1": 8, "c2": 16, "hidden": 64, "outputs": 10}, "adam", 3e-4,
          weight_decay=5e-4, batch=64, epochs=50, n=200, seed=8, pretrain=_FASHION_PRE),
-    Spec("mnist-frozen-head", "mnist", "odd-even", "FrozenTrunkHead", {"head_hidden": 64, "outputs": 1}, "sgd", 0.05,
-         momentum=0.9, weight_decay=5e-4, batch=64, epochs=200, n=500, seed=9, pretrain=_MNIST_PRE, transfer=_TRUNK,
+    Spec("mnist-frozen-head", "mnist", "odd-even", "FrozenTrunkHead", {"head_hidden": 128, "outputs": 1}, "sgd", 0.01,
+         momentum=0.9, weight_decay=5e-4, batch=64, epochs=100, n=200, seed=9, pretrain=_MNIST_PRE, transfer=_TRUNK,
          freeze="trunk."),
     Spec("fashion-frozen-linear", "fashion", "10-class", "FrozenTrunkHead", {"head_hidden": 0, "outputs": 10}, "adam", 1e-3,
-         weight_decay=5e-3, batch=32, epochs=100, n=300, seed=10, pretrain=_FASHION_PRE, transfer=_TRUNK, freeze="trunk."),
+         weight_decay=5e-3, batch=32, epochs=100, n=100, seed=10, pretrain=_FASHION_PRE, transfer=_TRUNK, freeze="trunk."),
 )
 BY_NAME = {s.name: s for s in ZOO}
 

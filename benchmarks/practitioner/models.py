@@ -77,19 +77,26 @@ class BNCNN(CNN):
 
 
 class FrozenTrunkHead(nn.Module):
-    """A feature extractor (the two-conv trunk with its hidden layer) and a head trained on its features.
+    """A feature extractor and a head trained on its features.
 
-    The trunk is a pre-trained :class:`CNN` without its last layer; its parameters are frozen in
-    training (``requires_grad = False``, set by the training script). ``head_hidden=0``: a linear head.
+    The trunk is a pre-trained :class:`CNN`'s convolutional part (its ``c2·(size/4)²`` pooled
+    features), with its hidden ``Linear`` layer as well when ``hidden > 0``; its parameters are
+    frozen in training (``requires_grad = False``, set by the training script). ``head_hidden=0``:
+    a linear head.
     """
 
-    def __init__(self, channels: int = 1, size: int = 28, c1: int = 8, c2: int = 16, hidden: int = 64,
+    def __init__(self, channels: int = 1, size: int = 28, c1: int = 8, c2: int = 16, hidden: int = 0,
                  head_hidden: int = 64, outputs: int = 1):
         super().__init__()
-        self.trunk = nn.Sequential(conv_trunk(channels, c1, c2), nn.Linear(c2 * (size // 4) ** 2, hidden), nn.ReLU())
-        layers: list[nn.Module] = [nn.Linear(hidden, head_hidden), nn.ReLU(), nn.Linear(head_hidden, outputs)] if head_hidden \
-            else [nn.Linear(hidden, outputs)]
-        self.head = nn.Sequential(*layers)
+        d = c2 * (size // 4) ** 2
+        trunk: list[nn.Module] = [conv_trunk(channels, c1, c2)]
+        if hidden:
+            trunk += [nn.Linear(d, hidden), nn.ReLU()]
+            d = hidden
+        self.trunk = nn.Sequential(*trunk)
+        head: list[nn.Module] = [nn.Linear(d, head_hidden), nn.ReLU(), nn.Linear(head_hidden, outputs)] if head_hidden \
+            else [nn.Linear(d, outputs)]
+        self.head = nn.Sequential(*head)
 
     def forward(self, x):
         return self.head(self.trunk(x))

@@ -1,0 +1,197 @@
+"""Audit every practitioner-zoo victim under each method at an equal budget, jobs in parallel slots.
+
+    nice -n 10 python benchmarks/practitioner/run.py all ZOO --out RUNS --methods default --seconds 180 \\
+        --slots 2 --cores-per-job 1 [--only NAME ...]
+    python benchmarks/practitioner/run.py table --out RUNS
+
+Each job (one victim × one method) is :func:`exhume.audit` with the victim's ``audit.toml``
+settings (read by ``exhume audit``'s own config loading) plus the method's extra keyword arguments,
+in its own process pinned with ``taskset`` to ``--cores-per-job`` cores (the slots and pinning are
+``benchmarks/zoo/run.py``'s :func:`parallel`). The attack gets ``--seconds``; the audit's evaluation
+(pool and control from ``unseen.npz``) is not part of the budget. Results: ``RUNS/results/*.json``,
+then ``RUNS/results.csv`` and ``RUNS/table.md``; each audit's folder in ``RUNS/audits/``.
+
+A method is a name and a function ``(victim folder, training.json) -> extra keyword arguments of
+exhume.audit`` (``attack_args`` merged into the config's), so a new threat model is one entry of
+:data:`METHODS`; on the command line ``audit:{json}`` passes those keyword arguments directly and
+``kkt:{json}`` attack arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parents[1]), str(HERE.parent)]  # the repository root, benchmarks/
+
+#: name -> (victim folder, its training.json) -> extra keyword arguments of exhume.audit. When the
+#: audit accepts the known start, e.g. ``"start": lambda f, t: {"start": f / "start.safetensors", ...}``.
+METHODS = {
+    "default": lambda folder, training: {},  # weights only: today's default attack
+}
+ROW_KEYS = ("victim", "method", "seed", "budget_s", "wall_s", "attack_s", "iterations", "restarts", "memorised", "n_train",
+            "control", "control_size", "control_oracle", "one_to_one", "one_to_one_control", "verdict", "p_value",
+            "stationarity_residual", "reason")
+
+
+def zoo_parallel():
+    """``benchmarks/zoo/run.py``'s :func:`parallel` (slots pinned to cores with taskset), imported by path."""
+    spec = importlib.util.spec_from_file_location("benchmarks_zoo_run", HERE.parent / "zoo" / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.parallel
+
+
+def method_kwargs(method: str, folder: Path, training: dict) -> dict[str, Any]:
+    """The extra keyword arguments of exhume.audit that ``method`` stands for."""
+    if method in METHODS:
+        return dict(METHODS[method](folder, training))
+    kind, sep, body = method.partition(":")
+    if sep and kind == "audit":
+        return json.loads(body)
+    if sep and kind == "kkt":
+        return {"attack_args": json.loads(body)}
+    raise SystemExit(f"unknown method {method!r}; known: {', '.join(METHODS)}, audit:{{json}}, kkt:{{json}}")
+
+
+def audit_settings(config: Path) -> dict[str, Any]:
+    """The victim's ``audit.toml`` read exactly as ``exhume audit --config`` reads it (paths resolved)."""
+    from exhume.audit.command import KEYS, settings
+
+    return settings(argparse.Namespace(config=str(config), param=[], **{k: None for k in KEYS}))
+
+
+def run_audit(folder: Path, method: str, seconds: float, seed: int, out: Path):
+    """One job's audit: the victim as a user's model, the method's extra settings, ``seconds`` of attack."""
+    import exhume
+    from exhume.audit import load_images, load_model_class, load_weights
+    from exhume.audit.command import parse_normalize
+
+    cfg = audit_settings(folder / "audit.toml")
+    training = json.loads((folder / "training.json").read_text())
+    extra = method_kwargs(method, folder, training)
+    attack_args = {**(cfg.get("attack_args") or {}), **extra.pop("attack_args", {})}
+    model = load_weights(load_model_class(cfg["model"], cfg.get("model_args")), cfg["weights"])
+    x, y = load_images(cfg["train"], need_labels=True)
+    unseen, _ = load_images(cfg["unseen"], need_labels=False)
+    return exhume.audit(model, (x, y), unseen, loss=cfg["loss"], weight_decay=cfg["weight_decay"],
+                        normalize=parse_normalize(cfg["normalize"]), max_seconds=seconds, attack_args=attack_args,
+                        out=out, seed=seed, progress=False, force=True, **extra)
+
+
+def row_of(victim: str, method: str, seed: int, seconds: float, wall: float, result) -> dict[str, Any]:
+    """The numbers of one audit, as a results row."""
+    m, s = result.metrics, result.reconstruction.summary or {}
+    return {"victim": victim, "method": method, "seed": seed, "budget_s": seconds, "wall_s": round(wall, 1),
+            "attack_s": s.get("seconds"), "iterations": s.get("iterations_per_restart") or s.get("iterations"),
+            "restarts": s.get("restarts", 1), "memorised": m.get("memorised"), "n_train": m.get("n_train"),
+            "control": m.get("memorised_control"), "control_size": m.get("control_size"),
+            "control_oracle": m.get("memorised_control_oracle"), "one_to_one": m.get("one_to_one_ssim>=0.4"),
+            "one_to_one_control": m.get("one_to_one_ssim>=0.4_control"), "verdict": result.verdict, "p_value": m.get("p_value"),
+            "stationarity_residual": m["victim"].get("stationarity_residual"), "reason": result.reason}
+
+
+def job(args) -> None:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    folder, result_file = Path(args.victim), Path(args.result)
+    t0 = time.perf_counter()
+    result = run_audit(folder, args.method, args.seconds, args.seed, result_file.parent.parent / "audits" / result_file.stem)
+    row = row_of(folder.name, args.method, args.seed, args.seconds, time.perf_counter() - t0, result)
+    result_file.parent.mkdir(parents=True, exist_ok=True)
+    result_file.write_text(json.dumps(row, default=str))
+    print(json.dumps(row, default=str), flush=True)
+
+
+def victims(zoo: Path, only: list[str] | None) -> list[str]:
+    """The victims to audit: ``only``, or those listed in ``zoo/READY`` (else every folder with an audit.toml)."""
+    if only:
+        return only
+    ready = zoo / "READY"
+    if ready.is_file():
+        return [n for n in ready.read_text().split() if n]
+    return sorted(p.parent.name for p in zoo.glob("*/audit.toml"))
+
+
+def run_all(args) -> None:
+    out, zoo = Path(args.out), Path(args.zoo)
+    me = [sys.executable, str(Path(__file__).resolve())]
+    jobs = []
+    for name in victims(zoo, args.only):  # the methods side by side on each victim, so that a noisy spell hits both
+        for method in args.methods:
+            tag = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in method)[:80]
+            result = out / "results" / f"{name}__{tag}__s{args.seed}.json"
+            if not result.exists():
+                jobs.append(me + ["job", "--victim", str(zoo / name), "--method", method, "--seconds", str(args.seconds),
+                                  "--seed", str(args.seed), "--result", str(result)])
+    t0 = time.perf_counter()
+    zoo_parallel()(jobs, args.slots, args.cores_per_job, out / "log.txt", args.first_core)
+    print(f"ran {len(jobs)} jobs in {time.perf_counter() - t0:.0f} s", flush=True)
+    table(args)
+
+
+def fmt_row(r: dict) -> str:
+    its = r["iterations"]
+    its = "+".join(str(i) for i in its) if isinstance(its, list) else str(its)
+    stat = "–" if r["stationarity_residual"] is None else f"{r['stationarity_residual']:.3f}"
+    p = "–" if r["p_value"] is None else f"{r['p_value']:.2g}"
+    return (f"| {r['victim']} | {r['method']} | {r['memorised']} / {r['n_train']} | {r['control']} / {r['control_size']} "
+            f"| {r['control_oracle']} | {r['one_to_one']} | {r['verdict']} (p {p}) | {stat} | {its} | {r['attack_s']} |")
+
+
+def table(args) -> None:
+    out = Path(args.out)
+    rows = [json.loads(p.read_text()) for p in sorted((out / "results").glob("*.json"))]
+    if not rows:
+        print(f"no results in {out / 'results'}")
+        return
+    with (out / "results.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=ROW_KEYS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    lines = ["| victim | method | memorised | control | control (ORACLE) | one-to-one ≥ 0.4 | verdict | stationarity "
+             "| iterations | attack s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [fmt_row(r) for r in rows]
+    reasons = [f"- {r['victim']} × {r['method']}: {r['reason']}" for r in rows]
+    text = (f"budget {sorted({r['budget_s'] for r in rows})} s per audit; stationarity: the audit's relative stationarity "
+            "residual on the training data\n\n" + "\n".join(lines) + "\n\nreasons:\n\n" + "\n".join(reasons) + "\n")
+    (out / "table.md").write_text(text)
+    print(text)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("all")
+    a.add_argument("zoo", help="the built zoo (build.py's OUT)")
+    a.add_argument("--out", default="runs/practitioner")
+    a.add_argument("--methods", nargs="+", default=["default"])
+    a.add_argument("--only", nargs="+", default=None)
+    a.add_argument("--seconds", type=float, default=180.0)
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--slots", type=int, default=1)
+    a.add_argument("--cores-per-job", type=int, default=2)
+    a.add_argument("--first-core", type=int, default=0, help="leave the cores below this one free")
+    j = sub.add_parser("job")
+    for k in ("--victim", "--method", "--result"):
+        j.add_argument(k, required=True)
+    j.add_argument("--seconds", type=float, required=True)
+    j.add_argument("--seed", type=int, default=0)
+    j.add_argument("--threads", type=int, default=1)
+    t = sub.add_parser("table")
+    t.add_argument("--out", default="runs/practitioner")
+    args = ap.parse_args(argv)
+    {"all": run_all, "job": job, "table": table}[args.cmd](args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
