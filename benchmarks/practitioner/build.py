@@ -88,6 +88,8 @@ ZOO = (
          epochs=50, n=200, seed=7, pretrain=replace(_MNIST_PRE, name="pretrain-mnist-mlp", model="MLP", model_args=_MLP10)),
     Spec("fashion-cnn-finetune", "fashion", "10-class", "CNN", {"c1": 8, "c2": 16, "hidden": 64, "outputs": 10}, "adam", 3e-4,
          weight_decay=5e-4, batch=64, epochs=50, n=200, seed=8, pretrain=_FASHION_PRE),
+    Spec("fashion-cnn-finetune-sgdm", "fashion", "10-class", "CNN", {"c1": 8, "c2": 16, "hidden": 64, "outputs": 10}, "sgd",
+         0.01, momentum=0.9, weight_decay=5e-4, batch=32, epochs=50, n=200, seed=11, pretrain=_FASHION_PRE),
     Spec("mnist-frozen-head", "mnist", "odd-even", "FrozenTrunkHead", {"head_hidden": 128, "outputs": 1}, "sgd", 0.01,
          momentum=0.9, weight_decay=5e-4, batch=64, epochs=100, n=200, seed=9, pretrain=_MNIST_PRE, transfer=_TRUNK,
          freeze="trunk."),
