@@ -1,10 +1,10 @@
 """``exhume demo``: train a small victim on the bundled MNIST digits, attack it, evaluate.
 
-Settings (after docs/METHODS.md §1, "Measured on this machine"): a bias-free MLP 784-256-256-1 (first
-layer N(0,1)·1e-4), 100 digits odd/even, mean subtracted, logistic loss, full-batch GD lr 0.2 with
-weight decay 5e-3 for 6000 epochs; then the ``kkt`` attack (a portfolio of restarts, m = 200 each) for a
-fixed wall-clock budget; then the evaluation against the 100 training digits and a pool of 1000 unseen
-digits. Under 10 minutes on 2 CPU cores.
+Settings (after docs/METHODS.md §1): a bias-free MLP 784-256-256-1 (first layer N(0,1)·1e-4), 100
+digits odd/even, mean subtracted, logistic loss, full-batch GD lr 0.2 with weight decay 5e-3 for 6000
+epochs; then the ``kkt`` attack (a portfolio of restarts, m = 200 each) for a fixed wall-clock budget;
+then the evaluation against the 100 training digits and a pool of 1000 unseen digits. Under 10
+minutes on an idle 2-core machine; results: benchmarks/README.md, "The demo, run by run".
 """
 
 from __future__ import annotations
@@ -19,17 +19,13 @@ from exhume.portfolio.report import sizing_line
 from exhume.victim.recipe import PAPER_ARCH, PAPER_TRAIN
 
 DEMO_DATA = {"data": "mnist", "task": "odd-even", "n": 100, "arch": PAPER_ARCH}
-# 6000 epochs (seconds on 2 cores): on the same 100 digits, this victim gave 47 one-to-one / 14 memorised
-# after 4000 attack iterations, against 29 / 10 after 28,000 iterations for one trained for 60 s
-# (about 25,000 epochs); see the margin experiment. max_seconds only caps a slow machine.
+# 6000 epochs (seconds on 2 cores) leak more than a victim trained for 60 s (benchmarks/README.md,
+# "The demo, run by run"); max_seconds only caps a slow machine.
 DEMO_TRAIN = {"loss": "logistic", **PAPER_TRAIN, "max_epochs": 6000, "max_seconds": 60.0}
 # The attack is the default restart portfolio (exhume.portfolio): restarts side by side on the local
-# cores, sized from the attack's measured iteration rate (exhume/portfolio/sizing.py: 45 s each on this
-# victim, ~2,100-2,400 iterations on this project's 2-core machine), candidates pooled. One kkt run at a constant learning rate plateaued after ~35 s at about
-# 13 memorised (benchmarks/bench_quality.py); with a cosine schedule one 40-s run got 22 (benchmarks/zoo),
-# and restarts with other seeds find other digits. Since the span projection (exhume/attacks/subspace.py) the
-# learning rates are constant again (54 against 50 memorised for 4 restarts × 2,500 iterations, benchmarks/README.md).
-# 360 s keeps the whole demo under 10 minutes on 2 cores.
+# cores, sized from the attack's measured iteration rate (exhume/portfolio/sizing.py), candidates
+# pooled, because restarts with other seeds find other digits. 360 s keeps the whole demo under 10
+# minutes on an idle 2-core machine (benchmarks/README.md, "The demo, run by run").
 DEMO_ATTACK: dict[str, Any] = {"iterations": 1_000_000, "max_seconds": 360.0}
 
 

@@ -2,19 +2,13 @@
 
 Four forms of ``θ = Σ_j λ_j ∇_θ h(Φ(θ; x̂_j), ŷ_j)`` (docs/METHODS.md §1):
 
-- ``margin``: ``h`` = the margin (``y·Φ`` binary, ``Φ_y − max_{k≠y} Φ_k`` multiclass), λ ≥ 0.
-  Haim et al.'s KKT conditions of max-margin training and Buzaglo et al.'s multiclass version;
-  with weight decay it is exact for the logistic loss (``λ_i = σ(−margin_i)/(n·w)``). For
-  cross-entropy it is not: the gradient of ``ℓ_CE`` spreads over every wrong class, the max keeps
-  the runner-up alone.
+- ``margin``: ``h`` = the margin (``y·Φ`` binary, ``Φ_y − max_{k≠y} Φ_k`` multiclass), λ ≥ 0: Haim
+  et al.'s KKT conditions and Buzaglo et al.'s multiclass version; with weight decay exact for the
+  logistic loss (``λ_i = σ(−margin_i)/(n·w)``), not for cross-entropy.
 - ``soft-margin``: ``h = Φ_y − log Σ_{k≠y} exp Φ_k`` (:func:`exhume.losses.soft_margin`; the margin
-  itself for binary victims), λ ≥ 0. Its gradient is the direction of a cross-entropy gradient,
-  ``−∇_θℓ_CE = (1 − p_y)·∇_θh`` with ``1 − p_y = σ(−h)``, so with weight decay it is *exact* for
-  cross-entropy (``λ_i = σ(−h_i)/(n·w)``), as ``margin`` is for the logistic loss; without weight
-  decay it weights the wrong classes as the training gradients did. ``auto`` uses it for multiclass
-  victims trained with cross-entropy (or of unknown loss): on the zoo's four 10-class victims it
-  memorised about twice as many training images as ``margin`` (``benchmarks/README.md``, "The soft
-  margin for 10-class victims").
+  for binary victims), λ ≥ 0. ``−∇_θℓ_CE = σ(−h)·∇_θh``, so with weight decay it is exact for
+  cross-entropy (``λ_i = σ(−h_i)/(n·w)``); it memorised about twice as many training images as
+  ``margin`` on 10-class victims (``benchmarks/README.md``, "The soft margin for 10-class victims").
 - ``loss``: ``h = −ℓ(Φ, ŷ)``, λ ≥ 0. Exact for *any* loss at a stationary point of
   ``mean_i ℓ_i + (w/2)‖θ‖²``: ``θ = (1/(n·w)) Σ_i −∇_θ ℓ_i``, so every training point has
   ``λ = 1/(n·w)``.
@@ -26,22 +20,14 @@ Four forms of ``θ = Σ_j λ_j ∇_θ h(Φ(θ; x̂_j), ŷ_j)`` (docs/METHODS.md 
 cross-entropy or of unknown loss, and ``margin`` otherwise.
 
 The scale ``S`` (``λ = S·u``, ``u`` optimised): a homogeneous network trades the scale of ``λ``
-against that of ``x̂``, so a wrong ``S`` shrinks or inflates every candidate. Estimated from the
-weights alone with Euler's identity ``⟨θ, ∇_θΦ(x)⟩ = L·Φ(x)`` (``L`` measured numerically): see
-:func:`lambda_scale`. Stationarity gives ``Σ_i λ_i·margin_i = ‖θ‖²/L``. With weight decay the
-margins follow from the weights (``σ(−m*)·m* = w‖θ‖²/L``); without it they do not, and ``S`` is
-the multiplier every one of ``n`` training points would have at margin ``q₀ = NO_DECAY_MARGIN``:
-``S = ‖θ‖²/(L·n·q₀)``. A homogeneous network trades λ's scale against x̂'s, so an ``S`` that is too
-large shrinks the candidates towards the mean; one that is too small leaves ``u`` to grow, which
-takes iterations. On the two Haim victims of the zoo (median training margins 14 and 16) the best
-``S`` of five tried was about half their typical multiplier (0.0125), and the ``S = 1`` used
-before found 0 and 2 memorised where this rule finds 10 and 9; on two digits victims held out
-from the choice it found 5 and 6 where ``S = 1`` found 0 (45-s runs on one core,
-``benchmarks/README.md``). ``q₀`` is an assumption: a network trained for longer has larger
-margins, and since ``S`` grows as ``‖θ‖²`` while the true multipliers of a degree-``L`` network
-shrink as ``‖θ‖^(2−L)`` along a fixed direction, ``S`` is then too large; pass ``lambda_scale=``
-to override it. The evaluator checks ``S`` against the real training margins
-(:func:`exhume.evaluation.assumptions.scale_failure`).
+against that of ``x̂``, so a wrong ``S`` shrinks every candidate towards the mean (too large) or
+costs iterations (too small). Estimated from the weights alone with Euler's identity
+``⟨θ, ∇_θΦ(x)⟩ = L·Φ(x)``, so ``Σ_i λ_i·margin_i = ‖θ‖²/L`` (:func:`lambda_scale`). With weight
+decay the margins follow from the weights (``σ(−m*)·m* = w‖θ‖²/L``); without it they do not, and
+``S = ‖θ‖²/(L·n·q₀)``, the multiplier of ``n`` training points at margin ``q₀ = NO_DECAY_MARGIN``,
+an assumption the evaluator checks against the real margins
+(:func:`exhume.evaluation.assumptions.scale_failure`; pass ``lambda_scale=`` to override it). Why
+this rule: ``benchmarks/README.md``, "λ scale without weight decay".
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The stationarity (KKT) attack of Haim et al. (2022), with Buzaglo et al.'s weight-decay form.
 
 Unknowns: ``m`` candidates ``x̂_j`` (centred input space) with fixed labels ``ŷ_j`` and
-multipliers ``λ_j = S · u_j``. Loss (docs/METHODS.md §1)::
+multipliers ``λ_j = S · u_j``. Loss (docs/METHODS.md §1 and §5)::
 
     ‖θ − Σ_j λ_j ∇_θ h(Φ(θ; x̂_j), ŷ_j)‖² / ‖θ‖²               stationarity (relative)
     + dual_weight · Σ_j relu(λ_min − u_j)²                       dual feasibility, u ≥ λ_min
@@ -16,71 +16,16 @@ half +1 / half −1, multiclass ones spread evenly over the classes. ``v = x̂ +
 Every ReLU keeps its forward pass and uses ``sigmoid(α·z)`` as its derivative
 (:mod:`exhume.attacks.surrogate`).
 
-Why each default is what it is, in short; the measurements are in ``benchmarks/README.md`` under
-the titles named here, most of them on the victim zoo (``benchmarks/zoo/``) at equal iterations
-(``benchmarks/variant_screen.py``) and at equal seconds (``benchmarks/zoo/run.py``).
-
-- **The multiplier scale S** (:mod:`exhume.attacks.formulation`). Without weight decay (Haim's
-  max-margin setting) ``S = ‖θ‖²/(L·n·q₀)``, the multiplier of ``n`` training points at an assumed
-  margin ``q₀ = 30``. With weight decay ``w`` the equation holds with ``λ_i = −ℓ'_i/(n·w)``
-  (Buzaglo et al.), far below 1 for fitted points; a homogeneous network trades the scale of ``λ``
-  against that of ``x̂``, and a scale too large shrinks every candidate towards the data mean.
-  ``lambda_scale="auto"`` solves ``σ(−m*)·m* = w‖θ‖²/L`` (Euler's identity with equal margins) and
-  takes ``S = (5/3)·σ(−m*)/(n·w)``. ``n`` is the attacker's guess of the training-set size
-  (``n_guess``, else the victim's metadata, else 100); ``m = 2n`` candidates by default.
-- **How fast the multipliers learn** (``lr_lambda``; "The multipliers' learning rate of a lone
-  run"). Only the priors pin ``λ`` against ``x̂``, so learning ``u`` moves the scale: at Adam's 1e-2
-  a long run on a victim without weight decay lost what it had found, at 1e-4 it held it, while
-  on other victims the fast rate finds more. ``"auto"`` is 1e-4 for the margin formulations (the
-  rate a lone run gets) and 1e-2 for the signed ones, whose multipliers must find their signs; the
-  restart portfolio alternates 1e-4 and 1e-2 (:mod:`exhume.portfolio.variants`). The value used is
-  ``config["lr_lambda_used"]``.
-- **Tying each multiplier to its candidate's margin** (``consistency_weight``, off; "Tying each
-  multiplier to its candidate's margin"). With weight decay and the logistic or cross-entropy loss
-  ``λ_i = σ(−margin_i)/(n·w)``; ``consistency_weight > 0`` adds
-  ``mean_j (log(λ_j·n·w) + softplus(margin_j))²`` (:func:`consistency_term`), the margins from the
-  residual's own forward pass. It gained on some architectures and lost on others.
-- **The training inputs' span** (``subspace="auto"``, :mod:`exhume.attacks.subspace`; "The
-  training inputs' span, read from the first layer"). Gradient descent adds to an MLP's first layer
-  only rows in the span of the training inputs, which the weights show above their initialisation's
-  noise; the candidates are projected onto it at the start and after every step. Where the weights
-  show no span (a convolution first, data that fill the input space, noise above 10 % of the layer)
-  nothing changes and the result's config says why (``subspace_used``, ``subspace_rank``,
-  ``subspace_reason``).
-- **The initialisation's noise in hidden layers** (``denoise="auto"``,
-  :func:`exhume.attacks.subspace.learned_part`; "Hidden layers that keep their initialisation").
-  Without weight decay a hidden layer keeps most of its random initialisation, which no candidate
-  can explain (the relative stationarity stalls near 0.75); the equation explains only each such
-  matrix's components above the noise's edge (where the noise holds 5 % or more of it), while ``S``
-  is still taken from all of ``θ``. Victims without such a layer are attacked exactly as with
-  ``"off"``.
-- **Optimiser.** Adam; the reference's SGD with momentum 0.9 (``optimizer="sgd"``) diverges readily
-  here because the loss's curvature in ``x̂`` grows with ``λ²``.
-- **Which iterate is returned** (:mod:`exhume.attacks.snapshots`; "Results: which iterate to
-  return", "The learning-rate schedule, again, with the span projection"). An exponential moving
-  average of the iterates (``average_decay=0.99``), judged by the attack's own loss every
-  ``snapshot_every`` iterations; the best is kept (``keep="best"``, its iteration in
-  ``summary["kept_iteration"]``). The rates are constant (``lr_schedule="constant"``); ``"cosine"``
-  decays them over the budget (``iterations`` or ``max_seconds``, whichever ends first, so a run
-  resumed with a larger budget follows a new schedule), which paid before the span projection and
-  costs since. ``average_decay=0, keep="last"`` returns the last iterate.
-- **A dark background** (``background="auto"``, :func:`exhume.attacks.priors.dark_floor`; "A dark
-  background: soft-thresholding the returned candidates"). The returned candidates carry a faint
-  haze where the training images are 0, which SSIM's luminance term punishes on a black background;
-  where the data mean shows one (``background_level``), the candidates are soft-thresholded at
-  ``τ = 0.03`` and stretched back, ``max(v − τ, 0)/(1 − τ)``. The optimisation, the multipliers, the
-  kept snapshot and ``final_relative_stationarity`` are those of the raw iterate (``background=0``
-  returns it). Larger levels
-  memorise more and match more non-members; 0.03 keeps the demo's control at 2.
-- **Total variation** (``tv_weight``, off). It helps on convolutional victims, whose 3×3 filters
-  and pooling barely see high-frequency noise; MLP victims do not need it.
-
-**Deflation** (``run(..., fixed=(candidates, labels))``, a research hook the portfolio does not
-use). Candidates held fixed get multipliers fitted once by least squares on ``θ``
-(:func:`exhume.attacks.stationarity.fixed_part`, exact ReLU derivative) and the free candidates
-solve for the part of ``θ`` they leave. On Haim's 2D toy six free candidates find the points the
-fixed set leaves out (``tests/test_kkt.py``); on the demo's victim it found nothing new
-(``benchmarks/deflation.py``).
+Defaults beyond the papers, each for a measured reason (docs/METHODS.md §5; the measurements in
+``benchmarks/README.md`` under the titles named there): the multiplier scale ``S`` from the
+weights (``lambda_scale="auto"``, :mod:`exhume.attacks.formulation`); ``lr_lambda="auto"`` (1e-4
+for the margin forms, 1e-2 for the signed ones; the portfolio alternates them); Adam; the span
+projection (``subspace="auto"``) and the hidden layers' noise left unexplained (``denoise="auto"``,
+:mod:`exhume.attacks.subspace`); the best averaged iterate at constant rates
+(:mod:`exhume.attacks.snapshots`); the dark-background floor on the returned candidates
+(``background="auto"``, :func:`exhume.attacks.priors.dark_floor`). ``consistency_weight`` and
+``tv_weight`` are off. ``run(..., fixed=(candidates, labels))`` is a deflation hook: fixed
+candidates get least-squares multipliers and the free ones solve for the rest of ``θ``.
 """
 
 from __future__ import annotations

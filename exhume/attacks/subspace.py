@@ -3,46 +3,30 @@
 If a network's input enters through one linear map ``z = W·x (+ b)`` (an MLP's first layer, on the
 flattened, centred input), every gradient step on ``W`` adds ``Σ_i δ_i x_iᵀ``: rows in the span of
 the training inputs. So ``W`` is its initialisation (shrunk by weight decay) plus a matrix whose
-row space is the training data's span. Where the initialisation has decayed or was small, that
-span is plain in ``W``'s singular values: on the demo's victim (784-256-256, weight decay 5e-3,
-first-layer init 1e-4) the 99th singular value is 1.7e-4 and the 100th 9.4e-6, and the top 99
-right singular vectors hold the centred training digits to a relative residual of 5e-6. The
-stationarity equation alone leaves candidates free in the 685 other directions (they change the
-gradients only through ``δ_j x̂_jᵀ``, weighted by small multipliers), and that freedom is spent on
-noise.
+row space is the training data's span, plain in ``W``'s singular values where the initialisation
+has decayed or was small. The stationarity equation alone leaves candidates free in the other
+directions, and that freedom is spent on noise.
 
 :func:`data_subspace` finds that span from the weights alone: it checks that a 2-D parameter
 really is the map the input enters through (by the gradients' algebra, for any ``nn.Module``:
 :func:`input_layer`), then keeps the right singular vectors whose singular values stand above
 ``W``'s noise, the larger of two floors:
 
-- **the initialisation**: the part of ``W`` that training did not move is the random
-  initialisation (i.i.d. entries, shrunk by weight decay), whose singular values follow the
-  Marchenko–Pastur law. Its scale is read from ``W``'s smaller singular values (the lowest
-  ``p − max(n_guess, p/2)`` of its ``p``, matched by median ratio against a seeded Gaussian
-  matrix of the same shape) and the floor is its largest singular value × ``EDGE_MARGIN``;
-- **the precision**: a matrix trained for tens of thousands of steps in float32 carries rounding
-  noise that is not Marchenko–Pastur shaped; the floor is ``FLOOR_EPS`` (10) machine epsilons
-  of the victim's dtype times ``W``'s largest singular value.
+- **the initialisation** (i.i.d. entries, shrunk by weight decay: Marchenko–Pastur singular
+  values), its scale read from ``W``'s lowest ``p − max(n_guess, p/2)`` singular values by median
+  ratio against a seeded Gaussian matrix of the same shape; floor: its largest singular value ×
+  ``EDGE_MARGIN``;
+- **the precision**: ``FLOOR_EPS`` (10) machine epsilons of the victim's dtype times ``W``'s
+  largest singular value (long float32 training leaves rounding noise of no such shape).
 
-The rank is the number of singular values above the floor. There is no span where the data
-could fill the spectrum (``n_guess ≥ p``: 8×8 digits with 100 training points), where nothing
-stands above the floor, or where the initialisation's noise (``σ²·h·d``) still holds more than
-``MAX_NOISE_SHARE`` (10 %) of ``‖W‖²``: with PyTorch's default initialisation (entries ~2e-2
-for 784 inputs, a hundred times the small init) a 784-256-256 MNIST victim keeps 95 % of its
-first layer's energy in the initialisation without weight decay (63 % with 1e-3 over 6,000
-epochs), only 3 (11) directions stand above its edge, and they hold 9 % (36 %) of the centred
-training digits' energy; the zoo's small-init victims have a share below 3e-4. The rule assumes
-an i.i.d. initialisation; a first layer that started from pretrained weights breaks it
-(``subspace="off"``). Data directions weaker than the floor are lost: without weight decay the
-initialisation stays, and on mnist-256-haim (first-layer init 1e-4) the rank is 77 and 5 % of
-the centred training digits' energy lies outside it; on fashion-256-wd5e-3, trained 29,000
-epochs, only ~60 directions stand above float32's floor (9 % of the energy outside), because
-the points fitted with a large margin have all but vanished from the weights.
-
-:class:`Subspace` projects in centred input space, ``x̂ ← V Vᵀ x̂``; the kkt attack applies it to
-the initial candidates and after every step (``subspace="auto"``); where there is no span it
-runs without and records why.
+There is no span where the data could fill the spectrum (``n_guess ≥ p``), where nothing stands
+above the floor, or where the initialisation's noise (``σ²·h·d``) still holds more than
+``MAX_NOISE_SHARE`` (10 %) of ``‖W‖²`` (PyTorch's default initialisation without weight decay). The
+rule assumes an i.i.d. initialisation; a first layer that started from pretrained weights breaks it
+(``subspace="off"``). Data directions weaker than the floor are lost. :class:`Subspace` projects in
+centred input space, ``x̂ ← V Vᵀ x̂``; the kkt attack applies it to the initial candidates and after
+every step (``subspace="auto"``) and records why where there is no span. Measurements:
+``benchmarks/README.md``, "The training inputs' span, read from the first layer".
 """
 
 from __future__ import annotations

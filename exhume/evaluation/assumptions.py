@@ -17,14 +17,11 @@ evaluator computes it):
 
 0 is exact stationarity, 1 is no better than ``λ = 0``.
 
-**Thresholds**, from ``benchmarks/audit_thresholds.py`` (8 small victims, 2 CPU cores; see
-``benchmarks/README.md``, "Audit thresholds"): victims trained with weight decay until their loss plateaued measured
-0.18-0.32 (exhume's GD victims on 8×8 digits and MNIST, 400-6000 epochs) and 0.19-0.44 (a user's
-biased MLP trained with torch.optim.SGD), one stopped after 100 epochs 8.3; without weight decay
-0.17-0.31. ``STATIONARITY_LIMIT = 0.5`` sits above every plateau. The attack's own final residual
-was 0.01-0.13 where it converged and 1.07 on a victim trained briefly without weight decay:
-``ATTACK_RESIDUAL_LIMIT = 0.5``. A residual below the limit is necessary, not sufficient (the
-briefly trained victim without weight decay measured 0.17; the fit check catches it).
+**Thresholds**: ``STATIONARITY_LIMIT = 0.5`` sits above every measured victim trained until its
+loss plateaued, ``ATTACK_RESIDUAL_LIMIT = 0.5`` above every attack that converged. A residual below
+the limit is necessary, not sufficient (a briefly trained victim without weight decay passes it;
+the fit check catches it). Measured by ``benchmarks/audit_thresholds.py``: ``benchmarks/README.md``,
+"Audit thresholds".
 """
 
 from __future__ import annotations
@@ -40,7 +37,7 @@ from exhume.files.limits import LIMITS
 from exhume.losses import margin
 
 #: victims above this relative stationarity residual on their own training data are "far from a
-#: stationary point" (measurements in benchmarks/audit_thresholds.md)
+#: stationary point" (benchmarks/README.md, "Audit thresholds")
 STATIONARITY_LIMIT = 0.5
 #: attacks whose own final relative residual (exact ReLU derivative) stays above this did not find a KKT point
 ATTACK_RESIDUAL_LIMIT = 0.5

@@ -11,22 +11,15 @@
 3. **Merge near-duplicates**: two candidates with the same label whose display-space images
    (clipped to [0, 1], as the evaluator sees them), less the data mean, have a normalised
    cross-correlation (Pearson correlation of the pixels) above ``DUPLICATE_NCC = 0.95`` and, for
-   image inputs, an SSIM above ``DUPLICATE_SSIM = 0.98`` with each other are one image (without
-   the mean taken out, candidates still near the mean all correlate and an under-converged
-   portfolio collapsed: 400 candidates into 4 in an 8-s run); going down the ranking, a candidate
+   image inputs, an SSIM above ``DUPLICATE_SSIM = 0.98`` with each other are one image (the mean
+   is taken out, or candidates still near the mean all correlate); going down the ranking, a candidate
    that is a near-duplicate of one already kept is dropped and counted on the kept one
    (``provenance["merged"]``, and ``provenance["members"][i, k]`` is true when restart ``k``
    produced candidate ``i`` or one of its merged duplicates).
 
-   Why SSIM as well: the correlation sees an image's large-scale shape, SSIM also its local
-   structure and the haze on its background, and a candidate is memorised when it beats the best
-   of 1000 unseen images by SSIM, often by a few thousandths. With the correlation alone the
-   merge dropped candidates that won where their kept twin lost: on nine zoo victims (two
-   restarts of 2,000 iterations each, candidates of both restarts) 249 memorised against 262 for
-   the candidates unmerged (fashion-256-haim 11 against 13, fashion-256-wd5e-3 15 against 19);
-   with the SSIM confirmation 262, the same control, and 6 % fewer candidates than unmerged (8 %
-   with four restarts, 289 memorised as unmerged against 280; ``benchmarks/README.md``, "Merging
-   near-duplicates").
+   Why SSIM as well: a candidate is memorised when it beats the best unseen image by SSIM, often
+   by a few thousandths, and with the correlation alone the merge dropped such winners
+   (``benchmarks/README.md``, "Merging near-duplicates: the correlation alone dropped winners").
 4. **Sort** best-first by rank.
 
 Per-candidate provenance (``Reconstruction.provenance``): ``restart``, ``index`` (within its

@@ -1,10 +1,8 @@
 """How many restarts a time budget buys, from the attack's measured iteration rate.
 
-A fixed restart length does not transfer between victims: 45 s is ~2,500 kkt iterations on the
-demo's 256-256 victim on one core, but ~560 on a 1000-1000 victim, and a cosine-annealed run that
-short (kkt's schedule then) never leaves the data mean (issue 10: on that victim a 2 × 45 s portfolio found 0
-memorised where one 90-s run found 5, `benchmarks/README.md`). So ``restarts="auto"`` with a
-time budget first **probes** the attack: one short run (``PROBE_SHARE`` of the budget, between
+A fixed restart length does not transfer between victims: 45 s is thousands of kkt iterations on
+a small victim and hundreds on a 1000-1000 one, too few to leave the data mean. So
+``restarts="auto"`` with a time budget first **probes** the attack: one short run (``PROBE_SHARE`` of the budget, between
 ``PROBE_SECONDS``), in this process, at the thread count a restart will get (one thread for
 forked parallel workers, see :mod:`exhume.portfolio.runner`), discarded afterwards. Its wall
 time, set-up included, is taken from the budget. From the measured rate :func:`choose` then
@@ -14,11 +12,8 @@ decides:
   probe's rate × ``PARALLEL_EFFICIENCY`` when workers share the machine; the number of waves this
   allows is rounded to the nearest, so a restart gets at least 3/4 of it) and about
   ``SECONDS_PER_RESTART`` seconds each (the number of waves rounded) where the rate allows more.
-  Rounded rather than floored since kkt's learning rates became constant: at ~4,000 iterations in
-  all, two restarts of 2,000 found more than one of 4,000 on three zoo victims of three (51 against
-  39 memorised on the demo's victim, 22 against 18 and 13 against 10 on two trained without weight
-  decay; four of 1,000 found 40, 20 and 13; ``benchmarks/README.md``, "How long a restart should
-  be, with constant rates");
+  Rounded rather than floored: two restarts of 2,000 iterations found more than one of 4,000
+  (``benchmarks/README.md``, "How long a restart should be, with constant rates");
 - when even one wave of parallel restarts would leave each below that floor, and the caller did
   not fix the number of workers, the budget goes to **one run with all the cores**, which is the
   old single run with kkt's current defaults.

@@ -7,28 +7,13 @@ Default variants apply only to what the caller left unset: a parameter the calle
 caller's value on every restart (an explicit ``variants=`` list overrides as given).
 
 kkt's restarts alternate the learning rate of the multipliers, ``lr_lambda`` 1e-4 (kkt's default
-for classifiers) and 1e-2, each with kkt's other defaults (constant learning rates and the averaged iterate,
-:mod:`exhume.attacks.kkt`). Why: the equation of a homogeneous network does not fix the
-multipliers' scale; learned fast, it drifts on some victims (mnist-256-haim: 14 memorised with
-every restart at 1e-2, 19 at 1e-4) and must move on others (digits-multiclass-haim: 9 against 4).
-Measured on the zoo (``benchmarks/zoo``, 90 s per portfolio, 2 cores, under the cosine schedule
-that was kkt's default then): over ten victims with seed 0 and six of them with seed 1, the
-alternation memorised 199 training images (control 9) against 185 (control 8) for restarts that
-differ by seed only; it trails on the 10-class digits victim without weight decay with both seeds
-(8 and 6 against 9 and 9). Tables in
-``benchmarks/README.md``. Restart 0 (and a portfolio of one) takes kkt's ``lr_lambda="auto"``, 1e-4 for
-classifiers, since 2026-11-26 (for regression 1e-2, so both restarts learn at 1e-2 there): one run of
-2,000 iterations at 1e-4 memorised more than one at 1e-2 on twelve of fifteen zoo victims (273 against
-219; behind on 10-class digits without weight decay, 6 against 17, and the CNN, 0 against 1), and two
-restarts at 1e-4 more than the alternation on nine of fifteen (314 against 297) but 13 against 17 on
-10-class digits without weight decay, where 1e-2 gave 24; the alternation stays for its hedge.
-The first measurement behind the portfolio: on the demo victim, 4 restarts of 45 s with different
-seeds, pooled, gave 23 memorised against 13 for one 180-s run (issue 10); the single runs found
-different digits. The λ scale as a variant was measured and did not pay (``lambda_scale_factor``
-0.5 and 2 on two of four restarts, four zoo victims, two seeds: 121 memorised against 122 for
-seeds alone). Nor did α (the surrogate's sharpness) 45 on half of the restarts: +5 memorised over ten
-victims at 4 restarts of 2,500 iterations (136 against 131), control +3, behind on two digits victims
-(``benchmarks/variant_screen.py``). The optimiser was not measured. Pass ``variants=`` to try others.
+for classifiers, which restart 0 and a portfolio of one take) and 1e-2, each with kkt's other
+defaults (:mod:`exhume.attacks.kkt`; for regression both are 1e-2). Why: the equation of a
+homogeneous network does not fix the multipliers' scale; learned fast, it drifts on some victims
+and must move on others, so the alternation hedges. Variants of the λ scale and of α were measured
+and did not pay; the optimiser was not measured. Pass ``variants=`` to try others. Measurements:
+``benchmarks/README.md``, "How fast the multipliers learn: a portfolio variant" and "The
+multipliers' learning rate of a lone run".
 """
 
 from __future__ import annotations
