@@ -5,7 +5,7 @@
     result = exhume.attack(victim, method="kkt", seed=0)
     scores = exhume.evaluate(result, victim)
 
-    # your own model and images (see README, "Audit your own model")
+    # your own model and images (see docs/audit.md)
     verdict = exhume.audit(model, train=(x, y), unseen=x_unseen, loss="logistic", weight_decay=5e-4,
                            normalize=(0.1307, 0.3081), out="runs/audit")
 """

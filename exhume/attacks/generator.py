@@ -1,6 +1,6 @@
 """The TLDR conditioned generator: latent (+ conditioning) → transposed convolutions → image.
 
-Four conditionings (paper 004, §3.2), for an N-class classifier:
+Four conditionings (the TLDR paper, §3.2), for an N-class classifier:
 
 - ``label``: a learnt embedding of the label, concatenated with the latent vector;
 - ``vector``: an N-vector drawn from N(0, 1) and softmaxed, concatenated with the latent vector;

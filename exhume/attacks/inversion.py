@@ -1,4 +1,4 @@
-"""Network inversion (``inversion``) and training-like data reconstruction (``tldr``), paper 004 (docs/METHODS.md §3).
+"""Network inversion (``inversion``) and training-like data reconstruction (``tldr``), after TLDR (docs/METHODS.md §3).
 
 Both train a :class:`~exhume.attacks.generator.ConditionedGenerator` against the frozen
 classifier (in ``.eval()`` mode: batch norm on its running statistics, dropout off) and return

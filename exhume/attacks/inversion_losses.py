@@ -1,4 +1,4 @@
-"""The loss terms of TLDR's inversion and reconstruction (paper 004, §3.3–3.4; docs/METHODS.md §3).
+"""The loss terms of TLDR's inversion and reconstruction (the TLDR paper, §3.3–3.4; docs/METHODS.md §3).
 
 All images here are in display space ``(B, C, H, W)`` (pixel range [0, 1]); the classifier is
 fed ``image − mean``. Each term is a plain function so that it can be checked on hand-made

@@ -1,6 +1,6 @@
 """``exhume.audit(model, train=(x, y), unseen=x_unseen, ...)``: a user's module and arrays in, a verdict out.
 
-A facade (DESIGN.md, "Next rooms"): it wraps the model in the documented conventions
+A facade (docs/DESIGN.md, "The rooms above and below"): it wraps the model in the documented conventions
 (:mod:`exhume.victim.wrap`), runs the public :func:`exhume.attack` with its budget, measures the
 attack's assumptions on the user's training data (:mod:`exhume.evaluation.assumptions`), and
 evaluates with :func:`exhume.evaluation.run.evaluate` on the arrays (the unseen images are the

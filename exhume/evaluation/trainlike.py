@@ -1,4 +1,4 @@
-"""Is a class-conditioned reconstruction *training-like*? (TLDR, paper 004; docs/METHODS.md §3–4)
+"""Is a class-conditioned reconstruction *training-like*? (TLDR; docs/METHODS.md §3–4)
 
 For class-labelled candidates (e.g. a generator's samples), :func:`per_class_evaluation` compares
 them, class by class, with the training images of that class and with a held-out set of unseen

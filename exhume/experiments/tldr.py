@@ -1,4 +1,4 @@
-"""``exhume experiment tldr``: network inversion vs training-like reconstruction (paper 004).
+"""``exhume experiment tldr``: network inversion vs training-like reconstruction (TLDR).
 
 Part A: one convnet victim (``--n`` images); the ``inversion`` and ``tldr`` attacks on it; each
 judged per class against the training set and against a held-out set of the same size.
@@ -19,7 +19,7 @@ import torch
 from exhume.errors import ConfigError
 from exhume.experiments.registry import register_experiment
 
-HELP = ("TLDR (paper 004): inversion vs tldr reconstruction on a convnet victim, then tldr quality vs training-set size. "
+HELP = ("TLDR: inversion vs tldr reconstruction on a convnet victim, then tldr quality vs training-set size. "
         "CPU default (bundled MNIST, sizes 1000,2000,5000, 300 generator steps): about 8 min on 1 thread (measured 7.4 min on a shared 2-core machine). "
         "--full: the paper's scale (Fashion-MNIST 1k/10k/50k, 5000 steps; needs dataset-fashion-mnist and a GPU).")
 

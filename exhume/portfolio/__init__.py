@@ -1,4 +1,4 @@
-"""Runs of runs: a restart portfolio above the attacks, beside ``tune`` (DESIGN.md, "Next rooms").
+"""Runs of runs: a restart portfolio above the attacks, beside ``tune`` (docs/DESIGN.md, "The rooms above and below").
 
 An attack stays one run from one seed; the portfolio decides how many restarts, with which
 settings (:mod:`exhume.portfolio.variants`), where they run (local worker processes, or any number
