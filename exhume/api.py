@@ -15,7 +15,8 @@ def attack(victim: Victim | AttackerView, method: str = "kkt", seed: int = 0, ou
            resume: bool = False, device: str = "cpu", progress: bool = True, init: Any = None,
            init_name: str | None = None, mix: tuple[float, float] | None = None, init_seed: int = 0,
            force: bool = False, restarts: int | str | None = None, workers: int | None = None, storage: str | None = None,
-           study_name: str | None = None, variants: list[dict[str, Any]] | None = None, **kwargs: Any) -> Reconstruction:
+           study_name: str | None = None, variants: list[dict[str, Any]] | None = None, start: Any = None, training: Any = None,
+           start_partial: bool = False, **kwargs: Any) -> Reconstruction:
     """Run the attack ``method`` (a registry name) with its keyword arguments on ``victim``.
 
     For methods with a restart plan (``kkt``) the budget goes to a **portfolio** of restarts run
@@ -34,8 +35,19 @@ def attack(victim: Victim | AttackerView, method: str = "kkt", seed: int = 0, ou
     ``init_name``), or one of ``"noise"`` (U(0,1)), ``"ground-truth"``, ``"partition"``, ``"mix"``
     (with ``mix=(λ₁, λ₂)``), built evaluator-side by :func:`exhume.evaluation.inits.build_init` from
     a :class:`Victim` (ground truth, partition and mix are oracle tools, labelled so in the result).
+
+    ``start``: the weights training started from (a dict of tensors, or a ``.safetensors`` /
+    ``torch.save`` state-dict file, never unpickled), part of what the attacker knows; with
+    ``start_partial=True`` it may cover only some parameters. ``training``: the training settings
+    the owner knows (a dict of :class:`exhume.victim.start.TrainingSettings` fields). With a start,
+    ``kkt`` solves the known-start equation (:mod:`exhume.attacks.trajectory`); checkpoints record
+    the start's digest and a resume with another start is refused.
     """
     check_device(device)
+    from exhume.victim.start import view_with_start
+
+    source = victim
+    victim_view = view_with_start(victim, start, training, start_partial)
     from exhume.portfolio import has_plan, run_portfolio
 
     default_plan = restarts is None and has_plan(method) and init is None and mix is None
@@ -45,7 +57,7 @@ def attack(victim: Victim | AttackerView, method: str = "kkt", seed: int = 0, ou
         max_seconds = kwargs.pop("max_seconds", None)
 
         def portfolio() -> Reconstruction:
-            return run_portfolio(victim, method, max_seconds=max_seconds, restarts=restarts, workers=workers, seed=seed, out=out,
+            return run_portfolio(victim_view, method, max_seconds=max_seconds, restarts=restarts, workers=workers, seed=seed, out=out,
                                  resume=resume, storage=storage, study_name=study_name, variants=variants, device=device,
                                  progress=progress, **kwargs)
 
@@ -55,9 +67,9 @@ def attack(victim: Victim | AttackerView, method: str = "kkt", seed: int = 0, ou
 
         # a portfolio keeps its restarts (checkpoints included) in OUT/restarts/<k>/
         with own_run_folder(out, resume=resume, force=force, run_files=("reconstruction.json", "restarts"), resume_from="restarts") as folder:
-            check_owner(folder, victim, resume)
-            return portfolio()
-    view = victim.attacker_view() if isinstance(victim, Victim) else victim
+            check_owner(folder, victim_view, resume)
+            return _finish(portfolio(), source, None, out)
+    view = victim_view.attacker_view() if isinstance(victim_view, Victim) else victim_view
     if not isinstance(view, AttackerView):
         raise ConfigError(f"attack() needs a Victim or AttackerView, got {type(victim).__name__}")
     atk = get_attack(method, **kwargs)
@@ -81,31 +93,41 @@ def attack(victim: Victim | AttackerView, method: str = "kkt", seed: int = 0, ou
 
     fp = fingerprint(view.model)
     if out is None:
-        return _finish(atk.run(view, out=None, seed=seed, device=device, resume=resume, progress=progress, **init_kw), victim, fp)
+        return _finish(atk.run(view, out=None, seed=seed, device=device, resume=resume, progress=progress, **init_kw), source, fp)
     from exhume.attacks.checkpoint import run_owner
     from exhume.files.runfolder import own_run_folder
 
     budget = atk.config.get("iterations", atk.config.get("steps"))
     with own_run_folder(out, resume=resume, force=force), run_owner(fp, budget):
-        result = _finish(atk.run(view, out=out, seed=seed, device=device, resume=resume, progress=progress, **init_kw), victim, fp)
+        result = _finish(atk.run(view, out=out, seed=seed, device=device, resume=resume, progress=progress, **init_kw), source, fp)
         result.save(out)
     return result
 
 
 def check_owner(folder: Path, victim, resume: bool) -> None:
-    """A portfolio folder records its victim's fingerprint; a resume for other weights is refused."""
+    """A portfolio folder records its victim's fingerprint (and its start's digest); a resume for other
+    weights, or with another start, is refused."""
     from exhume.files.runfolder import RunFolderError, fingerprint
     from exhume.portfolio.plan import as_view
+    from exhume.victim.start import start_digest
 
-    mark, fp = Path(folder) / "victim.fingerprint", fingerprint(as_view(victim).model)
-    if resume and mark.is_file() and mark.read_text().strip() != fp:
-        raise RunFolderError(f"cannot resume: the restarts in {folder} were computed for another victim "
-                             f"(fingerprint {mark.read_text().strip()}, this victim's {fp}); choose another -o or pass --force")
-    mark.write_text(fp + "\n")
+    view = as_view(victim)
+    digest = start_digest(view.start)
+    mark, fp = Path(folder) / "victim.fingerprint", fingerprint(view.model)
+    key = fp if digest is None else f"{fp} start {digest}"
+    if resume and mark.is_file() and mark.read_text().strip() != key:
+        saved = mark.read_text().strip()
+        what = "another victim" if saved.split(" ")[0] != fp else "another starting point (start weights)"
+        raise RunFolderError(f"cannot resume: the restarts in {folder} were computed for {what} "
+                             f"(recorded {saved!r}, this run's {key!r}); choose another -o or pass --force")
+    mark.write_text(key + "\n")
 
 
-def _finish(result: Reconstruction, victim: Victim | AttackerView, fp: str) -> Reconstruction:
-    result.victim_fingerprint = fp  # what exhume.evaluate checks the victim against
-    if isinstance(victim, Victim) and victim.path is not None:
+def _finish(result: Reconstruction, victim: Victim | AttackerView, fp: str | None, out=None) -> Reconstruction:
+    if fp is not None:
+        result.victim_fingerprint = fp  # what exhume.evaluate checks the victim against
+    if isinstance(victim, Victim) and victim.path is not None and result.victim_path != str(victim.path):
         result.victim_path = str(victim.path)
+        if out is not None:
+            result.save(out)
     return result

@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from exhume.errors import ConfigError, DivergenceError, ExhumeError, VictimError
 from exhume.params import parse_params
@@ -77,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--study-name", default=None, help="study name in --storage (default exhume-portfolio)")
     p.add_argument("--worker", action="store_true", help="with --storage: only run restarts of the study (no pooling); "
                    "start the pooling 'exhume attack' without --worker on one machine")
+
+    add_start_arguments(p)
 
     p = sub.add_parser("evaluate", help="judge a reconstruction against the victim's training set")
     p.add_argument("run", help="attack run folder")
@@ -149,6 +152,52 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_start_arguments(p: argparse.ArgumentParser) -> None:
+    """The known-start flags: the weights training started from and the training settings the owner knows."""
+    g = p.add_argument_group("known start", "the weights training started from (a public checkpoint a model was fine-tuned "
+                             "from, or the owner's initial weights) and, optionally, how training ran from there")
+    g.add_argument("--start-weights", default=None, metavar="FILE",
+                   help="the starting weights: .safetensors, or a .pt/.pth state dict (never a pickled model)")
+    g.add_argument("--start-partial", action="store_true",
+                   help="the start file covers only some parameters (e.g. a public backbone without the new head)")
+    g.add_argument("--train-optimizer", default=None, choices=("sgd", "adam", "adamw"), help="the optimiser training used")
+    g.add_argument("--train-lr", type=float, default=None, help="its learning rate")
+    g.add_argument("--train-momentum", type=float, default=None, help="SGD's momentum (default 0)")
+    g.add_argument("--train-betas", default=None, metavar="B1,B2", help="Adam's betas (default 0.9,0.999)")
+    g.add_argument("--train-weight-decay", type=float, default=None, help="its weight_decay (default: the victim's)")
+    g.add_argument("--train-steps", type=int, default=None, help="optimiser steps taken (or --train-epochs and --train-batch-size)")
+    g.add_argument("--train-epochs", type=int, default=None, help="epochs trained")
+    g.add_argument("--train-batch-size", type=int, default=None, help="mini-batch size")
+    g.add_argument("--optimizer-state", default=None, metavar="FILE",
+                   help="Adam's final state: tensors exp_avg_sq.<parameter> (+ step), or torch.save(optimizer.state_dict())")
+
+
+def start_arguments(args: argparse.Namespace, model) -> dict[str, Any]:
+    """``start``, ``training`` and ``start_partial`` for :func:`exhume.attack` from the known-start flags (empty without them)."""
+    from exhume.victim.start import load_second_moment
+
+    training: dict[str, Any] = {}
+    for key in ("optimizer", "lr", "momentum", "weight_decay", "steps", "epochs", "batch_size"):
+        value = getattr(args, f"train_{key}")
+        if value is not None:
+            training[key] = value
+    if args.train_betas is not None:
+        try:
+            training["betas"] = tuple(float(b) for b in args.train_betas.split(","))
+        except ValueError:
+            raise ConfigError(f"--train-betas expects two numbers B1,B2, got {args.train_betas!r}") from None
+    if args.optimizer_state is not None:
+        training["second_moment"], step = load_second_moment(args.optimizer_state, model)
+        if step is not None:
+            training["adam_step"] = step
+    if args.start_weights is None:
+        if training or args.start_partial:
+            raise ConfigError("the training settings (--train-*, --optimizer-state, --start-partial) describe training from a "
+                              "start: pass --start-weights FILE too")
+        return {}
+    return {"start": args.start_weights, "training": training or None, "start_partial": args.start_partial}
+
+
 def _restarts(text: str | None) -> int | str | None:
     if text is None or text == "auto":
         return text
@@ -172,7 +221,11 @@ def _cmd_attack(args: argparse.Namespace) -> int:
 
         if args.storage is None:
             raise ConfigError("--worker needs --storage (the study to take restarts from)")
-        ran = portfolio_worker(victim, storage=args.storage, study_name=args.study_name, workers=args.workers, out=args.out,
+        from exhume.victim.start import view_with_start
+
+        known = start_arguments(args, victim.model)
+        worker_view = view_with_start(victim, known.get("start"), known.get("training"), known.get("start_partial", False))
+        ran = portfolio_worker(worker_view, storage=args.storage, study_name=args.study_name, workers=args.workers, out=args.out,
                                device=args.device, progress=not args.no_progress)
         print(f"worker finished: ran {ran} restart(s) of the study; the pooling 'exhume attack' writes the result")
         return 0
@@ -183,7 +236,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     result = exhume.attack(victim, method=args.method, seed=args.seed, out=args.out, resume=args.resume,
                            device=args.device, progress=not args.no_progress, init=init, mix=mix,
                            init_seed=args.init_seed, force=args.force, restarts=_restarts(args.restarts), workers=args.workers,
-                           storage=args.storage, study_name=args.study_name, **kwargs)
+                           storage=args.storage, study_name=args.study_name, **start_arguments(args, victim.model), **kwargs)
     oracle = " (ORACLE initialisation: built from the victim's data)" if result.config.get("oracle_init") else ""
     if "portfolio" not in result.config:
         print(f"reconstruction saved to {args.out}: {result.candidates.shape[0]} candidates, init {result.config.get('init')}{oracle}, "

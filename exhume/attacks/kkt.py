@@ -43,17 +43,39 @@ from exhume.attacks.formulation import FORMULATIONS, MARGIN_FORMS, Formulation, 
 from exhume.attacks.loop import CANDIDATE_PARAMS, attack_loop, budget_params, make_optimizer, open_run
 from exhume.attacks.priors import background_level, dark_floor, range_penalty, tv_term
 from exhume.attacks.snapshots import IterateTracker
-from exhume.attacks.stationarity import fixed_part, stationarity_residual, stationarity_residual_and_objective
+from exhume.attacks.stationarity import fixed_part, stationarity_residual_and_objective
 from exhume.attacks.subspace import Subspace, data_subspace, learned_part
+from exhume.attacks.trajectory import (
+    EQUATIONS,
+    PRECONDITIONERS,
+    StartEquation,
+    added_inputs_layer,
+    build_equation,
+    multiplier_scale,
+    start_residual,
+)
 from exhume.errors import ConfigError, DivergenceError
 from exhume.files.runfolder import tensors_digest
 from exhume.losses import LOSSES
+from exhume.victim.start import start_digest
 
 #: lr_lambda="auto": the multipliers' learning rate for the margin formulations (binary, multiclass), where the
 #: equation of a homogeneous network leaves their scale free and a fast rate lets it drift (module docstring) ...
 LR_LAMBDA_MARGIN = 1e-4
 #: ... and for the signed ones ('output', 'loss'), whose multipliers must find their signs
 LR_LAMBDA_SIGNED = 1e-2
+#: equation="auto" with the starting weights known (exhume/attacks/trajectory.py)
+DEFAULT_START_EQUATION = "endpoints"
+
+
+def equation_for(value: str, view) -> str:
+    """``equation`` as used on ``view``: 'auto' is the known-start default when the view has a start, else 'stationary'."""
+    if value == "auto":
+        return DEFAULT_START_EQUATION if getattr(view, "start", None) is not None else "stationary"
+    if value != "stationary" and getattr(view, "start", None) is None:
+        raise ConfigError(f"equation {value!r} needs the starting weights (start=..., --start-weights FILE); "
+                          "this view has none")
+    return value
 
 
 def candidate_count(m: int | None, candidates_per_point: float, n: int) -> int:
@@ -86,6 +108,7 @@ class Problem:
     fixed_info: dict[str, Any] | None = None
     span: Subspace = field(default_factory=lambda: Subspace(None))
     lr_lambda: float = LR_LAMBDA_MARGIN  # u's learning rate, 'auto' resolved for the formulation
+    eq: StartEquation | None = None  # the known-start equation (exhume.attacks.trajectory), or the stationary one
 
 
 def consistency_term(lam: torch.Tensor, margins: torch.Tensor, n_w: float) -> torch.Tensor:
@@ -110,6 +133,24 @@ def check_fixed(fixed, input_shape, labels: torch.Tensor) -> tuple[torch.Tensor,
     if not (torch.isfinite(fx).all() and torch.isfinite(fy.double()).all()):
         raise ConfigError("fixed candidates and labels must be finite (found NaN or inf)")
     return fx, fy
+
+
+def check_consistency(form: Formulation, view, eq) -> None:
+    """``consistency_weight > 0`` needs a classifier's margin form at a stationary point with weight decay (one error per reason)."""
+    if eq is not None:
+        raise ConfigError("consistency_weight ties multipliers to margins at a stationary point; the known-start equation has "
+                          "no such relation: leave consistency_weight at 0 or pass equation='stationary'")
+    if form.name not in MARGIN_FORMS or view.task not in ("binary", "multiclass"):
+        raise ConfigError(f"consistency_weight needs the margin formulation of a classifier; this run uses "
+                          f"formulation {form.name!r} on a {view.task} victim")
+    if form.info["weight_decay_assumed"] <= 0:
+        raise ConfigError("consistency_weight needs the victim's weight decay w > 0 (λ_i = σ(−margin_i)/(n·w) holds "
+                          "only with weight decay); pass weight_decay= if the metadata lacks it, or leave "
+                          "consistency_weight at 0")
+    if form.info["loss_assumed"] not in ("logistic", "cross-entropy"):
+        raise ConfigError(f"consistency_weight needs a victim trained with the logistic or cross-entropy loss "
+                          f"(λ_i = σ(−margin_i)/(n·w)); this victim's loss is {form.info['loss_assumed']!r} "
+                          f"(pass loss= if the metadata lacks it)")
 
 
 @register
@@ -160,6 +201,15 @@ class KKTAttack(Attack):
                             "display space (a number in [0, 0.5]), or 'auto': 0.03 where the data mean shows a dark "
                             "background, else 0 (see exhume/attacks/priors.py: background_level); output only, the "
                             "optimisation is the same"),
+        "equation": Param("auto", str, "which equation the candidates solve: 'stationary' (a stationary point of training, "
+                          "weights only), or with the starting weights known 'trajectory' (what training added, on gradients at "
+                          "the final weights) or 'endpoints' (on gradients at the start and the final weights); 'auto': "
+                          f"{DEFAULT_START_EQUATION!r} when the view has a start, else 'stationary' (exhume/attacks/trajectory.py)",
+                          choices=("auto", "stationary", *EQUATIONS)),
+        "start_decay": Param("auto", object, "known start: c in θ_T − c·θ_0, the start's share left by weight decay: 'auto' "
+                             "(from the training settings when they fix it, else fitted), 'fit', or a number in (0, 2]"),
+        "preconditioner": Param("auto", str, "known start: Adam's √v̂ + ε applied to what training added ('state': from the "
+                                "optimiser's second moment; 'auto': 'state' when the view has it)", choices=PRECONDITIONERS),
         "lr_schedule": Param("constant", str, "learning-rate schedule over the budget (iterations or max_seconds, "
                              "whichever ends first)", choices=("constant", "cosine")),
     }
@@ -172,6 +222,10 @@ class KKTAttack(Attack):
             number = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
             if not (v == "auto" or (number and ok(v))):
                 raise ConfigError(f"{name} must be 'auto' or {what}, got {v!r}")
+        v = self.config["start_decay"]
+        number = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if not (v in ("auto", "fit") or (number and 0 < v <= 2)):
+            raise ConfigError(f"start_decay must be 'auto', 'fit' or a number in (0, 2], got {v!r}")
 
     def check(self, view) -> None:
         if self.config["tv_weight"] > 0 and len(view.input_shape) != 3:
@@ -204,7 +258,8 @@ class KKTAttack(Attack):
         tracker = IterateTracker({"x": p.x, "u": p.u}, cfg["average_decay"], cfg["snapshot_every"], cfg["keep"])
         run = open_run(out, resume, {"x": p.x, "u": p.u, **tracker.state()}, {"opt_x": opt_x, "opt_u": opt_u},
                        {"config": resumable_settings(cfg, BUDGET_SETTINGS + ("background",)), "seed": seed, "m": p.m,
-                        **({"fixed": p.fixed_info["fixed_digest"]} if p.fixed_info else {})})
+                        **({"fixed": p.fixed_info["fixed_digest"]} if p.fixed_info else {}),
+                        "start": start_digest(view.start)})
         step = self.stepper(p, (opt_x, opt_u), run.history, tracker)
 
         tau, why = background_level(cfg["background"], view.mean, tuple(view.input_shape))
@@ -218,27 +273,51 @@ class KKTAttack(Attack):
                           emit_every=callback_every)
         if tracker.best_iteration != end.done:
             tracker.consider(end.done, self.criterion(p))
+        return self.result(p, tracker, end, run, seed, init_name, (tau, why), view)
+
+    def result(self, p: Problem, tracker: IterateTracker, end, run, seed: int, init_name: str, background, view) -> Reconstruction:
+        """The kept iterate as a Reconstruction: display-space candidates, multipliers, settings and summary."""
+        cfg = self.config
+        tau, why = background
         kept_x, kept_u = tracker.best["x"], tracker.best["u"]
         with torch.no_grad():
-            final_stat = float(stationarity_residual(p.model, p.params, kept_x, p.y, p.form.scale * kept_u, None, p.form.objective,
-                                                     p.target) / p.norm2)
+            final_stat = float(self.residual(p, kept_x, kept_u, None)[0] / p.norm2)
             candidates = dark_floor((kept_x + p.mean).float(), tau).cpu()
+        lam = (p.form.scale * kept_u).detach().float().cpu()
         return Reconstruction(
             method=self.name,
             candidates=candidates,
             labels=p.y.cpu(),
-            scores=(p.form.scale * kept_u).detach().float().cpu(),
-            config={**cfg, "m": p.m, "n_guess": p.n, "lambda_scale_value": p.form.scale, "lr_lambda_used": p.lr_lambda, **p.form.info, **init_record(init_name),
-                    **(p.fixed_info or {}), **p.span.info,
+            scores=lam if lam.dim() == 1 else lam[:, -1],
+            config={**cfg, "m": p.m, "n_guess": p.n, "lambda_scale_value": p.form.scale, "lr_lambda_used": p.lr_lambda, **p.form.info,
+                    **init_record(init_name), **(p.fixed_info or {}), **p.span.info, **self.threat(p, view),
                     "background_used": tau, "background_reason": why},
             seed=seed,
             loss_history=run.history,
             summary={"iterations": end.done, "seconds": round(end.elapsed, 3), "final_relative_stationarity": final_stat,
-                     "final_relative_stationarity_note": "with the exact ReLU derivative, of the returned iterate",
+                     "final_relative_stationarity_note": "with the exact ReLU derivative, of the returned iterate"
+                     + ("; of the known-start equation (what training added)" if p.eq is not None else ""),
+                     "threat_model": view.threat_model,
                      "kept_iteration": tracker.best_iteration, "kept_criterion": tracker.best_score,
                      "kept_iterate": (f"exponential moving average (decay {cfg['average_decay']:g})" if cfg["average_decay"] > 0
                                       else "iterate") + f", {cfg['keep']} snapshot every {cfg['snapshot_every']} iterations"},
         )
+
+    @staticmethod
+    def threat(p: Problem, view) -> dict[str, Any]:
+        """What the attacker knew and which equation it solved (recorded in the config)."""
+        rec: dict[str, Any] = {"threat_model": view.threat_model, "equation_used": "stationary" if p.eq is None else p.eq.info["equation"]}
+        if p.eq is not None:
+            rec.update({f"start_{k}" if not k.startswith("start_") else k: v for k, v in p.eq.info.items() if k != "equation"})
+            rec["start_digest"] = start_digest(view.start)
+            rec["training_settings"] = None if view.training is None else view.training.record()
+        return rec
+
+    def residual(self, p: Problem, x: torch.Tensor, u: torch.Tensor, alpha: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(‖what the equation leaves‖², h)`` at candidates ``x`` and multipliers ``λ = S·u`` (not yet relative)."""
+        if p.eq is not None:
+            return start_residual(p.model, p.eq, x, p.y, p.form.scale * u, alpha, p.form.objective)
+        return stationarity_residual_and_objective(p.model, p.params, x, p.y, p.form.scale * u, alpha, p.form.objective, p.target)
 
     def problem(self, view, dev: torch.device, seed: int, init: torch.Tensor | None,
                 fixed: tuple[torch.Tensor, torch.Tensor] | None = None) -> Problem:
@@ -249,49 +328,72 @@ class KKTAttack(Attack):
         n = cfg["n_guess"] or view.n_train_hint or 100
         m = cfg["m"] or (init.shape[0] if init is not None else candidate_count(None, cfg["candidates_per_point"], n))
         target, denoised = learned_part(params, n) if cfg["denoise"] != "off" else (None, {})
-        form = resolve(view, model, cfg["formulation"], cfg["loss"], cfg["weight_decay"], cfg["lambda_scale"], params, n, m, dtype)
-        form.info.update(denoised)
+        equation = equation_for(cfg["equation"], view)
+        eq = None
+        if equation == "stationary":
+            form = resolve(view, model, cfg["formulation"], cfg["loss"], cfg["weight_decay"], cfg["lambda_scale"], params, n, m, dtype)
+            form.info.update(denoised)
+        else:
+            eq, form = self.start_equation(view, model, params, equation, n, m, dtype, target)
         form.scale *= cfg["lambda_scale_factor"]
         if cfg["consistency_weight"] > 0:
-            if form.name not in MARGIN_FORMS or view.task not in ("binary", "multiclass"):
-                raise ConfigError(f"consistency_weight needs the margin formulation of a classifier; this run uses "
-                                  f"formulation {form.name!r} on a {view.task} victim")
-            if form.info["weight_decay_assumed"] <= 0:
-                raise ConfigError("consistency_weight needs the victim's weight decay w > 0 (λ_i = σ(−margin_i)/(n·w) holds "
-                                  "only with weight decay); pass weight_decay= if the metadata lacks it, or leave "
-                                  "consistency_weight at 0")
-            if form.info["loss_assumed"] not in ("logistic", "cross-entropy"):
-                raise ConfigError(f"consistency_weight needs a victim trained with the logistic or cross-entropy loss "
-                                  f"(λ_i = σ(−margin_i)/(n·w)); this victim's loss is {form.info['loss_assumed']!r} "
-                                  f"(pass loss= if the metadata lacks it)")
+            check_consistency(form, view, eq)
         gen = torch.Generator().manual_seed(seed)
         x = initial_candidates(init, m, view.input_shape, view.mean, cfg["init_scale"], gen, dtype).to(dev).requires_grad_()
-        u = (torch.randn if form.signed else torch.rand)(m, generator=gen, dtype=dtype).to(dev).requires_grad_()
+        shape = (m,) if eq is None else (m, len(eq.points))
+        u = (torch.randn if form.signed else torch.rand)(shape, generator=gen, dtype=dtype).to(dev).requires_grad_()
         mean = view.mean.to(dev, dtype)
         info = None
         if fixed is not None:
+            if eq is not None:
+                raise ConfigError("fixed candidates (deflation) work with the stationary equation only; pass equation='stationary'")
             fx, fy = check_fixed(fixed, view.input_shape, form.labels)
             target, _, share = fixed_part(model, params, fx.to(dev, dtype) - mean, fy.to(dev, form.labels.dtype),
                                           form.objective, form.signed, theta=target)
             info = {"fixed_candidates": int(fx.shape[0]), "fixed_share_explained": share, "fixed_digest": tensors_digest(fx, fy)[:16]}
-        span = Subspace(None)
-        if cfg["subspace"] != "off":
-            trained_in = next((w.dtype for w in view.model.parameters()), None)  # the precision floor is the victim's, not the attack's
-            span = data_subspace(model, params, tuple(view.input_shape), n, precision=trained_in)
-            with torch.no_grad():
-                x.copy_(span.project(x))
+        span = self.span(view, model, params, n, eq, x)
         # the stationarity term is relative to what the free candidates must explain
-        norm2 = sum((v**2).sum() for v in (params if target is None else target).values())
-        return Problem(model, params, norm2, n, m, form, mean, form.labels.to(dev), x, u, target, info, span,
-                       resolve_lr_lambda(cfg["lr_lambda"], form.name))
+        norm2 = eq.norm2 if eq is not None else sum((v**2).sum() for v in (params if target is None else target).values())
+        lr_lambda = resolve_lr_lambda(cfg["lr_lambda"], form.name if eq is None else "output")
+        return Problem(model, params, norm2, n, m, form, mean, form.labels.to(dev), x, u, target if eq is None else None, info,
+                       span, lr_lambda, eq)
+
+    def start_equation(self, view, model, params, equation: str, n: int, m: int, dtype, learned) -> tuple[StartEquation, Formulation]:
+        """The known-start equation and its formulation: the victim's ``h``, signed multipliers, the probe scale."""
+        cfg = self.config
+        form = resolve(view, model, cfg["formulation"], cfg["loss"], cfg["weight_decay"], 1.0, params, n, m, dtype)
+        eq = build_equation(view, model, params, equation, n, cfg["start_decay"], cfg["preconditioner"], unknown=learned)
+        if cfg["lambda_scale"] == "auto":
+            scale, rule = multiplier_scale(model, eq, view.mean.to(next(iter(params.values())).device, dtype), form.labels,
+                                           form.objective, n)
+        else:
+            scale, rule = float(cfg["lambda_scale"]), {"lambda_scale_rule": "given"}
+        form.signed, form.scale = True, scale
+        form.info.update(rule, multipliers="signed, one per candidate and gradient point")
+        return eq, form
+
+    def span(self, view, model, params, n: int, eq: StartEquation | None, x: torch.Tensor) -> Subspace:
+        """The training inputs' span (:mod:`exhume.attacks.subspace`), the candidates projected onto it; with a known
+        start read from what training added to the input layer."""
+        if self.config["subspace"] == "off":
+            return Subspace(None)
+        trained_in = next((w.dtype for w in view.model.parameters()), None)  # the precision floor is the victim's, not the attack's
+        extra: dict[str, Any] = {}
+        if eq is not None:
+            start = {k: v.to(params[k]) for k, v in view.start.items()}
+            params, extra = added_inputs_layer(eq, params, start, math.prod(view.input_shape))
+        span = data_subspace(model, params, tuple(view.input_shape), n, precision=trained_in)
+        span.info.update(extra)
+        with torch.no_grad():
+            x.copy_(span.project(x))
+        return span
 
     def terms(self, p: Problem, x: torch.Tensor, u: torch.Tensor):
         """The loss of the module docstring at ``(x, u)`` and its stationarity, dual and prior terms."""
         cfg = self.config
         lo, hi, shift = (0.0, 1.0, p.mean) if cfg["prior"] == "display" else (-1.0, 1.0, torch.zeros_like(p.mean))
         # the per-candidate margins h come from the residual's own forward pass (used by the consistency term)
-        stat, h = stationarity_residual_and_objective(p.model, p.params, x, p.y, p.form.scale * u, cfg["alpha"], p.form.objective,
-                                                      p.target)
+        stat, h = self.residual(p, x, u, cfg["alpha"])
         stat = stat / p.norm2
         dual = u.new_zeros(()) if p.form.signed else (torch.relu(cfg["lambda_min"] - u) ** 2).sum()
         v = x + shift

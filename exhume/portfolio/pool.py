@@ -162,7 +162,9 @@ def rank_scores(view, recon: Reconstruction) -> torch.Tensor:
     """The attacker-side rank of each candidate of one restart (higher is better)."""
     from exhume.tune.score import candidate_terms
 
-    terms = candidate_terms(view, recon.candidates, recon.labels, recon.scores, recon.config.get("n_guess"))
+    # the margin-consistency term holds at a stationary point only; the known-start equation's multipliers are free
+    stationary = recon.config.get("equation_used", "stationary") == "stationary"
+    terms = candidate_terms(view, recon.candidates, recon.labels, recon.scores if stationary else None, recon.config.get("n_guess"))
     r = recon.summary.get("final_relative_stationarity")
     explained = 1.0 if r is None else max(0.0, 1.0 - min(float(r), 1.0))
     per = terms["non_degenerate"] * terms["in_range"]

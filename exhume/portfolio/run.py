@@ -20,7 +20,7 @@ def run_portfolio(victim, method: str = "kkt", *, max_seconds: float | None = No
                   workers: int | None = None, seed: int = 0, out: str | Path | None = None, resume: bool = False,
                   storage: str | None = None, study_name: str | None = None, variants: list[dict[str, Any]] | None = None,
                   device: str = "cpu", progress: bool = True, merge_threshold: float = DUPLICATE_NCC,
-                  **attack_kwargs: Any) -> Reconstruction:
+                  start: Any = None, training: Any = None, start_partial: bool = False, **attack_kwargs: Any) -> Reconstruction:
     """Run ``restarts`` restarts of the attack ``method`` and return one pooled Reconstruction.
 
     Each restart is one run of the registered attack from its own seed (``seed + k``) with the
@@ -38,14 +38,18 @@ def run_portfolio(victim, method: str = "kkt", *, max_seconds: float | None = No
     by every process that joins it (:func:`exhume.portfolio.shared.portfolio_worker` on other
     machines) and their results are stored in that database, from which this call pools.
     ``merge_threshold``: the NCC above which two same-label candidates are merged (1.0: never); image
-    candidates must also have an SSIM above ``DUPLICATE_SSIM`` (0.98) with each other.
+    candidates must also have an SSIM above ``DUPLICATE_SSIM`` (0.98) with each other. ``start``,
+    ``training``, ``start_partial``: the starting weights and training settings the attacker knows
+    (:func:`exhume.victim.start.view_with_start`); every restart gets them in its view.
     """
     from exhume.device import check_device
 
     check_device(device)
     if not 0.0 <= merge_threshold <= 1.0:
         raise ConfigError(f"merge_threshold must be in [0, 1] (1 = never merge), got {merge_threshold!r}")
-    view = as_view(victim)
+    from exhume.victim.start import view_with_start
+
+    view = as_view(view_with_start(victim, start, training, start_partial))
     t0 = time.perf_counter()
     sizing = None
     if restarts in (None, "auto") and max_seconds is not None:

@@ -32,6 +32,7 @@ from exhume.files.jsonio import write_json
 from exhume.files.schemas import read_victim_meta
 from exhume.losses import check_loss
 from exhume.models import build_model
+from exhume.victim.start import TrainingSettings, check_start, frozen_names, training_settings
 from exhume.victim.wrap import Audited, two_logit_probe
 
 FORMAT_VERSION = 1
@@ -49,6 +50,8 @@ class AttackerView:
     weight_decay: float | None = None
     num_classes: int | None = None
     n_train_hint: int | None = None  # a guess of the training-set size (e.g. from a model card)
+    start: dict[str, torch.Tensor] | None = None  # the weights training started from, where known (exhume.victim.start)
+    training: TrainingSettings | None = None  # how training ran from the start, as far as the owner knows
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -63,6 +66,21 @@ class AttackerView:
             # two logits (cross-entropy): margin = logit[1] - logit[0], whose logistic loss is that cross-entropy
             self.model = Audited(self.model, torch.ones(()), "two-logit", positive=1)
             self.loss = "logistic" if self.loss == "cross-entropy" else self.loss
+        self.training = training_settings(self.training)
+        if self.training is not None and self.training.second_moment is not None:
+            self.training.second_moment = check_start(self.training.second_moment, self.model, "training setting second_moment",
+                                                      partial=True)
+        if self.start is not None:
+            self.start = check_start(self.start, self.model, partial=True)
+            trained = [k for k, _ in self.model.named_parameters()]
+            if len(self.start) == len(trained) and len(frozen_names(self.model, self.start)) == len(trained):
+                raise VictimError("the start equals the trained weights in every parameter: nothing was trained from it "
+                                  "(is it the same file as the weights?)")
+
+    @property
+    def threat_model(self) -> str:
+        """What the attacker knows, in words (recorded with every reconstruction)."""
+        return "the attacker knows the starting weights" if self.start is not None else "weights only"
 
 
 def broadcast_stat(value, input_shape: tuple[int, ...], what: str) -> torch.Tensor:

@@ -1,0 +1,247 @@
+"""Simulated training from the known start, differentiated through (the idea of SimuDy, Tian et al., ICLR 2025).
+
+With the start ``θ_0`` known, train a copy of the victim from ``θ_0`` for ``S`` full-batch
+gradient steps on ``m`` candidates with learnable soft labels and learnable step sizes, and move
+the candidates so that the simulated change points where training went::
+
+    θ^(s+1) = θ^(s) − η_s ∇_θ mean_j ℓ(Φ(θ^(s); x̂_j), q_j),    η_s = η·exp(ρ_s),   s < S
+    loss = 1 − cos(P⊥ (θ_T − c·θ_0),  P⊥ (θ^(S) − θ_0))  + prior_weight · range + tv_weight · TV
+
+``q_j``: a soft label (binary: ``σ(l_j)`` the probability of +1; multiclass: ``softmax(l_j)``),
+initialised at the candidate's fixed class. The cosine makes the overall step size irrelevant
+(``η`` only sets how far the simulation moves, hence how nonlinear it is); ``P⊥`` projects off the
+start where its decay ``c`` is fitted, as in :mod:`exhume.attacks.trajectory` (whose target,
+preconditioner and frozen parameters this attack shares). Every trained parameter's start must be
+known (the simulation starts there). ReLUs get the ``sigmoid(α·z)`` derivative so that the
+second-order terms move ``x̂``. The cost of one step is about ``3·S`` forward-backward passes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad
+
+from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_model, init_record, initial_candidates, register
+from exhume.attacks.checkpoint import resumable_settings
+from exhume.attacks.formulation import candidate_labels
+from exhume.attacks.loop import CANDIDATE_PARAMS, attack_loop, budget_params, make_optimizer, open_run
+from exhume.attacks.priors import background_level, dark_floor, range_penalty, tv_term
+from exhume.attacks.subspace import Subspace, data_subspace
+from exhume.attacks.surrogate import soft_activations
+from exhume.attacks.trajectory import PRECONDITIONERS, StartEquation, added_inputs_layer, build_equation, per_sample, probe_images
+from exhume.errors import ConfigError, DivergenceError
+from exhume.victim.start import start_digest
+
+
+@dataclass
+class SimProblem:
+    """The working copy, the target, and the unknowns: candidates ``x``, label logits ``l``, log step sizes ``rho``."""
+
+    model: nn.Module
+    eq: StartEquation
+    start: dict[str, torch.Tensor]  # θ_0 on the equation's parameters
+    rest: dict[str, torch.Tensor]  # the other parameters (frozen: equal to their start)
+    base_lr: float
+    task: str
+    mean: torch.Tensor
+    y: torch.Tensor  # the candidates' fixed classes (where their soft labels start)
+    x: torch.Tensor
+    logits: torch.Tensor
+    rho: torch.Tensor
+    span: Subspace
+
+
+def soft_label_loss(task: str, out: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """Per-candidate loss against soft labels: binary ``q·softplus(−Φ) + (1−q)·softplus(Φ)``, ``q = σ(l)``;
+    multiclass ``−Σ_k softmax(l)_k log softmax(Φ)_k``."""
+    if task == "binary":
+        q = torch.sigmoid(logits)
+        out = out.reshape(-1)
+        return q * nn.functional.softplus(-out) + (1 - q) * nn.functional.softplus(out)
+    return -(torch.softmax(logits, 1) * torch.log_softmax(out, 1)).sum(1)
+
+
+@register
+class SimulateAttack(Attack):
+    """Reconstruction by simulating training from the known start on learnable candidates (needs a start)."""
+
+    name = "simulate"
+    params = {
+        "m": Param(None, int, "number of candidates (default: candidates_per_point × n)", low=1, allow_none=True),
+        "candidates_per_point": Param(1.0, float, "m = round(this × n) when m is not given", low=1e-3),
+        **CANDIDATE_PARAMS,
+        **budget_params(2000, checkpoint_every=200, log_every=50),
+        "steps": Param(4, int, "simulated full-batch gradient steps S from the start", low=1),
+        "lr_labels": Param(1e-2, float, "learning rate of the soft labels' logits", low=0.0),
+        "lr_rates": Param(1e-2, float, "learning rate of the log step sizes ρ_s", low=0.0),
+        "step_scale": Param(1.0, float, "multiplies the simulation's step size η (see the module docstring)", low=1e-6),
+        "alpha": Param(19.0, float, "ReLU surrogate derivative sigmoid(α·z)", low=0.0),
+        "init_scale": Param(1.7e-3, float, "x̂ ~ N(0,1)·init_scale in centred space", low=0.0),
+        "prior_weight": Param(1.0, float, "weight of the pixel-range prior (display range [0, 1])", low=0.0),
+        "tv_weight": Param(0.0, float, "weight of the total-variation prior on image candidates (0 = off)", low=0.0),
+        "start_decay": Param("auto", object, "c in θ_T − c·θ_0: 'auto', 'fit' or a number in (0, 2] (as kkt's)"),
+        "preconditioner": Param("auto", str, "Adam's √v̂ + ε on what training added (as kkt's)", choices=PRECONDITIONERS),
+        "subspace": Param("auto", str, "project candidates onto the training inputs' span read from what training added to "
+                          "the input layer ('off': do not)", choices=("off", "auto")),
+        "background": Param("auto", object, "soft threshold on the returned candidates (as kkt's)"),
+    }
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        v = self.config["start_decay"]
+        number = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if not (v in ("auto", "fit") or (number and 0 < v <= 2)):
+            raise ConfigError(f"start_decay must be 'auto', 'fit' or a number in (0, 2], got {v!r}")
+        b = self.config["background"]
+        if not (b == "auto" or (isinstance(b, (int, float)) and not isinstance(b, bool) and 0.0 <= b <= 0.5)):
+            raise ConfigError(f"background must be 'auto' or a number in [0, 0.5], got {b!r}")
+
+    def check(self, view) -> None:
+        if view.start is None:
+            raise ConfigError("the simulate attack trains from the starting weights: pass start=... (--start-weights FILE)")
+        if view.task not in ("binary", "multiclass"):
+            raise ConfigError(f"the simulate attack handles classifiers; the victim's task is {view.task!r}")
+        if self.config["tv_weight"] > 0 and len(view.input_shape) != 3:
+            raise ConfigError(f"tv_weight needs image inputs (C, H, W); this victim's input shape is {tuple(view.input_shape)}")
+
+    def run(self, view, out: str | Path | None = None, seed: int = 0, device: str = "cpu", resume: bool = False,
+            progress: bool = True, callback=None, callback_every: int = 100, init: torch.Tensor | None = None,
+            init_name: str = "noise") -> Reconstruction:
+        """Run the attack on ``view`` (an AttackerView with a start); the protocol of :meth:`exhume.attacks.kkt.KKTAttack.run`."""
+        self.check(view)
+        cfg = self.config
+        p = self.problem(view, torch.device(device), seed, init)
+        opts = {"opt_x": make_optimizer(cfg["optimizer"], [p.x], cfg["lr"], cfg["momentum"]),
+                "opt_l": make_optimizer(cfg["optimizer"], [p.logits], cfg["lr_labels"], cfg["momentum"]),
+                "opt_r": make_optimizer(cfg["optimizer"], [p.rho], cfg["lr_rates"], cfg["momentum"])}
+        run = open_run(out, resume, {"x": p.x, "logits": p.logits, "rho": p.rho}, opts,
+                       {"config": resumable_settings(cfg), "seed": seed, "m": p.x.shape[0], "start": start_digest(view.start)})
+        tau, why = background_level(cfg["background"], view.mean, tuple(view.input_shape))
+
+        def emit(it: int, elapsed: float) -> None:
+            with torch.no_grad():
+                callback(it, elapsed, dark_floor((p.x + p.mean).float(), tau).cpu())
+
+        end = attack_loop("simulate attack", cfg, run, self.stepper(p, tuple(opts.values()), run.history), progress=progress,
+                          emit=None if callback is None else emit, emit_every=callback_every)
+        with torch.no_grad():
+            final = float(self.terms(p)[1])
+            candidates = dark_floor((p.x + p.mean).float(), tau).cpu()
+            labels = (torch.where(p.logits > 0, 1.0, -1.0) if p.task == "binary" else p.logits.argmax(1)).cpu()
+        return Reconstruction(
+            method=self.name, candidates=candidates, labels=labels, scores=None,
+            config={**cfg, "m": p.x.shape[0], "threat_model": view.threat_model, "equation_used": "simulated training",
+                    "simulation_base_lr": p.base_lr, **{f"start_{k}" if not k.startswith("start_") else k: v
+                                                         for k, v in p.eq.info.items() if k != "equation"},
+                    "start_digest": start_digest(view.start), **p.span.info, **init_record(init_name),
+                    "background_used": tau, "background_reason": why},
+            seed=seed, loss_history=run.history,
+            summary={"iterations": end.done, "seconds": round(end.elapsed, 3), "final_relative_stationarity": final,
+                     "final_relative_stationarity_note": "1 − cos² between what training added and the simulated change",
+                     "threat_model": view.threat_model, "step_sizes": (p.base_lr * p.rho.detach().exp()).tolist()})
+
+    def problem(self, view, dev: torch.device, seed: int, init: torch.Tensor | None) -> SimProblem:
+        cfg = self.config
+        dtype = DTYPES[cfg["dtype"]]
+        model, params = attack_model(view.model, dev, dtype)
+        n = cfg["n_guess"] or view.n_train_hint or 100
+        m = cfg["m"] or (init.shape[0] if init is not None else max(1, round(cfg["candidates_per_point"] * n)))
+        eq = build_equation(view, model, params, "trajectory", n, cfg["start_decay"], cfg["preconditioner"])
+        unknown = eq.info["start_unknown_parameters"]
+        if unknown:
+            raise ConfigError(f"the simulate attack starts training from the start: parameter {unknown[0]!r} has none "
+                              "(a partial start); use kkt, or a start that covers every trained parameter")
+        start = {k: view.start[k].to(params[k]) for k in eq.names}
+        rest = {k: v for k, v in params.items() if k not in eq.names}
+        labels = candidate_labels(view.task, m, view.num_classes, dtype)
+        gen = torch.Generator().manual_seed(seed)
+        x = initial_candidates(init, m, view.input_shape, view.mean, cfg["init_scale"], gen, dtype).to(dev).requires_grad_()
+        k = int(view.num_classes or 2)
+        logits = (3.0 * labels if view.task == "binary" else 3.0 * nn.functional.one_hot(labels.long(), k).to(dtype)).to(dev)
+        span = Subspace(None)
+        if cfg["subspace"] != "off":
+            added, info = added_inputs_layer(eq, params, start, math.prod(view.input_shape))
+            span = data_subspace(model, added, tuple(view.input_shape), n, precision=next(view.model.parameters()).dtype)
+            span.info.update(info)
+            with torch.no_grad():
+                x.copy_(span.project(x))
+        mean = view.mean.to(dev, dtype)
+        base = cfg["step_scale"] * self.base_step(model, eq, start, mean, labels, m, view.task)
+        return SimProblem(model, eq, start, rest, base, view.task, mean, labels.to(dev), x, logits.requires_grad_(),
+                          torch.zeros(cfg["steps"], dtype=dtype, device=dev, requires_grad=True), span)
+
+    def base_step(self, model, eq: StartEquation, start, mean, labels, m: int, task: str) -> float:
+        """``η`` such that ``S`` steps of a mean gradient over ``m`` candidates of probe-sized gradients move ``‖target‖``.
+
+        A probe image's loss gradient has norm about ``γ/2`` (:func:`exhume.attacks.trajectory.probe_images`); the mean of
+        ``m`` incoherent ones ``γ/(2√m)``; so ``η = 2·√m·‖target‖/(S·γ)``. Weights and the data mean only.
+        """
+        x = probe_images(mean, 16)
+        obj = (lambda out, y: out.reshape(-1)) if task == "binary" else (lambda out, y: out.gather(1, y.long()[:, None])[:, 0])
+        at_start = StartEquation(eq.names, [{**eq.points[0], **start}], eq.target, None, eq.norm2)
+        ys = labels.repeat(math.ceil(16 / max(1, len(labels))))[:16].to(mean.device)
+        gamma = float(per_sample(model, at_start, x, ys, obj).double().pow(2).sum(1).mean().sqrt())
+        return 2.0 * math.sqrt(m) * math.sqrt(eq.norm2) / (self.config["steps"] * max(gamma, 1e-30))
+
+    def simulate(self, p: SimProblem, x: torch.Tensor, logits: torch.Tensor, rho: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``θ^(S) − θ_0`` over the equation's parameters (differentiable in ``x``, the labels and the step sizes)."""
+        theta = dict(p.start)
+
+        def loss(sub):
+            return soft_label_loss(p.task, functional_call(p.model, {**p.rest, **sub}, (x,)), logits).mean()
+
+        with soft_activations(self.config["alpha"]):
+            for s in range(rho.shape[0]):
+                g = grad(loss)(theta)
+                eta = p.base_lr * rho[s].exp()
+                theta = {k: theta[k] - eta * g[k] for k in p.eq.names}
+        return {k: theta[k] - p.start[k] for k in p.eq.names}
+
+    def terms(self, p: SimProblem) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(loss, 1 − cos², prior)``: the module docstring's loss and how much of what training added is left unexplained."""
+        cfg = self.config
+        d = self.simulate(p, p.x, p.logits, p.rho)
+        t, dd = p.eq.target, d
+        if p.eq.direction is not None:  # project the start's direction off both (its decay c is free)
+            u = p.eq.direction
+            u2 = sum((u[k] ** 2).sum() for k in p.eq.names)
+            ct = sum((u[k] * t[k]).sum() for k in p.eq.names) / u2
+            cd = sum((u[k] * d[k]).sum() for k in p.eq.names) / u2
+            t = {k: t[k] - ct * u[k] for k in p.eq.names}
+            dd = {k: d[k] - cd * u[k] for k in p.eq.names}
+        dot = sum((t[k] * dd[k]).sum() for k in p.eq.names)
+        cos = dot / (math.sqrt(p.eq.norm2) * torch.sqrt(sum((dd[k] ** 2).sum() for k in p.eq.names)).clamp_min(1e-30))
+        v = p.x + p.mean
+        prior = range_penalty(v, 0.0, 1.0)
+        loss = (1.0 - cos) + cfg["prior_weight"] * prior
+        if cfg["tv_weight"] > 0:
+            loss = loss + cfg["tv_weight"] * tv_term(v)
+        return loss, 1.0 - cos**2, prior
+
+    def stepper(self, p: SimProblem, opts: tuple[torch.optim.Optimizer, ...], history: list[dict[str, Any]]):
+        def step(it: int, log: bool, clock) -> dict[str, str] | None:
+            loss, unexplained, prior = self.terms(p)
+            if not torch.isfinite(loss):
+                raise DivergenceError(f"simulate attack diverged at iteration {it}; lower lr or step_scale")
+            for opt in opts:
+                opt.zero_grad(set_to_none=True)
+            loss.backward()
+            for opt in opts:
+                opt.step()
+            if p.span.basis is not None:
+                with torch.no_grad():
+                    p.x.copy_(p.span.project(p.x))
+            if not log:
+                return None
+            history.append({"iteration": it, "loss": float(loss.detach()), "unexplained": float(unexplained.detach()),
+                            "prior": float(prior.detach()), "seconds": round(clock(), 3)})
+            return {"left": f"{float(unexplained.detach()):.3g}"}
+
+        return step
+

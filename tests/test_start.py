@@ -1,0 +1,374 @@
+"""The known start: the loader's refusals, frozen parameters, the training settings' decay, the
+equation of training that stopped early (exact on cases with a known answer), and the attack."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from exhume.attacks.trajectory import build_equation, explained
+from exhume.errors import ConfigError, ExhumeError, VictimError
+from exhume.losses import margin
+from exhume.victim import AttackerView
+from exhume.victim.start import TrainingSettings, check_start, frozen_names, load_start, training_settings
+from exhume.victim.wrap import Audited
+
+
+class Tiny(nn.Module):
+    def __init__(self, d: int = 6, h: int = 8, out: int = 1) -> None:
+        super().__init__()
+        self.a = nn.Linear(d, h)
+        self.b = nn.Linear(h, out)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x.flatten(1)))).squeeze(-1)
+
+
+class Lin(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Linear(6, 1)
+
+    def forward(self, x):
+        return self.w(x.flatten(1)).squeeze(-1)
+
+
+def state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+# -- the loader ----------------------------------------------------------------------------------
+def test_a_start_file_of_this_model_is_read_as_its_parameters(tmp_path):
+    torch.manual_seed(0)
+    model = Tiny()
+    save_file(state(model), str(tmp_path / "s.safetensors"))
+    torch.save(state(model), tmp_path / "s.pt")
+    for f in ("s.safetensors", "s.pt"):
+        start = load_start(tmp_path / f, model)
+        assert sorted(start) == sorted(k for k, _ in model.named_parameters())
+        assert all(torch.equal(start[k], v) for k, v in model.named_parameters())
+
+
+def _one_line(e) -> str:
+    text = str(e.value)
+    assert "\n" not in text
+    return text
+
+
+def test_a_start_for_another_model_is_refused_in_one_line(tmp_path):
+    torch.manual_seed(0)
+    other = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 1))
+    save_file(state(other), str(tmp_path / "o.safetensors"))
+    with pytest.raises(VictimError) as e:
+        load_start(tmp_path / "o.safetensors", Tiny())
+    assert "another model" in _one_line(e) and "'0.bias'" in str(e.value)
+
+
+def test_a_start_missing_a_parameter_is_refused_naming_it_unless_partial():
+    model = Tiny()
+    s = state(model)
+    del s["b.weight"]
+    with pytest.raises(VictimError) as e:
+        check_start(s, model)
+    assert "'b.weight'" in _one_line(e) and "partial" in str(e.value)
+    assert sorted(check_start(s, model, partial=True)) == ["a.bias", "a.weight", "b.bias"]
+
+
+def test_a_start_with_an_extra_key_is_refused_naming_it():
+    model = Tiny()
+    with pytest.raises(VictimError) as e:
+        check_start({**state(model), "c.weight": torch.zeros(2)}, model)
+    assert "'c.weight'" in _one_line(e)
+
+
+def test_a_start_of_another_shape_is_refused_naming_the_parameter_and_the_expected_shape():
+    model = Tiny()
+    with pytest.raises(VictimError) as e:
+        check_start({**state(model), "a.weight": torch.zeros(8, 5)}, model)
+    assert "a.weight" in _one_line(e) and "(8, 5)" in str(e.value) and "(8, 6)" in str(e.value)
+
+
+def test_a_start_with_nan_is_refused_naming_the_parameter():
+    model = Tiny()
+    bad = state(model)
+    bad["a.bias"][3] = float("nan")
+    with pytest.raises(VictimError) as e:
+        check_start(bad, model)
+    assert "a.bias" in _one_line(e) and "NaN" in str(e.value)
+
+
+def test_a_pickled_module_is_never_unpickled(tmp_path):
+    torch.save(Tiny(), tmp_path / "m.pt")
+    with pytest.raises(VictimError) as e:
+        load_start(tmp_path / "m.pt", Tiny())
+    assert "never unpickles" in _one_line(e)
+
+
+def test_a_truncated_start_file_is_refused(tmp_path):
+    save_file(state(Tiny()), str(tmp_path / "s.safetensors"))
+    (tmp_path / "t.safetensors").write_bytes((tmp_path / "s.safetensors").read_bytes()[:40])
+    with pytest.raises(VictimError) as e:
+        load_start(tmp_path / "t.safetensors", Tiny())
+    assert "t.safetensors" in _one_line(e)
+
+
+def test_buffers_are_accepted_and_a_wrapper_s_prefix_is_added():
+    model = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.Linear(3, 1))
+    start = check_start(state(model), Audited(model, torch.ones(()), "logit"))
+    assert sorted(start) == ["model.0.bias", "model.0.weight", "model.1.bias", "model.1.weight", "model.2.bias", "model.2.weight"]
+
+
+# -- frozen parameters and the view --------------------------------------------------------------
+def test_parameters_equal_to_their_start_are_frozen_and_left_out_of_the_equation():
+    torch.manual_seed(0)
+    model = Tiny()
+    start = state(model)
+    with torch.no_grad():
+        model.b.weight.add_(0.1)
+        model.b.bias.add_(0.1)
+    assert frozen_names(model, check_start(start, model)) == ["a.weight", "a.bias"]
+    view = AttackerView(model=model, task="binary", input_shape=(6,), mean=torch.zeros(6), start=start)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    eq = build_equation(view, model, params, "trajectory", 10)
+    assert eq.names == ("b.weight", "b.bias") and eq.info["frozen_parameters"] == ["a.bias", "a.weight"]
+
+
+def test_a_start_equal_to_every_trained_weight_is_refused():
+    model = Tiny()
+    with pytest.raises(VictimError, match="nothing was trained"):
+        AttackerView(model=model, task="binary", input_shape=(6,), mean=torch.zeros(6), start=state(model))
+
+
+# -- training settings ---------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs, message", [
+    ({"optimizer": "rmsprop"}, "optimizer"), ({"lr": 0.0}, "lr"), ({"lr": float("nan")}, "lr"), ({"momentum": 1.0}, "momentum"),
+    ({"betas": (0.9,)}, "betas"), ({"betas": (0.9, 1.0)}, r"betas\[1\]"), ({"weight_decay": -1e-4}, "weight_decay"),
+    ({"steps": 0}, "steps"), ({"steps": 2.5}, "steps"), ({"epochs": 0}, "epochs"), ({"batch_size": True}, "batch_size"),
+    ({"eps": -1.0}, "eps"), ({"second_moment": {"a.weight": -torch.ones(2)}}, "second_moment"),
+])
+def test_bad_training_settings_are_refused_by_name(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        TrainingSettings(**kwargs)
+
+
+def test_unknown_training_setting_is_refused():
+    with pytest.raises(ConfigError, match="unknown training setting.*nesterov"):
+        training_settings({"nesterov": True})
+
+
+@pytest.mark.parametrize("opt, kwargs", [("sgd", {"momentum": 0.9}), ("sgd", {}), ("adamw", {})])
+def test_the_decay_is_what_the_optimiser_does_to_the_start_without_data(opt, kwargs):
+    """Zero data gradient: PyTorch's own optimiser shrinks θ_0 by exactly TrainingSettings.decay."""
+    theta = nn.Parameter(torch.ones(3, dtype=torch.float64))
+    lr, wd, steps = 0.05, 3e-2, 37
+    optim = (torch.optim.SGD([theta], lr=lr, weight_decay=wd, **kwargs) if opt == "sgd"
+             else torch.optim.AdamW([theta], lr=lr, weight_decay=wd))
+    for _ in range(steps):
+        optim.zero_grad()
+        theta.grad = torch.zeros_like(theta)
+        optim.step()
+    c = TrainingSettings(optimizer=opt, lr=lr, weight_decay=wd, steps=steps, **kwargs).decay(None)
+    assert abs(float(theta.detach()[0]) - c) < 1e-12
+    assert TrainingSettings(optimizer="sgd", lr=lr, weight_decay=wd, epochs=3, batch_size=4).total_steps(10) == 9
+
+
+# -- the equation on cases with a known answer ---------------------------------------------------
+def _trained(model: nn.Module, x, y, steps: int, lr: float, wd: float):
+    """Full-batch gradient descent on the logistic loss with PyTorch's SGD (weight decay in the gradient)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr, weight_decay=wd)
+    for _ in range(steps):
+        opt.zero_grad()
+        nn.functional.softplus(-y * model(x)).mean().backward()
+        opt.step()
+    return model
+
+
+def _case(model, steps: int, equation: str, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(5, 6, generator=gen, dtype=torch.float64)
+    y = torch.tensor([1.0, -1, 1, -1, 1], dtype=torch.float64)
+    start = state(model)
+    lr, wd = 0.3, 1e-2
+    _trained(model, x, y, steps, lr, wd)
+    view = AttackerView(model=model, task="binary", input_shape=(6,), mean=torch.zeros(6), start=start,
+                        training={"optimizer": "sgd", "lr": lr, "weight_decay": wd, "steps": steps})
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    eq = build_equation(view, model, params, equation, 5)
+    unseen = torch.rand(5, 6, generator=gen, dtype=torch.float64)
+    return eq, explained(model, eq, x, y, margin), explained(model, eq, unseen, y, margin)
+
+
+def test_a_linear_model_s_trajectory_equation_holds_exactly_with_its_training_points():
+    torch.manual_seed(0)
+    eq, train, unseen = _case(Lin().double(), 30, "trajectory")
+    assert eq.info["start_decay_rule"] == "from the training settings"
+    assert train["relative_residual"] < 1e-12 < 1e-3 < unseen["relative_residual"]
+
+
+def test_one_step_of_a_network_is_explained_exactly_by_gradients_at_the_start():
+    torch.manual_seed(0)
+    _, train, unseen = _case(Tiny().double(), 1, "endpoints")
+    assert train["relative_residual"] < 1e-12 < 1e-3 < unseen["relative_residual"]
+
+
+def test_the_fitted_decay_is_the_optimiser_s():
+    torch.manual_seed(0)
+    model = Lin().double()
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.rand(5, 6, generator=gen, dtype=torch.float64), torch.tensor([1.0, -1, 1, -1, 1], dtype=torch.float64)
+    start = state(model)
+    _trained(model, x, y, 30, 0.3, 1e-2)
+    view = AttackerView(model=model, task="binary", input_shape=(6,), mean=torch.zeros(6), start=start)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    fit = explained(model, build_equation(view, model, params, "trajectory", 5, decay="fit"), x, y, margin)
+    assert abs(fit["decay_fitted"] - (1 - 0.3 * 1e-2) ** 30) < 1e-9
+
+
+def test_equations_that_need_a_start_refuse_a_view_without_one():
+    model = Tiny()
+    view = AttackerView(model=model, task="binary", input_shape=(6,), mean=torch.zeros(6))
+    with pytest.raises(ConfigError, match="starting weights"):
+        build_equation(view, model, {k: v.detach() for k, v in model.named_parameters()}, "endpoints", 5)
+    from exhume.attacks import get_attack
+
+    with pytest.raises(ExhumeError, match="needs the starting weights"):
+        get_attack("kkt", equation="trajectory", iterations=1).run(view, progress=False)
+
+
+# -- the attack ----------------------------------------------------------------------------------
+def _fine_tuned(seed: int = 0):
+    """A 16-64-1 MLP pre-trained on 40 random images, then fine-tuned on 4 others (50 steps of SGD)."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1), nn.Flatten(0))
+    gen = torch.Generator().manual_seed(seed)
+    xp, yp = torch.rand(40, 1, 4, 4, generator=gen), torch.where(torch.rand(40, generator=gen) > 0.5, 1.0, -1.0)
+    for x, y, steps in ((xp, yp, 200), (torch.rand(4, 1, 4, 4, generator=gen), torch.tensor([1.0, -1, 1, -1]), 50)):
+        if steps == 50:
+            start, train = state(model), x
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=1e-3)
+        for _ in range(steps):
+            opt.zero_grad()
+            nn.functional.softplus(-y * model(x - 0.5)).mean().backward()
+            opt.step()
+    return model, start, train
+
+
+def _view(model, start=None, **kw):
+    return AttackerView(model=model, task="binary", input_shape=(1, 4, 4), mean=torch.full((1, 4, 4), 0.5), loss="logistic",
+                        weight_decay=1e-3, n_train_hint=4, start=start, **kw)
+
+
+def _distances(recon, x) -> torch.Tensor:
+    c, t = recon.candidates.reshape(len(recon.candidates), -1), x.reshape(len(x), -1)
+    return (torch.cdist(t, c) / t.norm(dim=1, keepdim=True)).min(1).values
+
+
+def test_a_tiny_fine_tuned_victim_is_recovered_with_its_start_and_not_without():
+    from exhume.attacks import get_attack
+
+    model, start, x = _fine_tuned()
+    with_start = get_attack("kkt", iterations=500).run(_view(model, start), progress=False)
+    weights_only = get_attack("kkt", iterations=500).run(_view(model), progress=False)
+    assert with_start.config["equation_used"] == "endpoints" and with_start.config["threat_model"] == "the attacker knows the starting weights"
+    assert weights_only.config["threat_model"] == "weights only"
+    assert _distances(with_start, x).max() < 0.15 < 0.25 < _distances(weights_only, x).min()
+
+
+def test_resume_with_another_start_is_refused(tmp_path):
+    import exhume
+    from exhume.files.runfolder import RunFolderError
+
+    model, start, _ = _fine_tuned()
+    other = {k: v + 0.01 for k, v in start.items()}
+    exhume.attack(_view(model), restarts=1, out=tmp_path / "one", iterations=4, checkpoint_every=2, progress=False, start=start)
+    with pytest.raises(ExhumeError, match="start") as e:
+        exhume.attack(_view(model), restarts=1, out=tmp_path / "one", iterations=8, progress=False, resume=True, start=other)
+    assert "\n" not in str(e.value)
+    exhume.attack(_view(model), restarts=2, workers=1, out=tmp_path / "two", iterations=3, progress=False, start=start)
+    with pytest.raises(RunFolderError, match="another starting point"):
+        exhume.attack(_view(model), restarts=2, workers=1, out=tmp_path / "two", iterations=3, progress=False, resume=True,
+                      start=other)
+
+
+def test_the_portfolio_s_restarts_get_the_start(tmp_path):
+    import exhume
+
+    model, start, _ = _fine_tuned()
+    recon = exhume.attack(_view(model), restarts=2, workers=1, iterations=3, progress=False, start=start,
+                          training={"optimizer": "sgd", "lr": 0.1, "weight_decay": 1e-3, "steps": 50})
+    rows = recon.config["portfolio"]["restarts"]
+    assert len(rows) == 2 and recon.config["equation_used"] == "endpoints"
+    assert recon.config["threat_model"] == "the attacker knows the starting weights"
+    assert recon.config["start_decay_rule"] == "from the training settings"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"equation": "trajectory-ish"}, "equation"), ({"start_decay": -0.5}, "start_decay"), ({"start_decay": "fitted"}, "start_decay"),
+    ({"preconditioner": "diagonal"}, "preconditioner"),
+])
+def test_bad_known_start_arguments_are_refused_by_name(kwargs, message):
+    from exhume.attacks import get_attack
+
+    with pytest.raises(ConfigError, match=message):
+        get_attack("kkt", **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"preconditioner": "state"}, "second moment"), ({"consistency_weight": 1.0}, "consistency_weight"),
+])
+def test_known_start_settings_that_do_not_fit_the_view_are_refused(kwargs, message):
+    from exhume.attacks import get_attack
+
+    model, start, _ = _fine_tuned()
+    with pytest.raises(ConfigError, match=message):
+        get_attack("kkt", iterations=1, **kwargs).run(_view(model, start), progress=False)
+
+
+def test_the_simulate_attack_needs_a_start_and_checkpoints_its_digest(tmp_path):
+    from exhume.attacks import get_attack
+
+    model, start, _ = _fine_tuned()
+    with pytest.raises(ConfigError, match="starting weights"):
+        get_attack("simulate", iterations=1).run(_view(model), progress=False)
+    recon = get_attack("simulate", iterations=3, checkpoint_every=1).run(_view(model, start), out=tmp_path, progress=False)
+    assert recon.candidates.shape == (4, 1, 4, 4) and recon.config["threat_model"] == "the attacker knows the starting weights"
+    with pytest.raises(ExhumeError, match="start"):
+        get_attack("simulate", iterations=4).run(_view(model, {k: v + 0.01 for k, v in start.items()}), out=tmp_path,
+                                                 resume=True, progress=False)
+
+
+@pytest.mark.parametrize("kwargs, message", [({"steps": 0}, "steps"), ({"start_decay": 3.0}, "start_decay"),
+                                             ({"background": 0.9}, "background"), ({"step_scale": 0.0}, "step_scale")])
+def test_bad_simulate_arguments_are_refused_by_name(kwargs, message):
+    from exhume.attacks import get_attack
+
+    with pytest.raises(ConfigError, match=message):
+        get_attack("simulate", **kwargs)
+
+
+def test_the_cli_reads_the_start_file_and_refuses_a_bad_one_in_one_line(tmp_path, capsys):
+    from exhume.cli import main
+    from exhume.victim import TrainConfig, make_victim
+
+    torch.manual_seed(0)
+    cfg = TrainConfig(loss="logistic", optimizer="gd", lr=0.2, weight_decay=5e-3, max_epochs=5, max_seconds=10)
+    victim = make_victim("mnist", "odd-even", 10, "mlp:16;init=1e-3", cfg, seed=0, progress=False, test_size=20)
+    victim.save(tmp_path / "v")
+    start = {k: v + 0.01 for k, v in victim.model.state_dict().items()}
+    save_file(start, str(tmp_path / "start.safetensors"))
+    base = ["attack", str(tmp_path / "v"), "--no-progress", "--restarts", "1", "--iterations", "2"]
+    assert main([*base, "-o", str(tmp_path / "r"), "--start-weights", str(tmp_path / "start.safetensors"),
+                 "--train-optimizer", "sgd", "--train-lr", "0.2", "--train-steps", "5"]) == 0
+    import json
+
+    meta = json.loads((tmp_path / "r" / "reconstruction.json").read_text())
+    assert meta["config"]["threat_model"] == "the attacker knows the starting weights"
+    save_file({**start, "extra.weight": torch.zeros(2)}, str(tmp_path / "bad.safetensors"))
+    capsys.readouterr()
+    assert main([*base, "-o", str(tmp_path / "r2"), "--start-weights", str(tmp_path / "bad.safetensors")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "'extra.weight'" in err and len(err.splitlines()) == 1
+    assert main([*base, "-o", str(tmp_path / "r3"), "--train-lr", "0.1"]) == 2
+    assert "--start-weights" in capsys.readouterr().err
