@@ -98,6 +98,9 @@ def equations(case: Case, model, params):
     at_start = build_equation(view, model, params, "endpoints", n, 1.0, "none")
     at_start.points = at_start.points[:1]
     out.append(("Loo: θ_T − θ_0 on ∇h(θ_0)", at_start, h))
+    shared = build_equation(view, model, params, "endpoints", n, "fit", "none")
+    shared.shared = True
+    out.append(("endpoints, one λ for both (mean gradient)", shared, h))
     loo = build_equation(view, model, params, "endpoints", n, 1.0, "none")
     out.append(("Loo: θ_T − θ_0 on ∇ℓ(θ_0), ∇ℓ(θ_T)", loo, negative_loss_objective(view.loss)))
     if view.training is not None and view.training.second_moment is not None:
@@ -106,7 +109,7 @@ def equations(case: Case, model, params):
     return out
 
 
-def explain(case: Case, count: int | None) -> list[dict]:
+def explain(case: Case, count: int | None, nonnegative: bool = False) -> list[dict]:
     from exhume.attacks.base import attack_model
 
     model, params = attack_model(case.view.model, "cpu", torch.float64)
@@ -120,19 +123,21 @@ def explain(case: Case, count: int | None) -> list[dict]:
     rows = []
     for label, eq, h in equations(case, model, params):
         t0 = time.perf_counter()
-        tr, un = explained(model, eq, xt, yt, h), explained(model, eq, xu, yu, h)
+        tr, un = explained(model, eq, xt, yt, h, nonnegative), explained(model, eq, xu, yu, h, nonnegative)
+        label += " λ≥0" if nonnegative else ""
         rows.append({"victim": case.name, "equation": label, "train": tr["relative_residual"], "unseen": un["relative_residual"],
                      "c_train": tr["decay_fitted"], "seconds": round(time.perf_counter() - t0, 1)})
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
-#: the variants compared by ``attack`` (kkt keyword arguments); "weights only" runs on the view without its start
+#: the variants compared by ``attack`` (kkt keyword arguments); "weights-*" run on the view without its start
 VARIANTS = {
-    "weights-only": {"equation": "stationary"},
-    "trajectory": {"equation": "trajectory"},
-    "endpoints": {"equation": "endpoints"},
-    "loo": {"equation": "endpoints", "formulation": "loss", "start_decay": 1.0, "subspace": "off", "preconditioner": "none"},
+    "weights-only": {"start_equation": "stationary"},
+    "weights-trajectory": {"start_equation": "trajectory"},
+    "trajectory": {"start_equation": "trajectory"},
+    "endpoints": {"start_equation": "endpoints"},
+    "loo": {"start_equation": "endpoints", "formulation": "loss", "start_decay": 1.0, "subspace": "off", "preconditioner": "none"},
     "simulate": {"method": "simulate"},
 }
 
@@ -143,7 +148,7 @@ def run_variant(case: Case, variant: str, kwargs: dict, iterations: int, seed: i
 
     from exhume.attacks import get_attack
 
-    view = case.view if variant != "weights-only" else replace(case.view, start=None, training=None)
+    view = case.view if not variant.startswith("weights-") else replace(case.view, start=None, training=None)
     kwargs = dict(kwargs)
     method = kwargs.pop("method", "kkt")
     budget = {"iterations": iterations, **({"snapshot_every": max(1, iterations // 4)} if method == "kkt" else {})}
@@ -164,6 +169,7 @@ def main(argv=None) -> int:
     p = sub.add_parser("explain")
     p.add_argument("victims", nargs="+", type=Path)
     p.add_argument("--count", type=int, default=None, help="use the first COUNT training images (default all)")
+    p.add_argument("--nonnegative", action="store_true", help="multipliers λ ≥ 0 with the margin objective")
     p = sub.add_parser("attack")
     p.add_argument("victims", nargs="+", type=Path)
     p.add_argument("--variants", nargs="*", default=list(VARIANTS), help=f"of {', '.join(VARIANTS)}")
@@ -174,7 +180,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     if args.cmd == "explain":
         for folder in args.victims:
-            explain(load_case(folder), args.count)
+            explain(load_case(folder), args.count, args.nonnegative)
         return 0
     from exhume.params import parse_params
 

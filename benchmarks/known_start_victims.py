@@ -174,6 +174,10 @@ VICTIMS = {
                     "seed": 3, "n_pre": 2000, "pre_task": "binary", "frozen_features": True},
     "cnn-ft": {"class": "CNN", "task": "binary", "n": 100, "epochs": 50, "batch": 32, "opt": "sgd", "lr": 0.01, "wd": 5e-4, "seed": 4,
                "n_pre": 2000, "model_args": {"channels": [16, 32]}},
+    "cnn": {"class": "CNN", "task": "binary", "n": 100, "epochs": 50, "batch": 32, "opt": "sgd", "lr": 0.01, "wd": 5e-4, "seed": 5,
+            "model_args": {"channels": [16, 32]}},
+    "cnn-bn": {"class": "CNN", "task": "binary", "n": 100, "epochs": 50, "batch": 32, "opt": "sgd", "lr": 0.01, "wd": 5e-4, "seed": 5,
+               "model_args": {"channels": [16, 32], "batchnorm": True}},
 }
 
 

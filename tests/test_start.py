@@ -213,6 +213,22 @@ def test_one_step_of_a_network_is_explained_exactly_by_gradients_at_the_start():
     assert train["relative_residual"] < 1e-12 < 1e-3 < unseen["relative_residual"]
 
 
+def test_the_evaluator_s_residual_of_the_known_start_equation_is_zero_at_the_training_points():
+    from exhume.attacks.trajectory import known_start_residual
+
+    torch.manual_seed(0)
+    model = Tiny().double()
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.rand(5, 6, generator=gen, dtype=torch.float64), torch.tensor([1.0, -1, 1, -1, 1], dtype=torch.float64)
+    start = state(model)
+    _trained(model, x, y, 1, 0.3, 1e-2)
+    view = AttackerView(model=model, task="binary", input_shape=(6,), mean=torch.zeros(6), start=start,
+                        training={"optimizer": "sgd", "lr": 0.3, "weight_decay": 1e-2, "steps": 1})
+    got = known_start_residual(view, x, y)
+    assert got["value"] < 1e-12 and abs(got["decay"] - (1 - 0.3 * 1e-2)) < 1e-15 and "λ ≥ 0" in got["definition"]
+    assert known_start_residual(view, torch.rand(5, 6, generator=gen, dtype=torch.float64), y)["value"] > 1e-3
+
+
 def test_the_fitted_decay_is_the_optimiser_s():
     torch.manual_seed(0)
     model = Lin().double()
@@ -234,7 +250,7 @@ def test_equations_that_need_a_start_refuse_a_view_without_one():
     from exhume.attacks import get_attack
 
     with pytest.raises(ExhumeError, match="needs the starting weights"):
-        get_attack("kkt", equation="trajectory", iterations=1).run(view, progress=False)
+        get_attack("kkt", start_equation="endpoints", iterations=1).run(view, progress=False)
 
 
 # -- the attack ----------------------------------------------------------------------------------
@@ -305,7 +321,7 @@ def test_the_portfolio_s_restarts_get_the_start(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"equation": "trajectory-ish"}, "equation"), ({"start_decay": -0.5}, "start_decay"), ({"start_decay": "fitted"}, "start_decay"),
+    ({"start_equation": "trajectory-ish"}, "start_equation"), ({"start_decay": -0.5}, "start_decay"), ({"start_decay": "fitted"}, "start_decay"),
     ({"preconditioner": "diagonal"}, "preconditioner"),
 ])
 def test_bad_known_start_arguments_are_refused_by_name(kwargs, message):

@@ -64,16 +64,16 @@ from exhume.victim.start import start_digest
 LR_LAMBDA_MARGIN = 1e-4
 #: ... and for the signed ones ('output', 'loss'), whose multipliers must find their signs
 LR_LAMBDA_SIGNED = 1e-2
-#: equation="auto" with the starting weights known (exhume/attacks/trajectory.py)
+#: start_equation="auto" with the starting weights known (exhume/attacks/trajectory.py)
 DEFAULT_START_EQUATION = "endpoints"
 
 
 def equation_for(value: str, view) -> str:
-    """``equation`` as used on ``view``: 'auto' is the known-start default when the view has a start, else 'stationary'."""
+    """``start_equation`` as used on ``view``: 'auto' is the known-start default when the view has a start, else 'stationary'."""
     if value == "auto":
         return DEFAULT_START_EQUATION if getattr(view, "start", None) is not None else "stationary"
-    if value != "stationary" and getattr(view, "start", None) is None:
-        raise ConfigError(f"equation {value!r} needs the starting weights (start=..., --start-weights FILE); "
+    if value == "endpoints" and getattr(view, "start", None) is None:
+        raise ConfigError(f"start_equation {value!r} needs the starting weights (start=..., --start-weights FILE); "
                           "this view has none")
     return value
 
@@ -139,7 +139,7 @@ def check_consistency(form: Formulation, view, eq) -> None:
     """``consistency_weight > 0`` needs a classifier's margin form at a stationary point with weight decay (one error per reason)."""
     if eq is not None:
         raise ConfigError("consistency_weight ties multipliers to margins at a stationary point; the known-start equation has "
-                          "no such relation: leave consistency_weight at 0 or pass equation='stationary'")
+                          "no such relation: leave consistency_weight at 0 or pass start_equation='stationary'")
     if form.name not in MARGIN_FORMS or view.task not in ("binary", "multiclass"):
         raise ConfigError(f"consistency_weight needs the margin formulation of a classifier; this run uses "
                           f"formulation {form.name!r} on a {view.task} victim")
@@ -201,13 +201,17 @@ class KKTAttack(Attack):
                             "display space (a number in [0, 0.5]), or 'auto': 0.03 where the data mean shows a dark "
                             "background, else 0 (see exhume/attacks/priors.py: background_level); output only, the "
                             "optimisation is the same"),
-        "equation": Param("auto", str, "which equation the candidates solve: 'stationary' (a stationary point of training, "
-                          "weights only), or with the starting weights known 'trajectory' (what training added, on gradients at "
-                          "the final weights) or 'endpoints' (on gradients at the start and the final weights); 'auto': "
+        "start_equation": Param("auto", str, "which equation the candidates solve: 'stationary' (a stationary point of training), "
+                          "'trajectory' (what training added, on gradients at the final weights, signed multipliers; weights "
+                          "only: the weights' learned part) or, with the starting weights known, 'endpoints' (on gradients at "
+                          "the start and the final weights); 'auto': "
                           f"{DEFAULT_START_EQUATION!r} when the view has a start, else 'stationary' (exhume/attacks/trajectory.py)",
                           choices=("auto", "stationary", *EQUATIONS)),
         "start_decay": Param("auto", object, "known start: c in θ_T − c·θ_0, the start's share left by weight decay: 'auto' "
                              "(from the training settings when they fix it, else fitted), 'fit', or a number in (0, 2]"),
+        "start_multipliers": Param("auto", str, "known start: the multipliers' sign; 'auto': non-negative with a classifier's "
+                                   "margin or loss (a training point's gradient enters with the sign its label gives), signed with "
+                                   "'output'", choices=("auto", "nonnegative", "signed")),
         "preconditioner": Param("auto", str, "known start: Adam's √v̂ + ε applied to what training added ('state': from the "
                                 "optimiser's second moment; 'auto': 'state' when the view has it)", choices=PRECONDITIONERS),
         "lr_schedule": Param("constant", str, "learning-rate schedule over the budget (iterations or max_seconds, "
@@ -227,7 +231,13 @@ class KKTAttack(Attack):
         if not (v in ("auto", "fit") or (number and 0 < v <= 2)):
             raise ConfigError(f"start_decay must be 'auto', 'fit' or a number in (0, 2], got {v!r}")
 
+    def equation_used(self, view) -> str:
+        """The equation a run on ``view`` solves: 'stationary', or with a start 'trajectory' / 'endpoints'
+        (:mod:`exhume.attacks.trajectory`, whose :func:`~exhume.attacks.trajectory.known_start_residual` is its check)."""
+        return equation_for(self.config["start_equation"], view)
+
     def check(self, view) -> None:
+        equation_for(self.config["start_equation"], view)
         if self.config["tv_weight"] > 0 and len(view.input_shape) != 3:
             raise ConfigError(f"tv_weight needs image inputs (C, H, W); this victim's input shape is {tuple(view.input_shape)}")
 
@@ -328,7 +338,7 @@ class KKTAttack(Attack):
         n = cfg["n_guess"] or view.n_train_hint or 100
         m = cfg["m"] or (init.shape[0] if init is not None else candidate_count(None, cfg["candidates_per_point"], n))
         target, denoised = learned_part(params, n) if cfg["denoise"] != "off" else (None, {})
-        equation = equation_for(cfg["equation"], view)
+        equation = equation_for(cfg["start_equation"], view)
         eq = None
         if equation == "stationary":
             form = resolve(view, model, cfg["formulation"], cfg["loss"], cfg["weight_decay"], cfg["lambda_scale"], params, n, m, dtype)
@@ -340,13 +350,13 @@ class KKTAttack(Attack):
             check_consistency(form, view, eq)
         gen = torch.Generator().manual_seed(seed)
         x = initial_candidates(init, m, view.input_shape, view.mean, cfg["init_scale"], gen, dtype).to(dev).requires_grad_()
-        shape = (m,) if eq is None else (m, len(eq.points))
+        shape = (m,) if eq is None else (m, eq.multipliers)
         u = (torch.randn if form.signed else torch.rand)(shape, generator=gen, dtype=dtype).to(dev).requires_grad_()
         mean = view.mean.to(dev, dtype)
         info = None
         if fixed is not None:
             if eq is not None:
-                raise ConfigError("fixed candidates (deflation) work with the stationary equation only; pass equation='stationary'")
+                raise ConfigError("fixed candidates (deflation) work with the stationary equation only; pass start_equation='stationary'")
             fx, fy = check_fixed(fixed, view.input_shape, form.labels)
             target, _, share = fixed_part(model, params, fx.to(dev, dtype) - mean, fy.to(dev, form.labels.dtype),
                                           form.objective, form.signed, theta=target)
@@ -368,8 +378,11 @@ class KKTAttack(Attack):
                                            form.objective, n)
         else:
             scale, rule = float(cfg["lambda_scale"]), {"lambda_scale_rule": "given"}
-        form.signed, form.scale = True, scale
-        form.info.update(rule, multipliers="signed, one per candidate and gradient point")
+        sign = cfg["start_multipliers"]
+        form.signed = sign == "signed" or (sign == "auto" and form.name == "output")
+        form.scale = scale
+        form.info.update(rule, multipliers=f"{'signed' if form.signed else 'non-negative'}, "
+                         f"{'one per candidate' if eq.shared else 'one per candidate and gradient point'}")
         return eq, form
 
     def span(self, view, model, params, n: int, eq: StartEquation | None, x: torch.Tensor) -> Subspace:
@@ -379,7 +392,7 @@ class KKTAttack(Attack):
             return Subspace(None)
         trained_in = next((w.dtype for w in view.model.parameters()), None)  # the precision floor is the victim's, not the attack's
         extra: dict[str, Any] = {}
-        if eq is not None:
+        if eq is not None and view.start is not None:
             start = {k: v.to(params[k]) for k, v in view.start.items()}
             params, extra = added_inputs_layer(eq, params, start, math.prod(view.input_shape))
         span = data_subspace(model, params, tuple(view.input_shape), n, precision=trained_in)
@@ -395,7 +408,8 @@ class KKTAttack(Attack):
         # the per-candidate margins h come from the residual's own forward pass (used by the consistency term)
         stat, h = self.residual(p, x, u, cfg["alpha"])
         stat = stat / p.norm2
-        dual = u.new_zeros(()) if p.form.signed else (torch.relu(cfg["lambda_min"] - u) ** 2).sum()
+        floor = cfg["lambda_min"] if p.eq is None else 0.0  # the known-start equation has no margin: λ ≥ 0 only
+        dual = u.new_zeros(()) if p.form.signed else (torch.relu(floor - u) ** 2).sum()
         v = x + shift
         prior = range_penalty(v, lo, hi)
         loss = stat + cfg["dual_weight"] * dual + cfg["prior_weight"] * prior

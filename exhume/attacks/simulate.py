@@ -102,6 +102,15 @@ class SimulateAttack(Attack):
         if not (b == "auto" or (isinstance(b, (int, float)) and not isinstance(b, bool) and 0.0 <= b <= 0.5)):
             raise ConfigError(f"background must be 'auto' or a number in [0, 0.5], got {b!r}")
 
+    def equation_used(self, view) -> str:
+        """The equation a run solves: training simulated from the start (its check: the known-start
+        residual, :func:`exhume.attacks.trajectory.known_start_residual`)."""
+        return "simulated training"
+
+    def candidate_count(self, n: int) -> int:
+        """How many candidates one run makes for ``n`` training points."""
+        return self.config["m"] or max(1, round(self.config["candidates_per_point"] * n))
+
     def check(self, view) -> None:
         if view.start is None:
             raise ConfigError("the simulate attack trains from the starting weights: pass start=... (--start-weights FILE)")

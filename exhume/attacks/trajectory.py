@@ -20,7 +20,9 @@ weights collapse into one signed multiplier per candidate and point::
 - **P**: Adam divides each step by its running ``√v̂ + ε``, so what training added is a
   preconditioned sum; with the owner's ``exp_avg_sq`` kept, ``P = √v̂ + ε`` undoes it.
 - Only the parameters training changed enter: a parameter bit-equal to its start is frozen and
-  left out; a parameter whose start is unknown enters as its weights (``c = 0`` there).
+  left out; a parameter whose start is unknown enters as its weights (``c = 0`` there), or as
+  their part above the initialisation's noise (kkt's ``denoise``). Without any start,
+  ``"trajectory"`` is that for every parameter: the weights-only equation with signed multipliers.
 
 :func:`explained` is the same equation solved by least squares for given points (evaluator side:
 the training images explain what training added far better than unseen images do).
@@ -55,6 +57,12 @@ class StartEquation:
     direction: dict[str, torch.Tensor] | None  # P ⊙ θ_0 over names when c is fitted, else None
     norm2: float  # ‖target‖², or ‖target projected off direction‖² when c is fitted
     info: dict[str, Any] = field(default_factory=dict)
+    shared: bool = False  # one multiplier per candidate for the mean of its gradients over the points
+
+    @property
+    def multipliers(self) -> int:
+        """Multipliers per candidate: one per gradient point, or one when they are shared."""
+        return 1 if self.shared else len(self.points)
 
     def decay(self, resid: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """The fitted ``c`` for a residual before projection (None when ``c`` is not fitted)."""
@@ -97,9 +105,9 @@ def build_equation(view, model: nn.Module, params: dict[str, torch.Tensor], equa
     """
     if equation not in EQUATIONS:
         raise ConfigError(f"unknown equation {equation!r}; known: {', '.join(EQUATIONS)}")
-    if view.start is None:
+    if view.start is None and equation != "trajectory":
         raise ConfigError(f"equation {equation!r} needs the starting weights (start=...)")
-    start = {k: v.to(params[k]) for k, v in view.start.items()}
+    start = {k: v.to(params[k]) for k, v in (view.start or {}).items()}
     frozen = set(frozen_names(model, start))
     names = tuple(k for k in params if k not in frozen)
     if not names:
@@ -135,7 +143,7 @@ def weighted_gradients(model: nn.Module, eq: StartEquation, x: torch.Tensor, y: 
     for k, point in enumerate(eq.points):
         rest = {n: v for n, v in point.items() if n not in eq.names}
 
-        def weighted(sub, k=k, rest=rest):
+        def weighted(sub, k=0 if eq.shared else k, rest=rest):
             h = objective(functional_call(model, {**rest, **sub}, (x,)), y)
             return (lam[:, k] * h).sum(), h
 
@@ -167,10 +175,11 @@ def per_sample(model: nn.Module, eq: StartEquation, x: torch.Tensor, y: torch.Te
             return torch.cat([g[n].reshape(-1) for n in eq.names])
 
         rows.append(torch.func.vmap(one)(x, y))
-    return torch.cat(rows)
+    return torch.stack(rows).sum(0) if eq.shared else torch.cat(rows)
 
 
-def explained(model: nn.Module, eq: StartEquation, x: torch.Tensor, y: torch.Tensor, objective: Objective) -> dict[str, float]:
+def explained(model: nn.Module, eq: StartEquation, x: torch.Tensor, y: torch.Tensor, objective: Objective,
+              nonnegative: bool = False) -> dict[str, float]:
     """How well points ``x`` (labels ``y``, centred) explain what training added, by least squares in float64.
 
     Returns ``relative_residual`` ``min ‖target − Σ λ ∇h − c·direction‖² / ‖target − c·direction‖²``
@@ -184,6 +193,16 @@ def explained(model: nn.Module, eq: StartEquation, x: torch.Tensor, y: torch.Ten
     gram = J @ J.T
     gram = gram + 1e-12 * gram.diagonal().mean().clamp_min(1e-300) * torch.eye(len(gram), dtype=gram.dtype, device=gram.device)
     coef = torch.linalg.solve(gram, J @ t)
+    if nonnegative:  # λ ≥ 0 (the start's coefficient stays free): the same least squares through the Cholesky factor
+        import numpy as np
+        from scipy.optimize import lsq_linear
+
+        chol = torch.linalg.cholesky(gram)
+        rhs = torch.linalg.solve_triangular(chol, (J @ t)[:, None], upper=False)[:, 0]
+        lo = np.zeros(len(gram))
+        if eq.direction is not None:
+            lo[-1] = -np.inf
+        coef = torch.as_tensor(lsq_linear(chol.T.cpu().numpy(), rhs.cpu().numpy(), bounds=(lo, np.inf), method="bvls").x, dtype=t.dtype)
     rest = t - J.T @ coef
     return {"relative_residual": float(rest @ rest) / eq.norm2,
             "decay_fitted": float(coef[-1]) if eq.direction is not None else math.nan}
@@ -262,3 +281,26 @@ def added_inputs_layer(eq: StartEquation, params: dict[str, torch.Tensor], start
             out[k] = w - c * start[k].to(w)
             info[f"subspace_start_decay[{k}]"] = c
     return out, info
+
+
+def known_start_residual(view, x: torch.Tensor, y: torch.Tensor, equation: str = "endpoints", decay: Any = "auto",
+                         preconditioner: str = "auto", formulation: str = "auto", nonnegative: bool = True) -> dict[str, Any]:
+    """Evaluator side: how far the real training data are from the known-start equation (the assumption check).
+
+    ``x``: the training inputs centred as the view's model takes them, ``y``: exhume's labels.
+    Returns ``{"value", "definition", "decay"}``: :func:`explained`'s relative residual of what
+    training added with the training points as the candidates (float64, λ ≥ 0 with a classifier's
+    margin unless ``nonnegative=False``). To judge it, compare the same for as many unseen points.
+    """
+    from exhume.attacks.base import attack_model
+    from exhume.attacks.formulation import form_for, resolve
+
+    model, params = attack_model(view.model, "cpu", torch.float64)
+    eq = build_equation(view, model, params, equation, len(x), decay, preconditioner)
+    form = resolve(view, model, formulation, None, None, 1.0, params, len(x), len(x), torch.float64)
+    signed = form_for(view, formulation) == "output" or not nonnegative
+    got = explained(model, eq, x.double().cpu(), y.cpu(), form.objective, nonnegative=not signed)
+    return {"value": got["relative_residual"], "decay": got["decay_fitted"] if eq.direction is not None else eq.info["start_decay"],
+            "definition": f"min ‖P⊙(θ_T − c·θ_0) − Σ_i Σ_k λ_ik ∇_θ h(θ^(k); x_i)‖² / ‖P⊙(θ_T − c·θ_0)‖² over the trained "
+                          f"parameters ({equation}: gradients at {'the final weights' if equation == 'trajectory' else 'the start and the final weights'}; "
+                          f"λ {'signed' if signed else '≥ 0'}; c {eq.info['start_decay_rule']}; P {eq.info['preconditioner']})"}
