@@ -33,7 +33,7 @@ from exhume.audit.facade import _head, _labels, _normalisation, _tensor_images
 from exhume.audit.loading import load_images, load_model_class, load_weights
 from exhume.losses import margin, soft_margin
 from exhume.victim import AttackerView
-from exhume.victim.start import TrainingSettings, load_start
+from exhume.victim.start import TrainingSettings, load_second_moment, load_start
 from exhume.victim.wrap import Audited
 
 
@@ -46,6 +46,17 @@ class Case:
     unseen: torch.Tensor
     unseen_y: torch.Tensor | None
     settings: dict
+
+
+def settings_of(info: dict) -> TrainingSettings:
+    """The training settings of a ``training.json`` (this script's prototypes, or the practitioner zoo's nested optimizer)."""
+    opt = info.get("optimizer")
+    if isinstance(opt, dict):
+        info = {**info, **{k: v for k, v in opt.items() if k in ("lr", "weight_decay", "momentum", "betas", "eps")}}
+        opt = opt.get("name")
+    return TrainingSettings(optimizer=opt, lr=info.get("lr"), momentum=info.get("momentum") or 0.0,
+                            betas=tuple(info.get("betas") or (0.9, 0.999)), eps=info.get("eps") or 1e-8,
+                            weight_decay=info.get("weight_decay"), steps=info.get("steps"))
 
 
 def load_case(folder: Path, second_moment: bool = True) -> Case:
@@ -62,18 +73,11 @@ def load_case(folder: Path, second_moment: bool = True) -> Case:
     yu = _labels(yu, task, k, None)[0] if yu is not None else None
     wrapped = Audited(model, std, head).eval()
     info = json.loads((folder / "training.json").read_text())
-    moment, step = None, None
+    training = settings_of(info)
     state_file = folder / "optimizer_state.safetensors"
     if second_moment and state_file.is_file():
-        from safetensors.torch import load_file
-
-        raw = load_file(str(state_file))
-        step = int(raw.pop("step")) if "step" in raw else None
-        moment = {k[len("exp_avg_sq."):]: v for k, v in raw.items() if k.startswith("exp_avg_sq.")}
-    opt = info.get("optimizer")
-    training = TrainingSettings(optimizer=opt, lr=info.get("lr"), momentum=info.get("momentum") or 0.0,
-                                betas=tuple(info.get("betas") or (0.9, 0.999)), weight_decay=info.get("weight_decay"),
-                                steps=info.get("steps"), second_moment=moment, adam_step=step)
+        moment, step = load_second_moment(state_file, model)
+        training.second_moment, training.adam_step = moment, step or training.steps
     start = load_start(folder / "start.safetensors", model, partial=True)
     view = AttackerView(model=wrapped, task=task, input_shape=tuple(x.shape[1:]), mean=mean, loss=cfg["loss"],
                         weight_decay=float(cfg["weight_decay"]), num_classes=k if task == "multiclass" else None,
@@ -137,12 +141,15 @@ VARIANTS = {
     "weights-trajectory": {"start_equation": "trajectory"},
     "trajectory": {"start_equation": "trajectory"},
     "endpoints": {"start_equation": "endpoints"},
-    "loo": {"start_equation": "endpoints", "formulation": "loss", "start_decay": 1.0, "subspace": "off", "preconditioner": "none"},
+    # Loo et al.'s known-initialisation reconstruction as SimuDy's code runs it: −∇ℓ at θ_0 and θ_T, signed α, θ_T − θ_0
+    "loo": {"start_equation": "endpoints", "formulation": "loss", "start_decay": 1.0, "subspace": "off", "preconditioner": "none",
+            "start_multipliers": "signed"},
     "simulate": {"method": "simulate"},
 }
 
 
-def run_variant(case: Case, variant: str, kwargs: dict, iterations: int, seed: int) -> dict:
+def run_variant(case: Case, variant: str, kwargs: dict, iterations: int, seed: int, out: Path | None = None,
+                oracle_init: bool = False) -> dict:
     """One kkt run of ``variant`` and its evaluation: a table row."""
     from dataclasses import replace
 
@@ -153,14 +160,32 @@ def run_variant(case: Case, variant: str, kwargs: dict, iterations: int, seed: i
     method = kwargs.pop("method", "kkt")
     budget = {"iterations": iterations, **({"snapshot_every": max(1, iterations // 4)} if method == "kkt" else {})}
     atk = get_attack(method, **budget, **kwargs)
-    recon = atk.run(view, seed=seed, progress=False)
-    ev = exhume.evaluate(recon, train=(case.x.numpy(), case.y.numpy()), unseen=case.unseen.numpy(), figures=False)
+    init = {"init": case.x, "init_name": "ground-truth"} if oracle_init else {}  # ORACLE: starts at the training images
+    recon = atk.run(view, seed=seed, progress=False, **init)
+    folder = None if out is None else out / case.name / variant
+    if folder is not None:
+        recon.save(folder)
+    ev = exhume.evaluate(recon, train=(case.x.numpy(), case.y.numpy()), unseen=case.unseen.numpy(), figures=folder is not None,
+                         out=None if folder is None else folder / "evaluation")
     m = ev.metrics
     return {"victim": case.name, "variant": variant, "memorised": m["memorised"], "control": m["memorised_control"],
             "one_to_one>=0.4": m.get("one_to_one_ssim>=0.4"), "one_to_one_mean": round(m["one_to_one_ssim_mean"], 3),
             "n": len(case.x), "m": recon.candidates.shape[0], "verdict": m["verdict"], "iterations": recon.summary["iterations"],
             "seconds": recon.summary["seconds"], "residual": round(recon.summary["final_relative_stationarity"], 4),
-            "span": recon.config.get("subspace_rank"), "equation": recon.config.get("equation_used")}
+            "span": recon.config.get("subspace_rank"), "equation": recon.config.get("equation_used"),
+            **({"init": "ORACLE: the training images"} if oracle_init else {})}
+
+
+def table(rows: list[dict]) -> str:
+    """Rows of ``explain`` (victim × equation: train / unseen residual) or ``attack`` (victim × variant) as markdown."""
+    if rows and "train" in rows[0]:
+        head = "| victim | equation | training images | unseen images |\n|---|---|---|---|\n"
+        return head + "".join(f"| {r['victim']} | {r['equation']} | {r['train']:.3f} | {r['unseen']:.3f} |\n" for r in rows)
+    head = ("| victim | n | variant | memorised | control | one-to-one ≥ 0.4 | mean one-to-one SSIM | verdict | iterations "
+            "| seconds | residual |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+    return head + "".join(f"| {r['victim']} | {r['n']} | {r['variant']} | {r['memorised']} | {r['control']} | {r['one_to_one>=0.4']} "
+                          f"| {r['one_to_one_mean']} | {r['verdict']} | {r['iterations']} | {r['seconds']:.0f} | {r['residual']} |\n"
+                          for r in rows)
 
 
 def main(argv=None) -> int:
@@ -176,7 +201,14 @@ def main(argv=None) -> int:
     p.add_argument("--iterations", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE", help="a kkt parameter for every variant")
+    p.add_argument("--out", type=Path, default=None, help="save each reconstruction and its evaluation (with figures) here")
+    p.add_argument("--oracle-init", action="store_true", help="ORACLE: start the candidates at the training images")
+    p = sub.add_parser("table", help="markdown tables from the JSON lines of explain / attack")
+    p.add_argument("files", nargs="+", type=Path)
     args = ap.parse_args(argv)
+    if args.cmd == "table":
+        print(table([json.loads(line) for f in args.files for line in f.read_text().splitlines() if line.startswith("{")]))
+        return 0
     torch.set_num_threads(1)
     if args.cmd == "explain":
         for folder in args.victims:
@@ -190,7 +222,7 @@ def main(argv=None) -> int:
         for v in args.variants:
             name, _, more = v.partition("+")
             kwargs = {**VARIANTS[name], **extra, **(parse_params(more.split(",")) if more else {})}
-            print(json.dumps(run_variant(case, v, kwargs, args.iterations, args.seed)), flush=True)
+            print(json.dumps(run_variant(case, v, kwargs, args.iterations, args.seed, args.out, args.oracle_init)), flush=True)
     return 0
 
 

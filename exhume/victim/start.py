@@ -209,8 +209,8 @@ def training_settings(value: Any) -> TrainingSettings | None:
 def load_second_moment(path: str | Path, model: nn.Module) -> tuple[dict[str, torch.Tensor], int | None]:
     """Adam's ``exp_avg_sq`` by parameter name, and its step count, from a file.
 
-    Two layouts: tensors named ``exp_avg_sq.<parameter name>`` (and an optional scalar ``step``),
-    or ``torch.save(optimizer.state_dict())`` of an optimiser built on every parameter of the model
+    Two layouts: tensors keyed by parameter name (or ``exp_avg_sq.<parameter name>``; an optional
+    scalar ``step``), or ``torch.save(optimizer.state_dict())`` of an optimiser built on every parameter of the model
     in order (its state is keyed by position). Read with safetensors or ``weights_only=True``.
     """
     path = Path(path)
@@ -222,11 +222,13 @@ def load_second_moment(path: str | Path, model: nn.Module) -> tuple[dict[str, to
         raw = load_torch(path, "cannot read the optimizer state", "torch.save file")
     if isinstance(raw, dict) and isinstance(raw.get("state"), dict) and "param_groups" in raw:
         return _from_state_dict(raw, model, path)
-    if not isinstance(raw, dict) or not any(isinstance(k, str) and k.startswith("exp_avg_sq.") for k in raw):
-        raise VictimError(f"optimizer state file {path}: expected tensors named exp_avg_sq.<parameter name> (and step), "
-                          "or torch.save(optimizer.state_dict())")
+    names = {k for k, _ in model.named_parameters()}
+    prefixed = isinstance(raw, dict) and any(isinstance(k, str) and k.startswith("exp_avg_sq.") for k in raw)
+    if not isinstance(raw, dict) or not (prefixed or set(raw) - {"step"} <= names | {n.partition(".")[2] for n in names}):
+        raise VictimError(f"optimizer state file {path}: expected Adam's exp_avg_sq keyed by parameter name (optionally "
+                          "exp_avg_sq.<name>, and step), or torch.save(optimizer.state_dict())")
     step = raw.get("step")
-    moment = {k[len("exp_avg_sq."):]: v for k, v in raw.items() if k.startswith("exp_avg_sq.")}
+    moment = {k[len("exp_avg_sq."):] if prefixed else k: v for k, v in raw.items() if k != "step" and (k.startswith("exp_avg_sq.") or not prefixed)}
     moment = check_start(moment, model, f"optimizer state file {path}", partial=True)
     return moment, None if step is None else int(torch.as_tensor(step).reshape(-1)[0])
 
