@@ -36,47 +36,67 @@ def attack(victim: Victim | AttackerView, method: str = "kkt", seed: int = 0, ou
     (with ``mix=(λ₁, λ₂)``), built evaluator-side by :func:`exhume.evaluation.inits.build_init` from
     a :class:`Victim` (ground truth, partition and mix are oracle tools, labelled so in the result).
 
-    ``start``: the weights training started from (a dict of tensors, or a ``.safetensors`` /
-    ``torch.save`` state-dict file, never unpickled), part of what the attacker knows; with
-    ``start_partial=True`` it may cover only some parameters. ``training``: the training settings
-    the owner knows (a dict of :class:`exhume.victim.start.TrainingSettings` fields). With a start,
-    ``kkt`` solves the known-start equation (:mod:`exhume.attacks.trajectory`); checkpoints record
-    the start's digest and a resume with another start is refused.
+    ``start``: the weights training started from (tensors by name, or a safetensors / state-dict
+    file; ``start_partial=True``: some parameters only) and ``training`` the settings the owner
+    knows (:class:`exhume.victim.start.TrainingSettings`): ``kkt`` then solves the known-start
+    equation (:mod:`exhume.attacks.trajectory`); a resume with another start is refused.
     """
     check_device(device)
+    from exhume.portfolio import has_plan
     from exhume.victim.start import view_with_start
 
-    source = victim
     victim_view = view_with_start(victim, start, training, start_partial)
-    from exhume.portfolio import has_plan, run_portfolio
-
     default_plan = restarts is None and has_plan(method) and init is None and mix is None
     if storage is not None or (restarts != 1 and (restarts is not None or default_plan)):
         if init is not None or mix is not None:
             raise ConfigError("init= and mix= set the start of one run: pass restarts=1 (--restarts 1)")
-        max_seconds = kwargs.pop("max_seconds", None)
-
-        def portfolio() -> Reconstruction:
-            return run_portfolio(victim_view, method, max_seconds=max_seconds, restarts=restarts, workers=workers, seed=seed, out=out,
-                                 resume=resume, storage=storage, study_name=study_name, variants=variants, device=device,
-                                 progress=progress, **kwargs)
-
-        if out is None or storage is not None:  # a shared study keeps its restarts in the database
-            return portfolio()
-        from exhume.files.runfolder import own_run_folder
-
-        # a portfolio keeps its restarts (checkpoints included) in OUT/restarts/<k>/
-        with own_run_folder(out, resume=resume, force=force, run_files=("reconstruction.json", "restarts"), resume_from="restarts") as folder:
-            check_owner(folder, victim_view, resume)
-            return _finish(portfolio(), source, None, out)
+        return _portfolio(victim, victim_view, method, kwargs, seed=seed, out=out, resume=resume, device=device, progress=progress,
+                          force=force, restarts=restarts, workers=workers, storage=storage, study_name=study_name, variants=variants)
     view = victim_view.attacker_view() if isinstance(victim_view, Victim) else victim_view
     if not isinstance(view, AttackerView):
         raise ConfigError(f"attack() needs a Victim or AttackerView, got {type(victim).__name__}")
     atk = get_attack(method, **kwargs)
     atk.check(view)  # an unsupported victim fails here, before any initialisation is built
+    init_kw = _init_kwargs(victim, atk, method, init, init_name, mix, init_seed)
+    from exhume.attacks.checkpoint import run_owner
+    from exhume.files.runfolder import fingerprint, own_run_folder
+
+    fp = fingerprint(view.model)
+    if out is None:
+        return _finish(atk.run(view, out=None, seed=seed, device=device, resume=resume, progress=progress, **init_kw), victim, fp)
+    budget = atk.config.get("iterations", atk.config.get("steps"))
+    with own_run_folder(out, resume=resume, force=force), run_owner(fp, budget):
+        result = _finish(atk.run(view, out=out, seed=seed, device=device, resume=resume, progress=progress, **init_kw), victim, fp)
+        result.save(out)
+    return result
+
+
+def _portfolio(source, victim_view, method: str, kwargs: dict[str, Any], *, seed: int, out, resume: bool, device: str,
+               progress: bool, force: bool, restarts, workers, storage, study_name, variants) -> Reconstruction:
+    """:func:`attack`'s portfolio branch: the restarts run and pooled, in ``out`` (locked) when given."""
+    from exhume.portfolio import run_portfolio
+
+    max_seconds = kwargs.pop("max_seconds", None)
+
+    def portfolio() -> Reconstruction:
+        return run_portfolio(victim_view, method, max_seconds=max_seconds, restarts=restarts, workers=workers, seed=seed, out=out,
+                             resume=resume, storage=storage, study_name=study_name, variants=variants, device=device,
+                             progress=progress, **kwargs)
+
+    if out is None or storage is not None:  # a shared study keeps its restarts in the database
+        return _finish(portfolio(), source, None)
+    from exhume.files.runfolder import own_run_folder
+
+    # a portfolio keeps its restarts (checkpoints included) in OUT/restarts/<k>/
+    with own_run_folder(out, resume=resume, force=force, run_files=("reconstruction.json", "restarts"), resume_from="restarts") as folder:
+        check_owner(folder, victim_view, resume)
+        return _finish(portfolio(), source, None, out)
+
+
+def _init_kwargs(victim, atk, method: str, init, init_name, mix, init_seed: int) -> dict[str, Any]:
+    """The ``init``/``init_name`` of one run: given images, or ones built evaluator-side from a Victim's data."""
     if init is not None and not atk.takes_init:
         raise ConfigError(f"the {method!r} attack draws its candidates from a generator and takes no init; leave init unset")
-    init_kw: dict[str, Any] = {}
     if isinstance(init, str):
         if not isinstance(victim, Victim):
             raise ConfigError(f"init {init!r} is built from the victim's data: pass the Victim, not its AttackerView")
@@ -84,24 +104,12 @@ def attack(victim: Victim | AttackerView, method: str = "kkt", seed: int = 0, ou
 
         l1, l2 = mix if mix is not None else (None, None)
         built = build_init(victim, init, l1, l2, seed=init_seed)
-        init_kw = {"init": built.images, "init_name": built.name}
-    elif init is not None:
-        init_kw = {"init": init, "init_name": init_name or "given"}
-    elif mix is not None:
+        return {"init": built.images, "init_name": built.name}
+    if init is not None:
+        return {"init": init, "init_name": init_name or "given"}
+    if mix is not None:
         raise ConfigError("mix=(l1, l2) needs init='mix'")
-    from exhume.files.runfolder import fingerprint
-
-    fp = fingerprint(view.model)
-    if out is None:
-        return _finish(atk.run(view, out=None, seed=seed, device=device, resume=resume, progress=progress, **init_kw), source, fp)
-    from exhume.attacks.checkpoint import run_owner
-    from exhume.files.runfolder import own_run_folder
-
-    budget = atk.config.get("iterations", atk.config.get("steps"))
-    with own_run_folder(out, resume=resume, force=force), run_owner(fp, budget):
-        result = _finish(atk.run(view, out=out, seed=seed, device=device, resume=resume, progress=progress, **init_kw), source, fp)
-        result.save(out)
-    return result
+    return {}
 
 
 def check_owner(folder: Path, victim, resume: bool) -> None:

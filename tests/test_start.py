@@ -388,3 +388,22 @@ def test_the_cli_reads_the_start_file_and_refuses_a_bad_one_in_one_line(tmp_path
     assert "'extra.weight'" in err and len(err.splitlines()) == 1
     assert main([*base, "-o", str(tmp_path / "r3"), "--train-lr", "0.1"]) == 2
     assert "--start-weights" in capsys.readouterr().err
+
+
+def test_adam_s_second_moment_preconditions_only_while_the_start_survives():
+    torch.manual_seed(0)
+    model = Tiny()
+    start = state(model)
+    moment = {k: torch.rand_like(v) for k, v in model.named_parameters()}
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def rule(scale: float) -> str:
+        with torch.no_grad():
+            for k, v in model.named_parameters():
+                v.copy_(scale * start[k] + 0.01)
+        view = AttackerView(model=model, task="binary", input_shape=(6,), mean=torch.zeros(6), start=start,
+                            training={"optimizer": "adam", "second_moment": moment})
+        return build_equation(view, model, params, "trajectory", 5).info["preconditioner"]
+
+    assert rule(0.9).startswith("adam second moment")
+    assert rule(0.05).startswith("none: only 0.05 of the start survives")

@@ -18,7 +18,8 @@ weights collapse into one signed multiplier per candidate and point::
   (:meth:`exhume.victim.start.TrainingSettings.decay`), else fitted in closed form at every step
   (the residual is projected off ``P ⊙ θ_0``), or given.
 - **P**: Adam divides each step by its running ``√v̂ + ε``, so what training added is a
-  preconditioned sum; with the owner's ``exp_avg_sq`` kept, ``P = √v̂ + ε`` undoes it.
+  preconditioned sum; with the owner's ``exp_avg_sq`` kept, ``P = √v̂ + ε`` undoes it (not where
+  training forgot its start, :func:`_preconditioner`).
 - Only the parameters training changed enter: a parameter bit-equal to its start is frozen and
   left out; a parameter whose start is unknown enters as its weights (``c = 0`` there), or as
   their part above the initialisation's noise (kkt's ``denoise``). Without any start,
@@ -72,10 +73,28 @@ class StartEquation:
         return sum((self.direction[k] * resid[k]).sum() for k in self.names) / d2
 
 
-def _preconditioner(view, names, params, kind: str) -> tuple[dict[str, torch.Tensor] | None, str]:
+#: preconditioner="auto" uses Adam's second moment only where at least this share of the start survives in θ_T
+MIN_START_SURVIVAL = 0.5
+
+
+def start_survival(params: dict[str, torch.Tensor], start: dict[str, torch.Tensor], names) -> float:
+    """``⟨θ_T, θ_0⟩ / ‖θ_0‖²`` over the trained parameters with a known start: how much of the start is left."""
+    known = [k for k in names if k in start]
+    num = sum(float((params[k].double() * start[k].double()).sum()) for k in known)
+    den = sum(float((start[k].double() ** 2).sum()) for k in known)
+    return num / den if den > 0 else 0.0
+
+
+def _preconditioner(view, names, params, kind: str, survival: float) -> tuple[dict[str, torch.Tensor] | None, str]:
+    """Adam's ``√v̂ + ε`` where it applies. Adam's steps are preconditioned on their way; once training has
+    forgotten its start (coupled weight decay at equilibrium: ``g + wθ ≈ 0``, which holds without ``P``),
+    the final ``v̂`` only measures noise, so ``"auto"`` leaves it out where less than ``MIN_START_SURVIVAL``
+    of the start survives."""
     moment = view.training.second_moment if view.training is not None else None
     if kind == "none" or (kind == "auto" and moment is None):
         return None, "none"
+    if kind == "auto" and survival < MIN_START_SURVIVAL:
+        return None, f"none: only {survival:.2f} of the start survives (training reached its equilibrium)"
     if moment is None:
         raise ConfigError("preconditioner 'state' needs Adam's second moment (training settings' second_moment, "
                           "the exp_avg_sq of the optimiser state)")
@@ -113,7 +132,8 @@ def build_equation(view, model: nn.Module, params: dict[str, torch.Tensor], equa
     if not names:
         raise ConfigError("every parameter equals its start: nothing was trained")
     c, c_rule = _decay(view, decay, n)
-    p, p_rule = _preconditioner(view, names, params, preconditioner)
+    survival = start_survival(params, start, names)
+    p, p_rule = _preconditioner(view, names, params, preconditioner, survival)
     target, direction = {}, {}
     for k in names:
         scale = p[k] if p is not None else 1.0
@@ -124,7 +144,7 @@ def build_equation(view, model: nn.Module, params: dict[str, torch.Tensor], equa
     points = [params] if equation == "trajectory" else [at_start, params]
     eq = StartEquation(names, points, target, direction if c is None else None, 0.0)
     eq.norm2 = float(sum((r ** 2).sum() for r in _project(eq, target).values()))
-    eq.info = {"equation": equation, "start_decay": c, "start_decay_rule": c_rule, "preconditioner": p_rule,
+    eq.info = {"equation": equation, "start_decay": c, "start_decay_rule": c_rule, "preconditioner": p_rule, "start_survival": survival,
                "frozen_parameters": sorted(frozen), "start_unknown_parameters": sorted(k for k in names if k not in start),
                "equation_parameters": int(sum(params[k].numel() for k in names)), "gradient_points": len(points)}
     return eq

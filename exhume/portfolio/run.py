@@ -38,17 +38,14 @@ def run_portfolio(victim, method: str = "kkt", *, max_seconds: float | None = No
     by every process that joins it (:func:`exhume.portfolio.shared.portfolio_worker` on other
     machines) and their results are stored in that database, from which this call pools.
     ``merge_threshold``: the NCC above which two same-label candidates are merged (1.0: never); image
-    candidates must also have an SSIM above ``DUPLICATE_SSIM`` (0.98) with each other. ``start``,
-    ``training``, ``start_partial``: the starting weights and training settings the attacker knows
-    (:func:`exhume.victim.start.view_with_start`); every restart gets them in its view.
+    candidates must also have an SSIM above ``DUPLICATE_SSIM`` (0.98) with each other. ``start``, ``training``,
+    ``start_partial``: the start, in every restart's view (:func:`exhume.victim.start.view_with_start`).
     """
     from exhume.device import check_device
-
+    from exhume.victim.start import view_with_start
     check_device(device)
     if not 0.0 <= merge_threshold <= 1.0:
         raise ConfigError(f"merge_threshold must be in [0, 1] (1 = never merge), got {merge_threshold!r}")
-    from exhume.victim.start import view_with_start
-
     view = as_view(view_with_start(victim, start, training, start_partial))
     t0 = time.perf_counter()
     sizing = None
