@@ -407,3 +407,25 @@ def test_adam_s_second_moment_preconditions_only_while_the_start_survives():
 
     assert rule(0.9).startswith("adam second moment")
     assert rule(0.05).startswith("none: only 0.05 of the start survives")
+
+
+def test_the_span_is_read_from_what_training_added_to_the_input_layer():
+    """After SGD from a known start, W_T − c·W_0 has exactly the training inputs' row space (c fitted by the nuclear norm)."""
+    from exhume.attacks.subspace import data_subspace
+    from exhume.attacks.trajectory import added_inputs_layer, nuclear_decay
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 1), nn.Flatten(0)).double()
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.rand(3, 10, generator=gen, dtype=torch.float64) - 0.5, torch.tensor([1.0, -1, 1], dtype=torch.float64)
+    start = state(model)
+    _trained(model, x, y, 40, 0.3, 2e-2)
+    c = (1 - 0.3 * 2e-2) ** 40
+    assert abs(nuclear_decay(model[1].weight.detach(), start["1.weight"]) - c) < 1e-3
+    view = AttackerView(model=model, task="binary", input_shape=(10,), mean=torch.zeros(10), start=start)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    eq = build_equation(view, model, params, "trajectory", 3, decay="fit")
+    added, info = added_inputs_layer(eq, params, start, 10)
+    span = data_subspace(model, added, (10,), 3, precision=torch.float64)
+    assert span.info["subspace_rank"] == 3 and abs(info["subspace_start_decay[1.weight]"] - c) < 1e-3
+    assert float((span.project(x) - x).norm() / x.norm()) < 1e-4
