@@ -25,7 +25,8 @@ projection (``subspace="auto"``) and the hidden layers' noise left unexplained (
 (:mod:`exhume.attacks.snapshots`); the dark-background floor on the returned candidates
 (``background="auto"``, :func:`exhume.attacks.priors.dark_floor`). ``consistency_weight`` and
 ``tv_weight`` are off. ``run(..., fixed=(candidates, labels))`` is a deflation hook: fixed
-candidates get least-squares multipliers and the free ones solve for the rest of ``θ``.
+candidates get least-squares multipliers and the free ones solve for the rest of ``θ``. With the
+starting weights in the view, ``θ`` becomes what training added (§6, :mod:`exhume.attacks.trajectory`).
 """
 
 from __future__ import annotations
@@ -202,9 +203,9 @@ class KKTAttack(Attack):
                             "background, else 0 (see exhume/attacks/priors.py: background_level); output only, the "
                             "optimisation is the same"),
         "start_equation": Param("auto", str, "which equation the candidates solve: 'stationary' (a stationary point of training), "
-                          "'trajectory' (what training added, on gradients at the final weights, signed multipliers; weights "
-                          "only: the weights' learned part) or, with the starting weights known, 'endpoints' (on gradients at "
-                          "the start and the final weights); 'auto': "
+                          "'trajectory' (what training added, on gradients at the final weights, multipliers without a margin "
+                          "relation; weights only: the weights' learned part) or, with the starting weights known, 'endpoints' "
+                          "(on gradients at the start and the final weights); 'auto': "
                           f"{DEFAULT_START_EQUATION!r} when the view has a start, else 'stationary' (exhume/attacks/trajectory.py)",
                           choices=("auto", "stationary", *EQUATIONS)),
         "start_decay": Param("auto", object, "known start: c in θ_T − c·θ_0, the start's share left by weight decay: 'auto' "
