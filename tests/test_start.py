@@ -429,3 +429,19 @@ def test_the_span_is_read_from_what_training_added_to_the_input_layer():
     span = data_subspace(model, added, (10,), 3, precision=torch.float64)
     assert span.info["subspace_rank"] == 3 and abs(info["subspace_start_decay[1.weight]"] - c) < 1e-3
     assert float((span.project(x) - x).norm() / x.norm()) < 1e-4
+
+
+def test_a_frozen_input_layer_gives_no_span():
+    """Its weights show what it was pre-trained on, not this training set: no projection."""
+    from exhume.attacks import get_attack
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1), nn.Flatten(0))
+    with torch.no_grad():  # a low-rank first layer: the weights alone would show a 3-dimensional span
+        model[1].weight.copy_(torch.randn(32, 3) @ torch.randn(3, 16))
+    start = state(model)
+    with torch.no_grad():
+        model[3].weight.add_(0.1)
+    recon = get_attack("kkt", iterations=1, subspace="auto").run(_view(model, start), progress=False)
+    assert recon.config["subspace_used"] == "none" and "frozen at its start" in recon.config["subspace_reason"]
+    assert recon.config["start_frozen_parameters"] == ["1.bias", "1.weight", "3.bias"]

@@ -397,6 +397,10 @@ class KKTAttack(Attack):
             start = {k: v.to(params[k]) for k, v in view.start.items()}
             params, extra = added_inputs_layer(eq, params, start, math.prod(view.input_shape))
         span = data_subspace(model, params, tuple(view.input_shape), n, precision=trained_in)
+        layer = span.info.get("subspace_layer")
+        if span.basis is not None and eq is not None and view.start is not None and layer not in eq.names:
+            span = Subspace(None, {"subspace_used": "none", "subspace_layer": layer, "subspace_reason": f"{layer} is frozen at "
+                                   "its start: its weights show the data it was trained on before, not this training set"})
         span.info.update(extra)
         with torch.no_grad():
             x.copy_(span.project(x))
