@@ -139,8 +139,8 @@ def explain(case: Case, count: int | None, nonnegative: bool = False) -> list[di
 VARIANTS = {
     "weights-only": {"start_equation": "stationary"},
     "weights-trajectory": {"start_equation": "trajectory"},
-    "trajectory": {"start_equation": "trajectory"},
-    "endpoints": {"start_equation": "endpoints"},
+    "trajectory": {"start_equation": "trajectory", "candidates_per_point": 2.0},
+    "endpoints": {"start_equation": "endpoints", "candidates_per_point": 2.0},
     # Loo et al.'s known-initialisation reconstruction as SimuDy's code runs it: −∇ℓ at θ_0 and θ_T, signed α, θ_T − θ_0
     "loo": {"start_equation": "endpoints", "formulation": "loss", "start_decay": 1.0, "subspace": "off", "preconditioner": "none",
             "start_multipliers": "signed"},

@@ -445,3 +445,12 @@ def test_a_frozen_input_layer_gives_no_span():
     recon = get_attack("kkt", iterations=1, subspace="auto").run(_view(model, start), progress=False)
     assert recon.config["subspace_used"] == "none" and "frozen at its start" in recon.config["subspace_reason"]
     assert recon.config["start_frozen_parameters"] == ["1.bias", "1.weight", "3.bias"]
+
+
+def test_with_a_start_the_candidates_default_to_one_per_point_unless_given():
+    from exhume.attacks import get_attack
+
+    model, start, _ = _fine_tuned()
+    assert get_attack("kkt", iterations=1).run(_view(model, start), progress=False).candidates.shape[0] == 4
+    assert get_attack("kkt", iterations=1, candidates_per_point=2.0).run(_view(model, start), progress=False).candidates.shape[0] == 8
+    assert get_attack("kkt", iterations=1).run(_view(model), progress=False).candidates.shape[0] == 8

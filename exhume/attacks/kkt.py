@@ -67,6 +67,9 @@ LR_LAMBDA_MARGIN = 1e-4
 LR_LAMBDA_SIGNED = 1e-2
 #: start_equation="auto" with the starting weights known (exhume/attacks/trajectory.py)
 DEFAULT_START_EQUATION = "endpoints"
+#: candidates per training point with a known start, unless candidates_per_point is given: at equal iterations
+#: m = n memorised as much as m = 2n or more, in half the time (benchmarks/README.md, "Known start")
+START_CANDIDATES_PER_POINT = 1.0
 
 
 def equation_for(value: str, view) -> str:
@@ -162,8 +165,8 @@ class KKTAttack(Attack):
     params = {
         "m": Param(None, int, "number of candidates (default: candidates_per_point × n, n the training-set size guess)",
                    low=1, allow_none=True),
-        "candidates_per_point": Param(2.0, float, "m = round(this × n) when m is not given (2: Haim et al.'s m = 2n)",
-                                      low=1e-3),
+        "candidates_per_point": Param(2.0, float, "m = round(this × n) when m is not given (2: Haim et al.'s m = 2n; "
+                                      f"with a known start, {START_CANDIDATES_PER_POINT:g} unless given)", low=1e-3),
         **CANDIDATE_PARAMS,
         # search ranges (exhume tune): log-uniform around the measured defaults
         "lr": replace(CANDIDATE_PARAMS["lr"], help="learning rate for x̂ (on the relative stationarity loss)", search=(2e-3, 5e-2, "log")),
@@ -221,6 +224,7 @@ class KKTAttack(Attack):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.given = frozenset(kwargs)  # the settings the caller chose (the known start has defaults of its own)
         for name, ok, what in (("lambda_scale", lambda v: v > 0, "a positive number"), ("lr_lambda", lambda v: v >= 0, "a number >= 0"),
                                ("background", lambda v: 0.0 <= v <= 0.5, "a number in [0, 0.5] (a share of the pixel range)")):
             v = self.config[name]
@@ -337,9 +341,12 @@ class KKTAttack(Attack):
         dtype = DTYPES[cfg["dtype"]]
         model, params = attack_model(view.model, dev, dtype)
         n = cfg["n_guess"] or view.n_train_hint or 100
-        m = cfg["m"] or (init.shape[0] if init is not None else candidate_count(None, cfg["candidates_per_point"], n))
-        target, denoised = learned_part(params, n) if cfg["denoise"] != "off" else (None, {})
         equation = equation_for(cfg["start_equation"], view)
+        per_point = cfg["candidates_per_point"]
+        if equation != "stationary" and view.start is not None and "candidates_per_point" not in self.given:
+            per_point = START_CANDIDATES_PER_POINT
+        m = cfg["m"] or (init.shape[0] if init is not None else candidate_count(None, per_point, n))
+        target, denoised = learned_part(params, n) if cfg["denoise"] != "off" else (None, {})
         eq = None
         if equation == "stationary":
             form = resolve(view, model, cfg["formulation"], cfg["loss"], cfg["weight_decay"], cfg["lambda_scale"], params, n, m, dtype)
