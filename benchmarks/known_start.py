@@ -143,7 +143,7 @@ VARIANTS = {
     "endpoints": {"start_equation": "endpoints", "candidates_per_point": 2.0},
     # Loo et al.'s known-initialisation reconstruction as SimuDy's code runs it: −∇ℓ at θ_0 and θ_T, signed α, θ_T − θ_0
     "loo": {"start_equation": "endpoints", "formulation": "loss", "start_decay": 1.0, "subspace": "off", "preconditioner": "none",
-            "start_multipliers": "signed"},
+            "start_multipliers": "signed", "candidates_per_point": 2.0},
     "simulate": {"method": "simulate"},
 }
 
