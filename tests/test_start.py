@@ -454,3 +454,11 @@ def test_with_a_start_the_candidates_default_to_one_per_point_unless_given():
     assert get_attack("kkt", iterations=1).run(_view(model, start), progress=False).candidates.shape[0] == 4
     assert get_attack("kkt", iterations=1, candidates_per_point=2.0).run(_view(model, start), progress=False).candidates.shape[0] == 8
     assert get_attack("kkt", iterations=1).run(_view(model), progress=False).candidates.shape[0] == 8
+
+
+def test_a_start_for_an_attack_that_ignores_it_is_refused():
+    import exhume
+
+    model, start, _ = _fine_tuned()
+    with pytest.raises(ConfigError, match="'tldr' attack does not use the starting weights; attacks that do: kkt, simulate"):
+        exhume.attack(_view(model), method="tldr", restarts=1, start=start, progress=False)

@@ -162,6 +162,7 @@ class KKTAttack(Attack):
     """Stationarity (KKT) reconstruction from the weights alone: binary, multiclass, regression."""
 
     name = "kkt"
+    uses_start = True  # a start in the view switches the equation (start_equation="auto")
     params = {
         "m": Param(None, int, "number of candidates (default: candidates_per_point × n, n the training-set size guess)",
                    low=1, allow_none=True),

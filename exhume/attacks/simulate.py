@@ -72,6 +72,7 @@ class SimulateAttack(Attack):
     """Reconstruction by simulating training from the known start on learnable candidates (needs a start)."""
 
     name = "simulate"
+    uses_start = True  # it trains from the start
     params = {
         "m": Param(None, int, "number of candidates (default: candidates_per_point × n)", low=1, allow_none=True),
         "candidates_per_point": Param(1.0, float, "m = round(this × n) when m is not given", low=1e-3),
