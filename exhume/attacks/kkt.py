@@ -218,7 +218,8 @@ class KKTAttack(Attack):
                                    "margin or loss (a training point's gradient enters with the sign its label gives), signed with "
                                    "'output'", choices=("auto", "nonnegative", "signed")),
         "preconditioner": Param("auto", str, "known start: Adam's √v̂ + ε applied to what training added ('state': from the "
-                                "optimiser's second moment; 'auto': 'state' when the view has it)", choices=PRECONDITIONERS),
+                                "second moment in the view's training settings; 'auto': 'state' when the view has it and at "
+                                "least half the start survives in the weights)", choices=PRECONDITIONERS),
         "lr_schedule": Param("constant", str, "learning-rate schedule over the budget (iterations or max_seconds, "
                              "whichever ends first)", choices=("constant", "cosine")),
     }

@@ -76,7 +76,7 @@ class SimulateAttack(Attack):
     params = {
         "m": Param(None, int, "number of candidates (default: candidates_per_point × n)", low=1, allow_none=True),
         "candidates_per_point": Param(1.0, float, "m = round(this × n) when m is not given", low=1e-3),
-        **CANDIDATE_PARAMS,
+        **{k: v for k, v in CANDIDATE_PARAMS.items() if k != "weight_decay"},  # the simulation has none: c handles the start's decay
         **budget_params(2000, checkpoint_every=200, log_every=50),
         "steps": Param(4, int, "simulated full-batch gradient steps S from the start", low=1),
         "lr_labels": Param(1e-2, float, "learning rate of the soft labels' logits", low=0.0),
