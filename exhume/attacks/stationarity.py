@@ -2,7 +2,15 @@
 
 ``Σ_j λ_j ∇_θ margin(Φ(θ; x̂_j), ŷ_j)`` is the gradient in ``θ`` of the scalar
 ``Σ_j λ_j margin_j``, so one vector-Jacobian product gives the whole sum (no per-sample
-gradients). The residual stays differentiable in ``x̂`` and ``λ`` (double backward).
+gradients). The residual stays differentiable in ``x̂`` and ``λ`` in one of two ways, equal up to
+rounding (:data:`MIXED_DERIVATIVES`):
+
+- ``"double-backward"``: the gradient keeps its graph and the residual is differentiated through it;
+- ``"jvp"``: ``g = Σ_j λ_j ∇_θ h_j`` without a graph, ``r = t − g`` held fixed, then
+  ``∂‖r‖²/∂(x̂, λ) = −2 ∂⟨r, g⟩/∂(x̂, λ)``, where ``⟨r, g⟩`` is the forward-mode derivative of
+  ``Σ_j λ_j h_j`` in ``θ`` along ``r`` (``torch.func.jvp``), differentiated by one reverse pass.
+  It costs one more forward and backward than the double backward, and measured slower on CPU
+  for the MLPs and CNNs of ``benchmarks/bench_iteration.py``; it is kept as the tested alternative.
 """
 
 from __future__ import annotations
@@ -11,13 +19,16 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.func import functional_call, grad
+from torch.func import functional_call, grad, jvp
 
 from exhume.attacks.surrogate import soft_activations
+from exhume.errors import ConfigError
 from exhume.losses import margin, per_sample_loss
 
 #: per-sample scalar h_j(Φ(x̂_j), ŷ_j) whose parameter gradients are summed with weights λ_j
 Objective = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+#: how the residual is differentiated in x̂ and λ (module docstring)
+MIXED_DERIVATIVES = ("double-backward", "jvp")
 
 
 def output_objective(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -84,6 +95,42 @@ def stationarity_residual_and_objective(
     g, h = weighted_gradient_and_objective(model, params, x, y, lam, alpha, objective)
     t = params if target is None else target
     return sum(((t[k] - g[k]) ** 2).sum() for k in params), h
+
+
+def stationarity_residual_jvp(
+    model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, lam: torch.Tensor,
+    alpha: float | None = None, objective: Objective = margin, target: dict[str, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`stationarity_residual_and_objective` with its gradients in ``x`` and ``λ`` through a jvp.
+
+    The value is ``‖r‖²``, ``r = t − g`` from a first pass without a graph; the gradient is that of
+    ``−2⟨r, g⟩`` with ``r`` held fixed, ``⟨r, g⟩`` the derivative of ``Σ_j λ_j h_j`` in ``θ`` along
+    ``r``. ``h`` is differentiable in ``x`` as well. Without a graph to build (no grad mode, or
+    neither ``x`` nor ``λ`` requires grad) the second pass is skipped.
+    """
+    t = params if target is None else target
+    with torch.no_grad():
+        g, h = weighted_gradient_and_objective(model, params, x.detach(), y, lam.detach(), alpha, objective)
+        r = {k: t[k] - g[k] for k in params}
+        value = sum((v**2).sum() for v in r.values())
+    if not (torch.is_grad_enabled() and (x.requires_grad or lam.requires_grad)):
+        return value, h
+
+    def weighted(p: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        h = objective(functional_call(model, p, (x,)), y)
+        return (lam * h).sum(), h
+
+    with soft_activations(alpha):
+        _, along_r, h = jvp(weighted, (params,), (r,), has_aux=True)
+    mixed = -2.0 * along_r
+    return value + (mixed - mixed.detach()), h
+
+
+def residual_function(mixed_derivative: str):
+    """The residual-and-objective function (same signature) for a :data:`MIXED_DERIVATIVES` name."""
+    if mixed_derivative not in MIXED_DERIVATIVES:
+        raise ConfigError(f"unknown mixed_derivative {mixed_derivative!r}; known: {', '.join(MIXED_DERIVATIVES)}")
+    return stationarity_residual_jvp if mixed_derivative == "jvp" else stationarity_residual_and_objective
 
 
 def homogeneity_degree(model: nn.Module, params: dict[str, torch.Tensor], input_shape, dtype, seed: int = 0) -> float:

@@ -1,0 +1,165 @@
+"""The stationarity term's two derivative paths (double backward, jvp in θ then one reverse pass)
+and the one-node surrogate ReLU, each against its reference: equal losses, gradients in the
+candidates and the multipliers, margins, and candidates after a short kkt run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from exhume.attacks import get_attack
+from exhume.attacks.stationarity import (
+    negative_loss_objective,
+    output_objective,
+    stationarity_residual_and_objective,
+    stationarity_residual_jvp,
+)
+from exhume.attacks.surrogate import soft_activations, soft_relu, soft_relu_composite
+from exhume.errors import ConfigError
+from exhume.losses import margin, soft_margin
+from exhume.models import CNN, MLP
+from exhume.victim import AttackerView
+
+ALPHA = 7.0
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: one thread is faster than several, and far faster on a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_the_one_node_soft_relu_has_the_composites_value_and_derivatives_to_second_order():
+    z = torch.linspace(-3, 3, 61, dtype=torch.float64).requires_grad_()
+    w = torch.randn(61, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    for fn in (soft_relu, soft_relu_composite):
+        assert torch.equal(fn(z, ALPHA).detach(), torch.relu(z.detach()))
+    firsts, seconds, jvps, mixed = [], [], [], []
+    for fn in (soft_relu, soft_relu_composite):
+        (g,) = torch.autograd.grad((w * fn(z, ALPHA)).sum(), z, create_graph=True)
+        firsts.append(g.detach())
+        seconds.append(torch.autograd.grad(g.sum(), z)[0])
+        _, tangent = torch.func.jvp(lambda v, fn=fn: fn(v, ALPHA), (z,), (w,))
+        jvps.append(tangent.detach())
+        mixed.append(torch.autograd.grad(tangent.sum(), z)[0])  # a reverse pass through the forward-mode derivative
+    s = torch.sigmoid(ALPHA * z.detach())
+    assert torch.allclose(firsts[0], w * s, rtol=1e-12)
+    assert torch.allclose(seconds[0], w * ALPHA * s * (1 - s), rtol=1e-12)
+    linear = ALPHA * z.detach() > 20  # where softplus turns linear, the composite's second derivative is 0
+    for ours, ref in (firsts, seconds, jvps, mixed):
+        assert torch.allclose(ours[~linear], ref[~linear], rtol=1e-10, atol=1e-14)
+        assert torch.allclose(ours[linear], ref[linear], rtol=0, atol=2.1e-9 * ALPHA * float(w.abs().max()))
+
+
+def test_the_soft_relu_works_under_vmap_and_in_the_mode_for_leaky_relu():
+    z = torch.randn(4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    per_row = torch.func.vmap(torch.func.grad(lambda v: soft_relu(v, ALPHA).sum()))(z)
+    assert torch.allclose(per_row, torch.sigmoid(ALPHA * z), rtol=1e-12)
+    zr = z.clone().requires_grad_()
+    with soft_activations(ALPHA):
+        out = F.leaky_relu(zr, 0.2)
+    assert torch.allclose(out.detach(), F.leaky_relu(z, 0.2), rtol=1e-15)
+    (g,) = torch.autograd.grad(out.sum(), zr)
+    assert torch.allclose(g, 0.2 + 0.8 * torch.sigmoid(ALPHA * z), rtol=1e-12)
+
+
+def _victim(arch: str, classes: int):
+    torch.manual_seed(3)
+    out = 1 if classes == 2 else classes
+    if arch == "mlp":
+        return MLP(16, (12, 10), out_features=out, bias=True).double(), (1, 4, 4)
+    return CNN((2, 8, 8), (3, 4), fc=(6,), out_features=out, pool=arch, bias=True).double(), (2, 8, 8)
+
+
+def _objective(form: str, classes: int):
+    if form == "loss":
+        return negative_loss_objective("logistic" if classes == 2 else "cross-entropy")
+    return {"margin": margin, "soft-margin": soft_margin, "output": output_objective}[form]
+
+
+def _grads(residual, model, params, x0, y, lam0, objective, target):
+    """Loss value, its gradients in x and λ, the margins and a gradient that goes through them."""
+    x, lam = x0.clone().requires_grad_(), lam0.clone().requires_grad_()
+    stat, h = residual(model, params, x, y, lam, ALPHA, objective, target)
+    (stat + 0.3 * (h**2).sum()).backward()  # the consistency term's route: a function of h
+    return stat.detach(), x.grad, lam.grad, h.detach()
+
+
+CASES = [(a, c, f) for a in ("mlp", "max", "avg") for c in (2, 3) for f in ("margin", "soft-margin", "loss", "output")
+         if not (f == "output" and c == 3)]
+
+
+@pytest.mark.parametrize(("arch", "classes", "form"), CASES)
+@pytest.mark.parametrize("with_target", [False, True])
+def test_the_jvp_path_gives_the_double_backwards_loss_and_gradients(arch, classes, form, with_target):
+    model, shape = _victim(arch, classes)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    gen = torch.Generator().manual_seed(4)
+    m = 6
+    x0 = torch.randn(m, *shape, dtype=torch.float64, generator=gen)
+    lam0 = torch.rand(m, dtype=torch.float64, generator=gen) + 0.1
+    y = torch.tensor([1.0, -1.0] * (m // 2), dtype=torch.float64) if classes == 2 else torch.arange(m) % classes
+    target = {k: 0.5 * v + 0.01 * torch.randn(v.shape, dtype=v.dtype, generator=gen) for k, v in params.items()} if with_target else None
+    obj = _objective(form, classes)
+    ref = _grads(stationarity_residual_and_objective, model, params, x0, y, lam0, obj, target)
+    ours = _grads(stationarity_residual_jvp, model, params, x0, y, lam0, obj, target)
+    assert float(ours[0]) == float(ref[0])  # the same first pass: the value is not a rounding apart
+    assert ref[1].abs().sum() > 0 and ref[2].abs().sum() > 0
+    for a, b in zip(ours, ref):
+        assert torch.allclose(a, b, rtol=1e-9, atol=1e-12 * float(b.abs().max()))
+
+
+def test_the_jvp_path_in_float32_and_without_a_graph():
+    model, shape = _victim("max", 2)
+    model = model.float()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    gen = torch.Generator().manual_seed(5)
+    x0, lam0 = torch.randn(8, *shape, generator=gen), torch.rand(8, generator=gen)
+    y = torch.tensor([1.0, -1.0] * 4)
+    ref = _grads(stationarity_residual_and_objective, model, params, x0, y, lam0, margin, None)
+    ours = _grads(stationarity_residual_jvp, model, params, x0, y, lam0, margin, None)
+    for a, b in zip(ours, ref):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6 * float(b.abs().max()))
+    with torch.no_grad():
+        value, h = stationarity_residual_jvp(model, params, x0, y, lam0, ALPHA)
+    assert float(value) == float(ours[0]) and torch.equal(h, ours[3])
+
+
+class TwoConvNet(nn.Module):
+    """A CNN exhume did not build: functional ReLUs, max and average pooling, biases."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(1, 3, 3, padding=1), nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4 * 2 * 2, 1)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.c1(x)), 2)
+        x = F.avg_pool2d(torch.relu(self.c2(x)), 2)
+        return self.fc(x.flatten(1)).squeeze(-1)
+
+
+def test_a_short_kkt_run_finds_the_same_candidates_on_both_paths():
+    torch.manual_seed(0)
+    view = AttackerView(model=TwoConvNet(), task="binary", input_shape=(1, 8, 8), mean=torch.full((1, 8, 8), 0.2),
+                        weight_decay=1e-3, loss="logistic", n_train_hint=4)
+    runs = {}
+    for path in ("double-backward", "jvp"):
+        attack = get_attack("kkt", iterations=40, dtype="float64", log_every=10, tv_weight=1e-4, consistency_weight=0.1,
+                            snapshot_every=15, mixed_derivative=path)
+        runs[path] = attack.run(view, progress=False)
+    a, b = runs["double-backward"], runs["jvp"]
+    assert torch.allclose(a.candidates, b.candidates, rtol=0, atol=1e-7)
+    assert torch.allclose(a.scores, b.scores, rtol=1e-6)
+    assert [h["loss"] for h in a.loss_history] == pytest.approx([h["loss"] for h in b.loss_history], rel=1e-9)
+    assert a.loss_history[-1]["stationarity"] < a.loss_history[0]["stationarity"]
+
+
+def test_an_unknown_mixed_derivative_is_refused():
+    with pytest.raises(ConfigError, match="mixed_derivative"):
+        get_attack("kkt", mixed_derivative="finite-differences")
