@@ -9,14 +9,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from exhume.attacks import get_attack
+from exhume.attacks import get_attack, surrogate
 from exhume.attacks.stationarity import (
     negative_loss_objective,
     output_objective,
     stationarity_residual_and_objective,
     stationarity_residual_jvp,
 )
-from exhume.attacks.surrogate import soft_activations, soft_relu, soft_relu_composite
+from exhume.attacks.surrogate import soft_activations, soft_relu, soft_relu_composite, soft_relu_one_node
 from exhume.errors import ConfigError
 from exhume.losses import margin, soft_margin
 from exhume.models import CNN, MLP
@@ -37,10 +37,10 @@ def one_thread():
 def test_the_one_node_soft_relu_has_the_composites_value_and_derivatives_to_second_order():
     z = torch.linspace(-3, 3, 61, dtype=torch.float64).requires_grad_()
     w = torch.randn(61, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    for fn in (soft_relu, soft_relu_composite):
+    for fn in (soft_relu_one_node, soft_relu_composite):
         assert torch.equal(fn(z, ALPHA).detach(), torch.relu(z.detach()))
     firsts, seconds, jvps, mixed = [], [], [], []
-    for fn in (soft_relu, soft_relu_composite):
+    for fn in (soft_relu_one_node, soft_relu_composite):
         (g,) = torch.autograd.grad((w * fn(z, ALPHA)).sum(), z, create_graph=True)
         firsts.append(g.detach())
         seconds.append(torch.autograd.grad(g.sum(), z)[0])
@@ -58,8 +58,11 @@ def test_the_one_node_soft_relu_has_the_composites_value_and_derivatives_to_seco
 
 def test_the_soft_relu_works_under_vmap_and_in_the_mode_for_leaky_relu():
     z = torch.randn(4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    per_row = torch.func.vmap(torch.func.grad(lambda v: soft_relu(v, ALPHA).sum()))(z)
+    per_row = torch.func.vmap(torch.func.grad(lambda v: soft_relu_one_node(v, ALPHA).sum()))(z)
     assert torch.allclose(per_row, torch.sigmoid(ALPHA * z), rtol=1e-12)
+    big = torch.zeros(surrogate.ONE_NODE_MIN_ELEMENTS, requires_grad=True)
+    assert soft_relu(big, ALPHA).grad_fn is not None and "SoftReLU" in type(soft_relu(big, ALPHA).grad_fn).__name__
+    assert "SoftReLU" not in type(soft_relu(big[:-1], ALPHA).grad_fn).__name__
     zr = z.clone().requires_grad_()
     with soft_activations(ALPHA):
         out = F.leaky_relu(zr, 0.2)
@@ -95,8 +98,10 @@ CASES = [(a, c, f) for a in ("mlp", "max", "avg") for c in (2, 3) for f in ("mar
 
 
 @pytest.mark.parametrize(("arch", "classes", "form"), CASES)
-@pytest.mark.parametrize("with_target", [False, True])
-def test_the_jvp_path_gives_the_double_backwards_loss_and_gradients(arch, classes, form, with_target):
+@pytest.mark.parametrize(("with_target", "one_node"), [(False, False), (True, True)])
+def test_the_jvp_path_gives_the_double_backwards_loss_and_gradients(arch, classes, form, with_target, one_node, monkeypatch):
+    if one_node:  # every activation through the one-node surrogate (these are below its size threshold)
+        monkeypatch.setattr(surrogate, "ONE_NODE_MIN_ELEMENTS", 0)
     model, shape = _victim(arch, classes)
     params = {k: v.detach() for k, v in model.named_parameters()}
     gen = torch.Generator().manual_seed(4)
@@ -144,7 +149,8 @@ class TwoConvNet(nn.Module):
         return self.fc(x.flatten(1)).squeeze(-1)
 
 
-def test_a_short_kkt_run_finds_the_same_candidates_on_both_paths():
+def test_a_short_kkt_run_finds_the_same_candidates_on_both_paths(monkeypatch):
+    monkeypatch.setattr(surrogate, "ONE_NODE_MIN_ELEMENTS", 0)
     torch.manual_seed(0)
     view = AttackerView(model=TwoConvNet(), task="binary", input_shape=(1, 8, 8), mean=torch.full((1, 8, 8), 0.2),
                         weight_decay=1e-3, loss="logistic", n_train_hint=4)

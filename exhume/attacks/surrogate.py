@@ -8,10 +8,10 @@ every call of ``torch.relu`` / ``F.relu`` / ``nn.ReLU`` (in-place or not) and
 ``F.leaky_relu`` / ``nn.LeakyReLU`` returns :func:`soft_relu`: exactly ``relu(z)`` in value, with
 ``sigmoid(α·z)`` as its derivative (leaky: scaled into ``[slope, 1]``) in reverse and forward mode,
 and that derivative's own derivative ``α·σ(α·z)·(1 − σ(α·z))`` in a double backward or a reverse
-pass through a forward-mode one. It is one autograd node (a custom ``autograd.Function``), which
-works under ``torch.func`` transforms (``grad``, ``jvp``, ``vmap``) and costs fewer passes over
-the activations than the composite ``relu(z).detach() + s(z) − s(z).detach()``,
-``s = softplus(α·z)/α``, with the same derivatives (:func:`soft_relu_composite`, the reference).
+pass through a forward-mode one, under ``torch.func`` transforms (``grad``, ``jvp``, ``vmap``).
+Large activations (a convolution's) go through one custom ``autograd.Function`` node, which costs
+fewer passes over them; small ones through the composite ``relu(z).detach() + s(z) − s(z).detach()``,
+``s = softplus(α·z)/α``, whose stock operations cost less than the node's Python overhead there.
 """
 
 from __future__ import annotations
@@ -51,8 +51,24 @@ class _SoftReLU(torch.autograd.Function):
         return tangent * torch.sigmoid(ctx.alpha * z)
 
 
+#: below this many elements :func:`soft_relu` uses the composite: the one node's fixed cost under torch.func
+#: (about 0.3 ms a step) outweighs the passes it saves (crossover measured between 5e4 and 6e4, benchmarks/README.md)
+ONE_NODE_MIN_ELEMENTS = 1 << 16
+
+
 def soft_relu(z: torch.Tensor, alpha: float) -> torch.Tensor:
-    """``relu(z)`` in value, ``sigmoid(α·z)`` in derivative (reverse and forward mode, any order)."""
+    """``relu(z)`` in value, ``sigmoid(α·z)`` in derivative (reverse and forward mode, any order).
+
+    One autograd node (:func:`soft_relu_one_node`) for large activations, the composite below
+    :data:`ONE_NODE_MIN_ELEMENTS` elements; the two have the same derivatives.
+    """
+    if z.numel() < ONE_NODE_MIN_ELEMENTS:
+        return soft_relu_composite(z, alpha)
+    return soft_relu_one_node(z, alpha)
+
+
+def soft_relu_one_node(z: torch.Tensor, alpha: float) -> torch.Tensor:
+    """:func:`soft_relu` as one custom autograd node (fewer passes over the activations)."""
     return _SoftReLU.apply(z, float(alpha))
 
 
