@@ -177,6 +177,7 @@ STEP_VICTIMS = {  # name: (architecture, task, classes); 28×28 inputs, m = 200 
     "cnn:16;fc=256;pool=avg": ("cnn:16;fc=256;pool=avg", "binary", None),
     "784-256-256-1": ("mlp:256,256;bias=none;init=1e-4", "binary", None),
     "784-256-256-10": ("mlp:256,256;bias=none;init=1e-4", "multiclass", 10),
+    "784-1000-1000-1": ("mlp:1000,1000;bias=first;init=1e-4", "binary", None),  # activations above the one-node threshold
 }
 STEP_PATHS = {  # name: (kkt's mixed_derivative, channels-last weights, the composite surrogate of main)
     "main": ("double-backward", False, True),

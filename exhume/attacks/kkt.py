@@ -207,7 +207,7 @@ class KKTAttack(Attack):
         opt_u = make_optimizer(cfg["optimizer"], [p.u], p.lr_lambda, cfg["momentum"])
         tracker = IterateTracker({"x": p.x, "u": p.u}, cfg["average_decay"], cfg["snapshot_every"], cfg["keep"])
         run = open_run(out, resume, {"x": p.x, "u": p.u, **tracker.state()}, {"opt_x": opt_x, "opt_u": opt_u},
-                       {"config": resumable_settings(cfg, BUDGET_SETTINGS + ("background", "mixed_derivative")), "seed": seed, "m": p.m,
+                       {"config": resumable_settings(cfg, BUDGET_SETTINGS + ("background",)), "seed": seed, "m": p.m,
                         **({"fixed": p.fixed_info["fixed_digest"]} if p.fixed_info else {})})
         step = self.stepper(p, (opt_x, opt_u), run.history, tracker)
 
