@@ -26,6 +26,7 @@ import torch
 
 from exhume.attacks.base import DTYPES, Param
 from exhume.attacks.checkpoint import load_checkpoint, save_checkpoint
+from exhume.heap import retained_heap
 from exhume.interrupts import whole_step
 from exhume.progress import Progress
 
@@ -98,10 +99,12 @@ def open_run(out: str | Path | None, resume: bool, tensors: dict[str, torch.Tens
 def attack_loop(desc: str, cfg: dict[str, Any], run: RunState, step: Callable[[int, bool, Callable[[], float]], dict[str, str] | None],
                 *, progress: bool = True, emit: Callable[[int, float], None] | None = None, emit_every: int = 1000,
                 total_key: str = "iterations") -> LoopEnd:
-    """:func:`run_loop` with the budget parameters of ``cfg`` (:func:`budget_params`) and ``run``'s checkpoint."""
-    return run_loop(desc, cfg[total_key], cfg["max_seconds"], run.start, run.elapsed, step, run.save,
-                    log_every=cfg["log_every"], checkpoint_every=cfg["checkpoint_every"], progress=progress,
-                    emit=emit, emit_every=emit_every)
+    """:func:`run_loop` with the budget parameters of ``cfg`` (:func:`budget_params`) and ``run``'s checkpoint,
+    freed memory kept in the process meanwhile (:func:`exhume.heap.retained_heap`: no page faults on reuse)."""
+    with retained_heap():
+        return run_loop(desc, cfg[total_key], cfg["max_seconds"], run.start, run.elapsed, step, run.save,
+                        log_every=cfg["log_every"], checkpoint_every=cfg["checkpoint_every"], progress=progress,
+                        emit=emit, emit_every=emit_every)
 
 
 @dataclass
