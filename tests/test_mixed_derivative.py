@@ -11,6 +11,7 @@ from torch import nn
 
 from exhume.attacks import get_attack, surrogate
 from exhume.attacks.stationarity import (
+    TracedResidual,
     negative_loss_objective,
     output_objective,
     stationarity_residual_and_objective,
@@ -85,11 +86,11 @@ def _objective(form: str, classes: int):
     return {"margin": margin, "soft-margin": soft_margin, "output": output_objective}[form]
 
 
-def _grads(residual, model, params, x0, y, lam0, objective, target):
-    """Loss value, its gradients in x and λ, the margins and a gradient that goes through them."""
+def _grads(residual, model, params, x0, y, lam0, objective, target, through_h=True):
+    """Loss value, its gradients in x and λ and the margins (``through_h``: a term in h added, the consistency term's route)."""
     x, lam = x0.clone().requires_grad_(), lam0.clone().requires_grad_()
     stat, h = residual(model, params, x, y, lam, ALPHA, objective, target)
-    (stat + 0.3 * (h**2).sum()).backward()  # the consistency term's route: a function of h
+    (stat + 0.3 * (h**2).sum() if through_h else stat).backward()
     return stat.detach(), x.grad, lam.grad, h.detach()
 
 
@@ -169,3 +170,60 @@ def test_a_short_kkt_run_finds_the_same_candidates_on_both_paths(monkeypatch):
 def test_an_unknown_mixed_derivative_is_refused():
     with pytest.raises(ConfigError, match="mixed_derivative"):
         get_attack("kkt", mixed_derivative="finite-differences")
+
+
+@pytest.mark.parametrize(("arch", "classes", "form"), [("mlp", 2, "margin"), ("max", 3, "soft-margin"), ("avg", 2, "loss"),
+                                                       ("avg", 3, "margin")])
+def test_the_traced_replay_gives_the_eager_loss_and_gradients_step_after_step(arch, classes, form):
+    model, shape = _victim(arch, classes)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    gen = torch.Generator().manual_seed(6)
+    y = torch.tensor([1.0, -1.0] * 3, dtype=torch.float64) if classes == 2 else torch.arange(6) % classes
+    target = {k: 0.5 * v for k, v in params.items()}
+    obj, traced = _objective(form, classes), TracedResidual()
+    for _ in range(2):  # traced on the first call, replayed on the second with other candidates and multipliers
+        x0, lam0 = torch.randn(6, *shape, dtype=torch.float64, generator=gen), torch.rand(6, dtype=torch.float64, generator=gen)
+        ref = _grads(stationarity_residual_and_objective, model, params, x0, y, lam0, obj, target, through_h=False)
+        ours = _grads(traced, model, params, x0, y, lam0, obj, target, through_h=False)  # h comes back without a graph
+        assert traced.info["residual_traced"]
+        for a, b in zip(ours, ref):
+            assert torch.allclose(a, b, rtol=1e-10, atol=1e-14 * float(b.abs().max()))
+
+
+class ValueDependentNet(nn.Module):
+    """Control flow on a tensor's value: no graph of tensor operations can stand for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 6), nn.Linear(6, 1)
+
+    def forward(self, x):
+        z = torch.relu(self.a(x))
+        return self.b(z if z.sum() > 0 else -z).squeeze(-1)
+
+
+def test_a_module_that_cannot_be_traced_is_left_to_the_eager_path():
+    torch.manual_seed(0)
+    model = ValueDependentNet().double()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    x0, lam0 = torch.randn(5, 4, dtype=torch.float64), torch.rand(5, dtype=torch.float64)
+    y = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0], dtype=torch.float64)
+    traced = TracedResidual()
+    ours = _grads(traced, model, params, x0, y, lam0, margin, None, through_h=False)
+    ref = _grads(stationarity_residual_and_objective, model, params, x0, y, lam0, margin, None, through_h=False)
+    assert not traced.info["residual_traced"] and "cannot be traced" in traced.info["residual_trace_note"]
+    for a, b in zip(ours, ref):
+        assert torch.equal(a, b)
+
+
+def test_kkt_replays_the_traced_step_and_finds_what_the_eager_steps_find():
+    torch.manual_seed(0)
+    view = AttackerView(model=TwoConvNet(), task="binary", input_shape=(1, 8, 8), mean=torch.full((1, 8, 8), 0.2),
+                        weight_decay=1e-3, loss="logistic", n_train_hint=4)
+    runs = {t: get_attack("kkt", iterations=40, dtype="float64", tv_weight=1e-4, snapshot_every=15, trace=t).run(view, progress=False)
+            for t in ("auto", "off")}
+    assert runs["auto"].config["residual_traced"] and not runs["off"].config["residual_traced"]
+    assert "'trace' is 'off'" in runs["off"].config["residual_trace_note"]
+    assert torch.allclose(runs["auto"].candidates, runs["off"].candidates, rtol=0, atol=1e-7)
+    jvp = get_attack("kkt", iterations=2, mixed_derivative="jvp").run(view, progress=False)
+    assert not jvp.config["residual_traced"] and "jvp" in jvp.config["residual_trace_note"]

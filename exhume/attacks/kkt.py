@@ -43,7 +43,7 @@ from exhume.attacks.formulation import FORMULATIONS, MARGIN_FORMS, Formulation, 
 from exhume.attacks.loop import CANDIDATE_PARAMS, attack_loop, budget_params, make_optimizer, open_run
 from exhume.attacks.priors import background_level, dark_floor, range_penalty, tv_term
 from exhume.attacks.snapshots import IterateTracker
-from exhume.attacks.stationarity import MIXED_DERIVATIVES, fixed_part, residual_function, stationarity_residual
+from exhume.attacks.stationarity import MIXED_DERIVATIVES, TracedResidual, fixed_part, residual_function, stationarity_residual
 from exhume.attacks.subspace import Subspace, data_subspace, learned_part
 from exhume.errors import ConfigError, DivergenceError
 from exhume.files.runfolder import tensors_digest
@@ -166,6 +166,10 @@ class KKTAttack(Attack):
                                   "through its gradient's graph ('double-backward') or as a jvp in θ along the residual "
                                   "then one reverse pass ('jvp'); equal results, the default measured faster "
                                   "(see exhume/attacks/stationarity.py)", choices=MIXED_DERIVATIVES),
+        "trace": Param("auto", str, "'auto': the stationarity term's value and gradients are traced once into a graph of "
+                       "tensor operations that every step replays (the same numbers, less time; exhume/attacks/stationarity.py: "
+                       "TracedResidual), except with mixed_derivative='jvp', the consistency term, or a module that cannot be "
+                       "traced; 'off': eager every step", choices=("auto", "off")),
     }
 
     def __init__(self, **kwargs: Any) -> None:
@@ -289,12 +293,13 @@ class KKTAttack(Attack):
         return Problem(model, params, norm2, n, m, form, mean, form.labels.to(dev), x, u, target, info, span,
                        resolve_lr_lambda(cfg["lr_lambda"], form.name))
 
-    def terms(self, p: Problem, x: torch.Tensor, u: torch.Tensor):
-        """The loss of the module docstring at ``(x, u)`` and its stationarity, dual and prior terms."""
+    def terms(self, p: Problem, x: torch.Tensor, u: torch.Tensor, residual=None):  # noqa: ANN001
+        """The loss of the module docstring at ``(x, u)`` and its stationarity, dual and prior terms
+        (``residual``: the stationarity function to use, default the ``mixed_derivative`` one)."""
         cfg = self.config
         lo, hi, shift = (0.0, 1.0, p.mean) if cfg["prior"] == "display" else (-1.0, 1.0, torch.zeros_like(p.mean))
         # the per-candidate margins h come from the residual's own forward pass (used by the consistency term)
-        residual = residual_function(cfg["mixed_derivative"])
+        residual = residual or residual_function(cfg["mixed_derivative"])
         stat, h = residual(p.model, p.params, x, p.y, p.form.scale * u, cfg["alpha"], p.form.objective, p.target)
         stat = stat / p.norm2
         dual = u.new_zeros(()) if p.form.signed else (torch.relu(cfg["lambda_min"] - u) ** 2).sum()
@@ -316,18 +321,29 @@ class KKTAttack(Attack):
 
         return score
 
+    def step_residual(self, p: Problem) -> TracedResidual | None:
+        """The traced stationarity function the steps use (None: the eager one); the choice goes to the result's config."""
+        cfg = self.config
+        why = ("'trace' is 'off'" if cfg["trace"] == "off" else "mixed_derivative 'jvp'" if cfg["mixed_derivative"] == "jvp"
+               else "the consistency term differentiates the margins" if cfg["consistency_weight"] > 0 else None)
+        if why is None:
+            return TracedResidual(p.form.info)
+        p.form.info.update(residual_traced=False, residual_trace_note=f"eager: {why}")
+        return None
+
     def stepper(self, p: Problem, opts: tuple[torch.optim.Optimizer, ...], history: list[dict[str, float]],
                 tracker: IterateTracker):
         """One optimisation step on the loss of the module docstring (appends to ``history`` when logging)."""
         cfg = self.config
         score = self.criterion(p)
+        residual = self.step_residual(p)
 
         def step(it: int, log: bool, clock) -> dict[str, str] | None:
             if cfg["lr_schedule"] == "cosine":
                 frac = max(it / cfg["iterations"], clock() / cfg["max_seconds"] if cfg["max_seconds"] else 0.0)
                 for opt, base in zip(opts, (cfg["lr"], p.lr_lambda)):
                     opt.param_groups[0]["lr"] = base * 0.5 * (1.0 + math.cos(math.pi * min(frac, 1.0)))
-            loss, stat, dual, prior = self.terms(p, p.x, p.u)
+            loss, stat, dual, prior = self.terms(p, p.x, p.u, residual)
             if not torch.isfinite(loss):
                 raise DivergenceError(f"kkt attack diverged at iteration {it} (loss {float(loss.detach())}); lower lr (now {cfg['lr']})")
             for opt in opts:
