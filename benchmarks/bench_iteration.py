@@ -26,14 +26,17 @@ change of load on a shared machine hits both alike.
     python benchmarks/bench_iteration.py --threads 1     # e.g. when other jobs share the cores
 
 ``--kkt`` times whole kkt steps instead (the loss of every term, its backward, Adam, the iterate
-average; ``KKTAttack.stepper``) on a CNN and two MLPs, side by side on the paths that give equal
+average; ``KKTAttack.stepper``) on a CNN and three MLPs, side by side on the paths that give equal
 results: ``main`` (the surrogate ReLU as the composite ``relu(z).detach() + s − s.detach()``, the
-code before the one-node surrogate), ``double-backward`` and ``jvp`` (kkt's ``mixed_derivative``),
-and for the CNN ``double-backward`` with the weights in channels-last memory format. Each path
+code before the one-node surrogate; eager), ``double-backward`` and ``jvp`` (kkt's
+``mixed_derivative``, eager), ``traced`` (the double backward traced once and replayed, kkt's
+default) and for the CNN ``traced`` with the weights in channels-last memory format. Each path
 runs its own attack from the same start; the paths alternate in rounds of ``--block`` steps, and
-one step's loss and gradients are checked equal to ``main``'s first. ``--compile`` times
-``torch.compile`` (inductor, on the graph ``make_fx`` traces of the stationarity term's value and
-gradients): the compile time, and ms per call against the same function run eagerly.
+one step's loss and gradients are checked equal to ``main``'s first. The attack loop's heap setting
+(:func:`exhume.heap.retained_heap`) is process-wide, so it is left out here (measured whole-process
+in ``benchmarks/README.md``). ``--compile`` times the stationarity term's value and gradients
+eager, traced (``make_fx``, as kkt replays it) and compiled (``torch.compile`` of the traced graph,
+inductor): trace and compile seconds, CPU ms per call.
 
     taskset -c 0 env OMP_NUM_THREADS=1 python benchmarks/bench_iteration.py --kkt --threads 1
     taskset -c 0 env OMP_NUM_THREADS=1 python benchmarks/bench_iteration.py --compile --threads 1
@@ -53,7 +56,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from torch.func import functional_call, grad, grad_and_value
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
@@ -61,8 +63,8 @@ from exhume.attacks import surrogate
 from exhume.attacks.kkt import KKTAttack
 from exhume.attacks.loop import make_optimizer
 from exhume.attacks.snapshots import IterateTracker
-from exhume.attacks.stationarity import stationarity_residual, stationarity_residual_and_objective
-from exhume.attacks.surrogate import soft_activations, soft_relu
+from exhume.attacks.stationarity import residual_value_and_gradients, stationarity_residual, stationarity_residual_and_objective
+from exhume.attacks.surrogate import soft_relu
 from exhume.models import MLP
 from exhume.models.builders import build_model
 from exhume.victim import AttackerView
@@ -179,11 +181,12 @@ STEP_VICTIMS = {  # name: (architecture, task, classes); 28×28 inputs, m = 200 
     "784-256-256-10": ("mlp:256,256;bias=none;init=1e-4", "multiclass", 10),
     "784-1000-1000-1": ("mlp:1000,1000;bias=first;init=1e-4", "binary", None),  # activations above the one-node threshold
 }
-STEP_PATHS = {  # name: (kkt's mixed_derivative, channels-last weights, the composite surrogate of main)
-    "main": ("double-backward", False, True),
-    "double-backward": ("double-backward", False, False),
-    "jvp": ("jvp", False, False),
-    "double-backward/channels-last": ("double-backward", True, False),
+STEP_PATHS = {  # name: (kkt's mixed_derivative, its trace, channels-last weights, the composite surrogate of main)
+    "main": ("double-backward", "off", False, True),
+    "double-backward": ("double-backward", "off", False, False),
+    "traced": ("double-backward", "auto", False, False),
+    "jvp": ("jvp", "off", False, False),
+    "traced/channels-last": ("double-backward", "auto", True, False),
 }
 
 
@@ -213,8 +216,8 @@ class StepRunner:
     """One kkt attack on ``view`` along one of :data:`STEP_PATHS`, stepped a block at a time."""
 
     def __init__(self, view: AttackerView, path: str, dtype: str) -> None:
-        mixed, channels_last, self.composite = STEP_PATHS[path]
-        self.attack = KKTAttack(mixed_derivative=mixed, dtype=dtype)
+        mixed, trace, channels_last, self.composite = STEP_PATHS[path]
+        self.attack = KKTAttack(mixed_derivative=mixed, trace=trace, dtype=dtype)
         self.p = self.attack.problem(view, torch.device("cpu"), 0, None)
         if channels_last:
             self.p.params = {k: v.contiguous(memory_format=torch.channels_last) if v.dim() == 4 else v
@@ -282,32 +285,13 @@ def print_steps(results: list[dict]) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# --compile: torch.compile of the stationarity term's value and gradients
-def functional_residual(model, objective, y, alpha: float):
-    """``(x, λ, θ, t) -> (‖t − g‖², h, ∂/∂x, ∂/∂λ)``: a function of tensors alone, which make_fx can trace."""
-
-    def value(x, lam, params, target):
-        def weighted(p):
-            h = objective(functional_call(model, p, (x,)), y)
-            return (lam * h).sum(), h
-
-        g, h = grad(weighted, has_aux=True)(params)
-        return sum(((target[k] - g[k]) ** 2).sum() for k in params), h
-
-    def f(x, lam, params, target):
-        with soft_activations(alpha):
-            (gx, glam), (v, h) = grad_and_value(value, argnums=(0, 1), has_aux=True)(x, lam, params, target)
-        return v, h, gx, glam
-
-    return f
-
-
+# --compile: the stationarity term's value and gradients eager, traced (kkt's replay) and compiled
 def eager_residual(p, alpha: float):
-    """kkt's own double-backward path on the same problem: value and gradients in x and λ."""
+    """kkt's eager double-backward path on the same problem: value and gradients in x and λ."""
 
-    def f(x, lam, params, target):
+    def f(x, lam, params, target, y):
         x, lam = x.clone().requires_grad_(), lam.clone().requires_grad_()
-        v, h = stationarity_residual_and_objective(p.model, params, x, p.y, lam, alpha, p.form.objective, target)
+        v, h = stationarity_residual_and_objective(p.model, params, x, y, lam, alpha, p.form.objective, target)
         v.backward()
         return v.detach(), h.detach(), x.grad, lam.grad
 
@@ -319,32 +303,37 @@ def compile_case(name: str, dtype: str, rounds: int) -> dict:
 
     attack = KKTAttack(dtype=dtype)
     p = attack.problem(step_view(name), torch.device("cpu"), 0, None)
-    args = (p.x.detach(), (p.form.scale * p.u).detach(), p.params, p.target if p.target is not None else p.params)
-    f = functional_residual(p.model, p.form.objective, p.y, attack.config["alpha"])
-    seconds = []
-    for _ in range(2):  # an empty inductor cache, then the one the first compile filled
+    args = (p.x.detach(), (p.form.scale * p.u).detach(), p.params, p.target if p.target is not None else p.params, p.y)
+    f = residual_value_and_gradients(p.model, p.form.objective, attack.config["alpha"])
+    t = time.perf_counter()
+    fns = {"eager": eager_residual(p, attack.config["alpha"]), "traced": make_fx(f, tracing_mode="fake", _allow_non_fake_inputs=True)(*args)}
+    seconds = {"trace": time.perf_counter() - t}
+    for cache in ("cold", "warm"):  # an empty inductor cache, then the one the first compile filled
         torch._dynamo.reset()
         t = time.perf_counter()
-        compiled = torch.compile(make_fx(f, tracing_mode="fake")(*args), dynamic=False)
-        compiled(*args)
-        seconds.append(time.perf_counter() - t)
-    eager = eager_residual(p, attack.config["alpha"])
-    ref, got = eager(*args), compiled(*args)
-    agree = max(abs(float(got[0] - ref[0])) / abs(float(ref[0])), rel_err(got[2], ref[2]), rel_err(got[3], ref[3]))
-    if agree > GRAD_RTOL[dtype]:
-        raise SystemExit(f"{name}: the compiled function disagrees with the eager one: relative {agree:.2e}")
-    times: dict[str, list[float]] = {"eager": [], "compiled": []}
+        fns["compiled"] = torch.compile(fns["traced"], dynamic=False)
+        fns["compiled"](*args)
+        seconds[cache] = time.perf_counter() - t
+    ref = fns["eager"](*args)
+    agree = {}
+    for k in ("traced", "compiled"):
+        got = fns[k](*args)
+        agree[k] = max(abs(float(got[0] - ref[0])) / abs(float(ref[0])), rel_err(got[2], ref[2]), rel_err(got[3], ref[3]))
+        if agree[k] > GRAD_RTOL[dtype]:
+            raise SystemExit(f"{name}: {k} disagrees with the eager path: relative {agree[k]:.2e}")
+    times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds + 1):
-        for k, fn in (("eager", eager), ("compiled", compiled)):
-            t = time.perf_counter()
+        for k, fn in fns.items():
+            c = time.thread_time()
             fn(*args)
-            times[k].append(1000 * (time.perf_counter() - t))
+            times[k].append(1000 * (time.thread_time() - c))
     med = {k: statistics.median(v[1:]) for k, v in times.items()}
-    return {"victim": name, "dtype": dtype, "compile_s_cold": seconds[0], "compile_s_warm": seconds[1], "agree_rel": agree,
-            "eager_ms_median": med["eager"], "compiled_ms_median": med["compiled"],
-            # the budget at which the cold compile has paid: B / e = (B − C) / c, so B = C·e / (e − c)
-            "break_even_s": seconds[0] * med["eager"] / (med["eager"] - med["compiled"]) if med["eager"] > med["compiled"] else None,
-            "eager_ms_all": times["eager"][1:], "compiled_ms_all": times["compiled"][1:]}
+    # the budget at which the cold compile has paid against the replay: B / e = (B − C) / c, so B = C·e / (e − c)
+    e, c = med["traced"], med["compiled"]
+    return {"victim": name, "dtype": dtype, "trace_s": seconds["trace"], "compile_s_cold": seconds["cold"],
+            "compile_s_warm": seconds["warm"], "agree_traced": agree["traced"], "agree_compiled": agree["compiled"],
+            **{f"{k}_cpu_ms_median": v for k, v in med.items()}, "break_even_s": seconds["cold"] * e / (e - c) if e > c else None,
+            **{f"{k}_cpu_ms_all": v[1:] for k, v in times.items()}}
 
 
 def main_paths(args) -> int:
@@ -360,14 +349,15 @@ def main_paths(args) -> int:
     if args.compile:
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="bench_inductor_"))
         print(f"inductor cache: {os.environ['TORCHINDUCTOR_CACHE_DIR']}")
-        print("| victim | compile s (cold cache) | compile s (warm) | eager ms/call | compiled ms/call | budget where the cold compile pays, s |")
-        print("|---|---:|---:|---:|---:|---:|")
+        print("| victim | trace s | compile s (cold cache) | compile s (warm) | CPU ms/call eager | traced | compiled | "
+              "budget where the cold compile pays against the replay, s |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
         for name in args.victims:
             r = compile_case(name, args.dtype, args.rounds)
             out["compile"].append(r)
             pays = "never" if r["break_even_s"] is None else f"{r['break_even_s']:.0f}"
-            print(f"| {name} | {r['compile_s_cold']:.1f} | {r['compile_s_warm']:.1f} | {r['eager_ms_median']:.1f} | "
-                  f"{r['compiled_ms_median']:.1f} | {pays} |", flush=True)
+            print(f"| {name} | {r['trace_s']:.1f} | {r['compile_s_cold']:.1f} | {r['compile_s_warm']:.1f} | {r['eager_cpu_ms_median']:.1f} | "
+                  f"{r['traced_cpu_ms_median']:.1f} | {r['compiled_cpu_ms_median']:.1f} | {pays} |", flush=True)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"meta": {"torch": torch.__version__, "threads": torch.get_num_threads(),

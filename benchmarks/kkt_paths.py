@@ -3,15 +3,16 @@
 The paths of ``bench_iteration.py --kkt`` give equal results up to rounding; this checks that the
 reconstructions agree after many iterations (rounding grows in a non-convex run) and what each
 path finds in the same wall-clock budget. ``main`` is kkt with the surrogate ReLU as the composite
-of stock operations (the code before the one-node surrogate); ``double-backward`` and ``jvp`` are
-kkt's ``mixed_derivative``. Every run is kkt with its defaults (one run, not the portfolio), seed 0,
+of stock operations (the code before the one-node surrogate), eager; ``double-backward`` and
+``jvp`` are kkt's ``mixed_derivative`` (eager); ``traced`` is the double backward replayed (kkt's
+default). Every run is kkt with its defaults otherwise (one run, not the portfolio), seed 0,
 judged by :func:`exhume.evaluate` (1000 unseen pool images, the control on held-out non-members:
-evaluator-side, it reads the training set). The paths run one after another in one process.
+evaluator-side, it reads the training set). The paths run one after another in one process, so
+all of them keep freed memory (:func:`exhume.heap.retained_heap`, process-wide): ``main`` here is
+main's surrogate, not main's whole speed.
 
     taskset -c 0 env OMP_NUM_THREADS=1 python benchmarks/kkt_paths.py runs/zoo/victims/mnist-cnn-wd5e-3 \\
-        --iterations 1000 --paths main double-backward jvp
-    taskset -c 0 env OMP_NUM_THREADS=1 python benchmarks/kkt_paths.py runs/zoo/victims/mnist-cnn-wd5e-3 \\
-        --seconds 90 --paths main double-backward
+        --iterations 600 --paths main traced jvp
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ from exhume.victim import load_victim  # noqa: E402
 
 
 def run_path(victim, path: str, iterations: int | None, seconds: float | None, seed: int) -> dict:
-    mixed, _, composite = STEP_PATHS[path]
+    mixed, trace, _, composite = STEP_PATHS[path]
     budget = {"iterations": iterations or 10_000_000, "max_seconds": seconds}
     with composite_surrogate(composite):
-        recon = get_attack("kkt", mixed_derivative=mixed, **budget).run(victim.attacker_view(), seed=seed, progress=False)
+        recon = get_attack("kkt", mixed_derivative=mixed, trace=trace, **budget).run(victim.attacker_view(), seed=seed,
+                                                                                     progress=False)
     m = exhume.evaluate(recon, victim, pool_size=1000, figures=False).metrics
     return {"path": path, "iterations": recon.summary["iterations"], "seconds": recon.summary["seconds"],
             "ms_per_iteration": 1000 * recon.summary["seconds"] / recon.summary["iterations"],
@@ -49,7 +51,7 @@ def run_path(victim, path: str, iterations: int | None, seconds: float | None, s
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("victim", type=Path, help="a victim folder (exhume train / benchmarks/zoo/run.py build)")
-    ap.add_argument("--paths", nargs="+", default=["main", "double-backward", "jvp"], choices=[p for p in STEP_PATHS if "/" not in p])
+    ap.add_argument("--paths", nargs="+", default=["main", "traced", "jvp"], choices=[p for p in STEP_PATHS if "/" not in p])
     ap.add_argument("--iterations", type=int, default=None)
     ap.add_argument("--seconds", type=float, default=None)
     ap.add_argument("--seed", type=int, default=0)

@@ -141,7 +141,7 @@ class _WithGradients(torch.autograd.Function):
         return None, grad * gx, grad * glam, None, None
 
 
-def _value_and_gradients(model: nn.Module, objective: Objective, alpha: float | None):
+def residual_value_and_gradients(model: nn.Module, objective: Objective, alpha: float | None):
     """``(x, λ, θ, t, y) -> (‖t − g‖², h, ∂/∂x, ∂/∂λ)``, the double backward as a function of tensors alone."""
 
     def value(x, lam, params, target, y):  # noqa: ANN001, ANN202
@@ -182,7 +182,7 @@ class TracedResidual:
             return stationarity_residual_and_objective(model, params, x, y, lam, alpha, objective, target)
         args = (x.detach(), lam.detach(), params, t, y)
         if key != self.key:
-            self.graph, self.key = self._trace(_value_and_gradients(model, objective, alpha), args), key
+            self.graph, self.key = self._trace(residual_value_and_gradients(model, objective, alpha), args), key
             if self.graph is None:
                 return stationarity_residual_and_objective(model, params, x, y, lam, alpha, objective, target)
         value, h, gx, glam = self.graph(*args)
