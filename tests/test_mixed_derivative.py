@@ -190,6 +190,16 @@ def test_the_traced_replay_gives_the_eager_loss_and_gradients_step_after_step(ar
             assert torch.allclose(a, b, rtol=1e-10, atol=1e-14 * float(b.abs().max()))
 
 
+def test_a_diverged_first_step_comes_back_non_finite_from_the_replay():
+    model, shape = _victim("avg", 2)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    x = torch.randn(4, *shape, dtype=torch.float64, requires_grad=True)
+    lam = torch.full((4,), 1e300, dtype=torch.float64, requires_grad=True)  # ‖θ − g‖² overflows
+    traced = TracedResidual()
+    stat, _ = traced(model, params, x, torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=torch.float64), lam, ALPHA)
+    assert not torch.isfinite(stat) and traced.info["residual_traced"]
+
+
 class ValueDependentNet(nn.Module):
     """Control flow on a tensor's value: no graph of tensor operations can stand for it."""
 

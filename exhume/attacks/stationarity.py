@@ -200,8 +200,9 @@ class TracedResidual:
             return None
         got, ref = graph(*args), f(*args)
         tol = 1e-4 if args[0].dtype in (torch.float32, torch.float16, torch.bfloat16) else 1e-9
-        for a, b in ((got[0], ref[0]), (got[2], ref[2]), (got[3], ref[3])):
-            if not torch.allclose(a, b, rtol=tol, atol=tol * float(b.abs().max())):
+        for a, b in ((got[0], ref[0]), (got[2], ref[2]), (got[3], ref[3])):  # a diverged step must agree too (NaN, inf)
+            scale = float(torch.nan_to_num(b, nan=0.0, posinf=0.0, neginf=0.0).abs().max())
+            if not torch.allclose(a, b, rtol=tol, atol=tol * scale, equal_nan=True):
                 self.failed = True
                 self.info.update(residual_trace_note="eager: the traced graph disagreed with the eager path")
                 return None
