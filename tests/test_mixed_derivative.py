@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from exhume.attacks import get_attack, surrogate
+from exhume.attacks import get_attack, kkt, surrogate
 from exhume.attacks.stationarity import (
     TracedResidual,
     negative_loss_objective,
@@ -226,7 +226,11 @@ def test_a_module_that_cannot_be_traced_is_left_to_the_eager_path():
         assert torch.equal(a, b)
 
 
-def test_kkt_replays_the_traced_step_and_finds_what_the_eager_steps_find():
+def test_kkt_replays_the_traced_step_and_finds_what_the_eager_steps_find(monkeypatch):
+    short = get_attack("kkt", iterations=3).run(AttackerView(model=TwoConvNet(), task="binary", input_shape=(1, 8, 8),
+                                                             mean=0.2, n_train_hint=2), progress=False)
+    assert not short.config["residual_traced"] and "ended before" in short.config["residual_trace_note"]
+    monkeypatch.setattr(kkt, "TRACE_AFTER_SECONDS", 0.0)  # from the first step
     torch.manual_seed(0)
     view = AttackerView(model=TwoConvNet(), task="binary", input_shape=(1, 8, 8), mean=torch.full((1, 8, 8), 0.2),
                         weight_decay=1e-3, loss="logistic", n_train_hint=4)

@@ -54,6 +54,9 @@ from exhume.losses import LOSSES
 LR_LAMBDA_MARGIN = 1e-4
 #: ... and for the signed ones ('output', 'loss'), whose multipliers must find their signs
 LR_LAMBDA_SIGNED = 1e-2
+#: trace='auto' replays a traced step only once the run has spent this long in eager steps: tracing costs about a
+#: second once per process, which a run of a few seconds (a tuning trial) would not win back
+TRACE_AFTER_SECONDS = 5.0
 
 
 def candidate_count(m: int | None, candidates_per_point: float, n: int) -> int:
@@ -166,10 +169,10 @@ class KKTAttack(Attack):
                                   "through its gradient's graph ('double-backward') or as a jvp in θ along the residual "
                                   "then one reverse pass ('jvp'); equal results, the default measured faster "
                                   "(see exhume/attacks/stationarity.py)", choices=MIXED_DERIVATIVES),
-        "trace": Param("auto", str, "'auto': the stationarity term's value and gradients are traced once into a graph of "
-                       "tensor operations that every step replays (the same numbers, less time; exhume/attacks/stationarity.py: "
-                       "TracedResidual), except with mixed_derivative='jvp', the consistency term, or a module that cannot be "
-                       "traced; 'off': eager every step", choices=("auto", "off")),
+        "trace": Param("auto", str, f"'auto': after the first {TRACE_AFTER_SECONDS:g} s of steps, the stationarity term's value and gradients are "
+                       "traced once into a graph of tensor operations that every later step replays (the same numbers, less "
+                       "time; exhume/attacks/stationarity.py: TracedResidual), except with mixed_derivative='jvp', the "
+                       "consistency term, or a module that cannot be traced; 'off': eager every step", choices=("auto", "off")),
     }
 
     def __init__(self, **kwargs: Any) -> None:
@@ -327,7 +330,9 @@ class KKTAttack(Attack):
         why = ("'trace' is 'off'" if cfg["trace"] == "off" else "mixed_derivative 'jvp'" if cfg["mixed_derivative"] == "jvp"
                else "the consistency term differentiates the margins" if cfg["consistency_weight"] > 0 else None)
         if why is None:
-            return TracedResidual(p.form.info)
+            traced = TracedResidual(p.form.info)
+            p.form.info["residual_trace_note"] = f"eager: the run ended before {TRACE_AFTER_SECONDS:g} s of steps"
+            return traced
         p.form.info.update(residual_traced=False, residual_trace_note=f"eager: {why}")
         return None
 
@@ -343,7 +348,8 @@ class KKTAttack(Attack):
                 frac = max(it / cfg["iterations"], clock() / cfg["max_seconds"] if cfg["max_seconds"] else 0.0)
                 for opt, base in zip(opts, (cfg["lr"], p.lr_lambda)):
                     opt.param_groups[0]["lr"] = base * 0.5 * (1.0 + math.cos(math.pi * min(frac, 1.0)))
-            loss, stat, dual, prior = self.terms(p, p.x, p.u, residual)
+            replay = residual if residual is not None and clock() >= TRACE_AFTER_SECONDS else None
+            loss, stat, dual, prior = self.terms(p, p.x, p.u, replay)
             if not torch.isfinite(loss):
                 raise DivergenceError(f"kkt attack diverged at iteration {it} (loss {float(loss.detach())}); lower lr (now {cfg['lr']})")
             for opt in opts:
