@@ -11,6 +11,9 @@ rounding (:data:`MIXED_DERIVATIVES`):
   ``Σ_j λ_j h_j`` in ``θ`` along ``r`` (``torch.func.jvp``), differentiated by one reverse pass.
   It costs one more forward and backward than the double backward, and measured slower on CPU
   for the MLPs and CNNs of ``benchmarks/bench_iteration.py``; it is kept as the tested alternative.
+
+:class:`TracedResidual` records the double backward once as a graph of tensor operations and
+replays it (the same numbers without autograd's and torch.func's per-operation costs).
 """
 
 from __future__ import annotations
