@@ -43,14 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     budget = ap.add_mutually_exclusive_group(required=True)
     budget.add_argument("--iterations", type=int)
     budget.add_argument("--seconds", type=float)
+    ap.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE", help="a kkt parameter (e.g. trace=off)")
     args = ap.parse_args(argv)
+    params = dict(kv.split("=", 1) for kv in args.param)
     torch.set_num_threads(1)
     import exhume
     from exhume.attacks import get_attack
 
     victim = exhume.load_victim(args.victim) if args.victim else None
     view = victim.attacker_view() if victim else arch_view(args.arch, args.classes)
-    attack = get_attack("kkt", iterations=args.iterations or 10_000_000, max_seconds=args.seconds, log_every=10**9)
+    attack = get_attack("kkt", iterations=args.iterations or 10_000_000, max_seconds=args.seconds, log_every=10**9, **params)
     recon = attack.run(view, seed=0, progress=False)
     row = {"exhume": exhume.__file__, "iterations": recon.summary["iterations"], "seconds": recon.summary["seconds"],
            "ms_per_iteration": round(1000 * recon.summary["seconds"] / recon.summary["iterations"], 1),
