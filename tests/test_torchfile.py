@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import warnings
 
 import pytest
 import torch
@@ -47,8 +48,15 @@ def test_a_pickled_object_is_refused_without_running_it(tmp_path):
     target = tmp_path / "ran"
     with (tmp_path / "evil.pt").open("wb") as f:
         pickle.dump({"x": _Payload(target)}, f, protocol=2)
-    with pytest.raises(ExhumeError, match="not a readable exhume checkpoint"):
-        load_torch(tmp_path / "evil.pt", "cannot resume", "exhume checkpoint")
+    torch.save({"x": _Payload(target)}, tmp_path / "evil_zip.pt")
+    for name in ("evil.pt", "evil_zip.pt"):  # the legacy pickle format and torch.save's zip format
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(ExhumeError) as err:
+                load_torch(tmp_path / name, "cannot resume", "exhume checkpoint")
+        text = str(err.value)  # exhume's one line only: no torch warning, no torch advice to load it unsafely
+        assert caught == [] and "\n" not in text and "\x1b" not in text and "two options" not in text
+        assert f"{name}: it holds pickled Python objects" in text and "never unpickled" in text
     assert not target.exists()
 
 

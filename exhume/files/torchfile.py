@@ -10,6 +10,9 @@ failure is one :class:`~exhume.errors.ExhumeError` naming the file.
 from __future__ import annotations
 
 import io
+import pickle
+import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +41,19 @@ def load_torch(path: str | Path, failure: str, what: str, advice: str = "") -> A
     if size > LIMITS.torch_file_bytes:
         raise ExhumeError(f"{failure} from {path}: {size} bytes; expected {what} of at most {LIMITS.torch_file_bytes} bytes{tail}")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's own warnings and advice never reach the user: exhume's line says it all
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        if "weights only" not in str(e).lower():  # e.g. "pickle data was truncated"
+            raise ExhumeError(f"{failure} from {path}: not a readable {what} (UnpicklingError: {_first_line(e)}){tail}") from None
+        raise ExhumeError(f"{failure} from {path}: it holds pickled Python objects, not only tensors, numbers and strings; "
+                          f"expected {what} written by exhume (a pickle is never unpickled){tail}") from None
     except Exception as e:  # noqa: BLE001 - any failure to read is the same user-facing problem
-        first = str(e).splitlines()[0] if str(e) else ""
-        raise ExhumeError(f"{failure} from {path}: not a readable {what} ({type(e).__name__}: {first}){tail}") from None
+        raise ExhumeError(f"{failure} from {path}: not a readable {what} ({type(e).__name__}: {_first_line(e)}){tail}") from None
+
+
+def _first_line(e: Exception) -> str:
+    """The first line of ``e``'s message without terminal escape codes (torch bolds its advice)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
+    return text.splitlines()[0] if text else ""
