@@ -12,7 +12,6 @@ normalisation must be stated, or the audit is refused with a message naming the 
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from torch import nn
 
 from exhume.errors import ConfigError, DataError
 from exhume.evaluation.verdict import check_alpha
+from exhume.files.fields import check_setting
 
 LOSS_NAMES = {"logistic": "logistic", "bce": "logistic", "bce-with-logits": "logistic", "binary-cross-entropy": "logistic",
               "cross-entropy": "cross-entropy", "ce": "cross-entropy"}
@@ -175,15 +175,11 @@ def audit(model: nn.Module, train, unseen, *, loss: str | None = None, weight_de
     if weight_decay is None:
         raise ConfigError("weight_decay is not given: state the L2 weight decay the model was trained with "
                           "(the weight_decay of torch.optim.SGD/Adam; 0 for none); it changes the attack's equation")
-    if not (math.isfinite(float(weight_decay)) and float(weight_decay) >= 0):
-        raise ConfigError(f"weight_decay must be a finite number >= 0, got {weight_decay}")
+    weight_decay = check_setting("weight_decay", weight_decay, low=0.0)  # the field checks of the files: finite, in range
     alpha = check_alpha(alpha)
-    try:
-        seconds = float(max_seconds)
-    except (TypeError, ValueError):
-        seconds = float("nan")
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise ConfigError(f"max_seconds {max_seconds!r}: expected the attack's budget in seconds, a number > 0")
+    max_seconds = check_setting("max_seconds (the attack's budget in seconds)", max_seconds, positive=True)
+    seed = check_setting("seed", seed, integer=True)
+    positive_class = check_setting("positive_class", positive_class, integer=True, optional=True)
     if not isinstance(train, (tuple, list)) or len(train) != 2:
         raise ConfigError("train must be (x, y): the training images and their labels")
     x = _tensor_images(train[0], "training images")

@@ -29,6 +29,7 @@ from exhume.data.tasks import (  # noqa: F401
     select_task,
 )
 from exhume.errors import ConfigError
+from exhume.files.fields import check_setting
 from exhume.losses import margin
 from exhume.models import build_model, parse_arch
 from exhume.victim.minibatch import MiniBatchConfig, train_minibatch
@@ -71,6 +72,8 @@ def make_victim(
     that full-batch training writes as it goes (:func:`~exhume.victim.train.train_victim`);
     ``resume=True`` continues from it.
     """
+    check_setting("n", n, integer=True, low=1)
+    check_setting("test_size", test_size, integer=True, low=0)
     ds = load_dataset(data, root=root)
     task_data = select_task(ds, task, n, seed=seed)
     kind = task_data.task
@@ -121,6 +124,9 @@ def make_minibatch_victim(data: str = "mnist", task: str = "multiclass", n: int 
 
 
 def _check_training(train: TrainConfig | MiniBatchConfig, kind: str, checkpoint) -> None:
+    if not isinstance(train, (TrainConfig, MiniBatchConfig)):
+        raise ConfigError(f"train must be a TrainConfig or a MiniBatchConfig, got {type(train).__name__}")
+    train.validate()  # again: a dataclass's fields can be changed after it was built
     check_task_loss(kind, train.loss)
     if isinstance(train, MiniBatchConfig) and checkpoint is not None:
         raise ConfigError("training checkpoints are written by full-batch training (TrainConfig), not mini-batch training")

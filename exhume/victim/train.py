@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from exhume.errors import ConfigError, DivergenceError, ExhumeError
+from exhume.files.fields import check_setting
 from exhume.files.runfolder import tensors_digest
 from exhume.interrupts import whole_step
 from exhume.losses import check_loss, per_sample_loss
@@ -21,15 +22,16 @@ from exhume.progress import Progress
 OPTIMIZERS = ("gd", "adam")
 
 
-def check_training(loss: str, optimizer: str, known: tuple[str, ...], lr: float, weight_decay: float, what: str = "optimizer") -> None:
-    """The checks every training configuration shares (full-batch and mini-batch)."""
+def check_training(loss: str, optimizer: str, known: tuple[str, ...], lr: float, weight_decay: float, what: str = "optimizer",
+                   max_seconds: float | None = None) -> None:
+    """The checks every training configuration shares (full-batch and mini-batch): the same field
+    checks as the files exhume reads (:func:`exhume.files.fields.check_setting`: finite, in range)."""
     check_loss(loss)
     if optimizer not in known:
         raise ConfigError(f"unknown {what} {optimizer!r}; known: {', '.join(known)}")
-    if not lr > 0:
-        raise ConfigError(f"lr must be > 0, got {lr}")
-    if weight_decay < 0:
-        raise ConfigError(f"weight_decay must be >= 0, got {weight_decay}")
+    check_setting("lr", lr, positive=True)
+    check_setting("weight_decay", weight_decay, low=0.0)
+    check_setting("max_seconds", max_seconds, positive=True, optional=True)
 
 
 @dataclass
@@ -54,9 +56,15 @@ class TrainConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        check_training(self.loss, self.optimizer, OPTIMIZERS, self.lr, self.weight_decay)
-        if self.max_epochs < 1:
-            raise ConfigError(f"max_epochs must be >= 1, got {self.max_epochs}")
+        self.validate()
+
+    def validate(self) -> None:
+        """Refuse (one line) a setting that is not finite or out of range; run again by :func:`exhume.victim.make_victim`."""
+        check_training(self.loss, self.optimizer, OPTIMIZERS, self.lr, self.weight_decay, max_seconds=self.max_seconds)
+        check_setting("max_epochs", self.max_epochs, integer=True, low=1)
+        check_setting("loss_threshold", self.loss_threshold, low=0.0, optional=True)
+        check_setting("residual_threshold", self.residual_threshold, low=0.0, optional=True)
+        check_setting("log_every", self.log_every, integer=True, low=1)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
