@@ -139,10 +139,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     cfg = TrainConfig(loss=loss, optimizer=args.optimizer, lr=args.lr, weight_decay=args.wd, max_epochs=args.epochs,
                       max_seconds=args.seconds, loss_threshold=args.loss_threshold, residual_threshold=args.residual_threshold)
     from exhume.device import check_device
+    from exhume.files.runfolder import own_run_folder
 
-    victim = make_victim(args.data, args.task, args.n, args.arch, cfg, seed=args.seed, root=args.root,
-                         progress=not args.no_progress, dtype=getattr(torch, args.dtype), device=check_device(args.device))
-    victim.save(args.out)
+    with own_run_folder(args.out, run_files=(), can_force=False):  # locked while training and saving, as an attack's folder
+        victim = make_victim(args.data, args.task, args.n, args.arch, cfg, seed=args.seed, root=args.root,
+                             progress=not args.no_progress, dtype=getattr(torch, args.dtype), device=check_device(args.device))
+        victim.save(args.out)
     m = victim.metrics
     print(f"victim saved to {args.out}: train accuracy {m['train_accuracy']:.3f}, test accuracy {m.get('test_accuracy', float('nan')):.3f}, "
           f"final loss {m['final_loss']:.4g}, relative stationarity residual {m['stationarity_residual']}, {m['epochs']} epochs in {m['seconds']} s")

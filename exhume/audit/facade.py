@@ -24,6 +24,7 @@ from torch import nn
 from exhume.errors import ConfigError, DataError
 from exhume.evaluation.verdict import check_alpha
 from exhume.files.fields import check_setting
+from exhume.files.runfolder import holding_output
 
 LOSS_NAMES = {"logistic": "logistic", "bce": "logistic", "bce-with-logits": "logistic", "binary-cross-entropy": "logistic",
               "cross-entropy": "cross-entropy", "ce": "cross-entropy"}
@@ -143,6 +144,7 @@ def _check_matching_size(n: int, method: str, attack_args: dict[str, Any]) -> No
                         "training images can be audited")
 
 
+@holding_output(lambda a: a["out"])  # one lock for the attack, the evaluation and the report written into out
 def audit(model: nn.Module, train, unseen, *, loss: str | None = None, weight_decay: float | None = None, normalize=None,
           task: str | None = None, positive_class: int | None = None, max_seconds: float = DEFAULT_SECONDS,
           method: str = "kkt", attack_args: dict[str, Any] | None = None, alpha: float = 0.05, out: str | Path | None = None,

@@ -19,6 +19,7 @@ from exhume.evaluation.metrics import EvalResult, evaluate_images
 from exhume.evaluation.plots import candidates_grid, pairs_grid, plot_sorted_ssim, plot_ssim_vs_margin
 from exhume.evaluation.verdict import ALPHA, check_alpha, decide
 from exhume.files.records import jsonable
+from exhume.files.runfolder import holding_output
 from exhume.losses import margin, soft_margin
 
 
@@ -52,6 +53,7 @@ def margins_of(model, centred, y, task: str, loss: str | None) -> tuple[np.ndarr
         return margin(out, y).double().numpy(), support
 
 
+@holding_output(lambda a: a["out"])  # the run folder's lock (RUN/evaluation) or out's own, while it evaluates and writes
 def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assumptions: list[str] | None = None,
              alpha: float = ALPHA, pool_size: int = 1000, match: str = "ssim", out: str | Path | None = None,
              pool_seed: int = 1, figures: bool = True, support_margins=None) -> EvalResult:
