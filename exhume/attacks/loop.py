@@ -10,7 +10,8 @@
 
 An attack supplies ``step(it, log, clock)``, which performs iteration ``it``, appends its own
 history record when ``log`` is true (``clock()`` gives the attack seconds so far) and returns the
-progress-bar postfix (or None); ``save(done, elapsed)`` writes a checkpoint; ``emit(it, elapsed)``
+progress-bar postfix (or None); a step long enough to overrun the budget checks it inside
+(:func:`budget_spent`) and raises :class:`BudgetSpent` to be abandoned; ``save(done, elapsed)`` writes a checkpoint; ``emit(it, elapsed)``
 calls the user's callback.
 """
 
@@ -107,6 +108,17 @@ def attack_loop(desc: str, cfg: dict[str, Any], run: RunState, step: Callable[[i
                         emit=emit, emit_every=emit_every)
 
 
+class BudgetSpent(Exception):
+    """Raised by a step that its time budget ran out inside: the step is abandoned (its state untouched)."""
+
+
+def budget_spent(max_seconds: float | None, clock: Callable[[], float]) -> Callable[[], bool] | None:
+    """``stop()`` for the solvers inside a long step: true once ``clock()`` reaches ``max_seconds`` (None: no budget)."""
+    if max_seconds is None:
+        return None
+    return lambda: clock() >= max_seconds
+
+
 @dataclass
 class LoopEnd:
     done: int  # the last iteration whose update is complete
@@ -142,6 +154,8 @@ def run_loop(desc: str, total: int, max_seconds: float | None, start: int, elaps
                 paused += time.perf_counter() - pause
             if max_seconds is not None and elapsed >= max_seconds:
                 break
+    except BudgetSpent:
+        pass  # the step the budget ran out in was abandoned: `done` is the last complete one
     except KeyboardInterrupt:
         save(done, clock())  # an interrupted run loses nothing: --resume continues from here
         raise
