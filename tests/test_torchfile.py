@@ -72,3 +72,25 @@ def test_a_training_checkpoint_without_its_fields_is_refused(tmp_path):
         save_torch(tmp_path / "t.pt", payload)
         with pytest.raises(ExhumeError, match="malformed field.*delete it to train from the start"):
             train_victim(model, x, y, cfg, progress=False, checkpoint=tmp_path / "t.pt", resume=True)
+
+
+def test_a_checkpoint_above_the_file_cap_resumes_when_its_size_is_what_the_run_writes(tmp_path, monkeypatch):
+    """The cap follows the shapes being restored: a run's own large checkpoint loads; a file far above them does not."""
+    from exhume.attacks.checkpoint import load_checkpoint, save_checkpoint
+
+    monkeypatch.setattr(torchfile, "LIMITS", dataclasses.replace(torchfile.LIMITS, torch_file_bytes=10_000))
+    monkeypatch.setattr(torchfile, "CHECKPOINT_SLACK", 1_000)
+    x = torch.randn(50_000, requires_grad=True)
+    opt = torch.optim.Adam([x])
+    x.sum().backward()
+    opt.step()
+    save_checkpoint(tmp_path / "c.pt", {"x": x}, {"opt": opt}, {"iteration": 1, "elapsed": 0.5, "history": []})
+    size = (tmp_path / "c.pt").stat().st_size
+    assert size > 30 * torchfile.LIMITS.torch_file_bytes  # 600 kB: three tensors of 50,000 floats
+    y = torch.zeros(50_000, requires_grad=True)
+    state = load_checkpoint(tmp_path / "c.pt", {"x": y}, {"opt": torch.optim.Adam([y])}, expect={})
+    assert state["iteration"] == 1 and torch.equal(y.detach(), x.detach())
+    # a checkpoint for a run that restores one small tensor is held to that run's size
+    z = torch.zeros(10, requires_grad=True)
+    with pytest.raises(ExhumeError, match=r"c\.pt: \d+ bytes; expected exhume checkpoint of at most 10000 bytes"):
+        load_checkpoint(tmp_path / "c.pt", {"x": z}, {"opt": torch.optim.Adam([z])}, expect={})

@@ -9,7 +9,6 @@ failure is one :class:`~exhume.errors.ExhumeError` naming the file.
 
 from __future__ import annotations
 
-import io
 import pickle
 import re
 import warnings
@@ -24,22 +23,43 @@ from exhume.files.limits import LIMITS
 
 
 def save_torch(path: str | Path, payload: dict[str, Any]) -> None:
-    """``torch.save(payload)`` into ``path`` atomically (a full disk raises OSError and leaves no temporary file)."""
-    buffer = io.BytesIO()
-    torch.save(payload, buffer)
-    atomic_write(Path(path), buffer.getbuffer())
+    """``torch.save(payload)`` into ``path`` atomically (a full disk raises OSError and leaves no temporary file),
+    streamed into the file: no second copy of the payload is held in memory."""
+    atomic_write(Path(path), lambda f: torch.save(payload, f))
 
 
-def load_torch(path: str | Path, failure: str, what: str, advice: str = "") -> Any:
-    """The payload of a ``torch.save`` file, or ``ExhumeError("{failure} from {path}: not a readable {what} ...")``."""
+#: what a checkpoint holds besides its tensors (progress, loss history, settings), at most
+CHECKPOINT_SLACK = 64 << 20
+
+
+def expected_limit(tensor_bytes: int) -> int:
+    """The size a checkpoint whose tensors take ``tensor_bytes`` may have: the cap follows what the run itself
+    writes (``LIMITS.torch_file_bytes`` at least; 1.25 × the tensors plus :data:`CHECKPOINT_SLACK` above it)."""
+    return max(LIMITS.torch_file_bytes, int(1.25 * tensor_bytes) + CHECKPOINT_SLACK)
+
+
+def state_bytes(tensors: dict[str, torch.Tensor], optimizers: dict[str, torch.optim.Optimizer]) -> int:
+    """The bytes of ``tensors`` and of the optimisers' states over their parameters (two per parameter, as Adam keeps)."""
+    own = sum(t.numel() * t.element_size() for t in tensors.values())
+    params = sum(p.numel() * p.element_size() for o in optimizers.values() for g in o.param_groups for p in g["params"])
+    return own + 2 * params
+
+
+def load_torch(path: str | Path, failure: str, what: str, advice: str = "", limit: int | None = None) -> Any:
+    """The payload of a ``torch.save`` file, or ``ExhumeError("{failure} from {path}: not a readable {what} ...")``.
+
+    ``limit``: the largest size accepted (default ``LIMITS.torch_file_bytes``); a reader that knows the
+    shapes it restores passes :func:`expected_limit` of their bytes, so a large run's checkpoint resumes.
+    """
     path = Path(path)
     tail = f"; {advice}" if advice else ""
+    limit = LIMITS.torch_file_bytes if limit is None else limit
     try:
         size = path.stat().st_size
     except OSError as e:
         raise ExhumeError(f"{failure} from {path}: cannot read it ({e.strerror or e}){tail}") from None
-    if size > LIMITS.torch_file_bytes:
-        raise ExhumeError(f"{failure} from {path}: {size} bytes; expected {what} of at most {LIMITS.torch_file_bytes} bytes{tail}")
+    if size > limit:
+        raise ExhumeError(f"{failure} from {path}: {size} bytes; expected {what} of at most {limit} bytes{tail}")
     try:
         with warnings.catch_warnings():  # torch's own warnings and advice never reach the user: exhume's line says it all
             warnings.simplefilter("ignore")

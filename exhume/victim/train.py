@@ -99,10 +99,12 @@ def _save_training(path, model: nn.Module, opt: torch.optim.Optimizer, epoch: in
 
 def _load_training(path, model: nn.Module, opt: torch.optim.Optimizer, same: dict[str, Any]) -> tuple[int, float, list]:
     """Restore ``model`` and ``opt`` from a training checkpoint; returns ``(epoch, elapsed, history)``."""
-    from exhume.files.torchfile import load_torch
+    from exhume.files.torchfile import expected_limit, load_torch, state_bytes
 
     advice = "delete it to train from the start"
-    payload = load_torch(path, "cannot resume training", "exhume training checkpoint", advice)
+    weights = {k: v for k, v in model.state_dict().items()}
+    payload = load_torch(path, "cannot resume training", "exhume training checkpoint", advice,
+                         limit=expected_limit(state_bytes(weights, {"opt": opt})))
     try:
         epoch, elapsed, history, settings = int(payload["epoch"]), float(payload["elapsed"]), list(payload["history"]), payload["settings"]
         if not isinstance(settings, dict):
