@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from exhume.attacks import Reconstruction, get_attack
+from exhume.attacks.memory import check_memory
 from exhume.device import check_device
 from exhume.errors import ConfigError
 from exhume.victim import AttackerView, Victim
@@ -62,6 +63,7 @@ def attack(victim: Victim | AttackerView, method: str = "kkt", seed: int = 0, ou
         raise ConfigError(f"attack() needs a Victim or AttackerView, got {type(victim).__name__}")
     atk = get_attack(method, **kwargs)
     atk.check(view)  # an unsupported victim fails here, before any initialisation is built
+    check_memory(atk, view, device)  # so does a run the memory available cannot hold (one line, with settings that fit)
     if init is not None and not atk.takes_init:
         raise ConfigError(f"the {method!r} attack draws its candidates from a generator and takes no init; leave init unset")
     init_kw: dict[str, Any] = {}

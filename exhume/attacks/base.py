@@ -101,6 +101,22 @@ class Attack:
     def run(self, view, **kwargs) -> Reconstruction:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    #: settings that change the peak memory, for the advice of a refusal (:mod:`exhume.attacks.memory`):
+    #: ``"count"`` (an integer: the largest that fits is named), ``"dtype"``, or a tuple of choices
+    memory_knobs: ClassVar[dict[str, Any]] = {}
+
+    def peak_memory_bytes(self, view) -> int | None:
+        """The bytes this attack adds to the process at its peak on ``view``, from shapes, counts and
+        dtype alone (nothing is allocated). The default is a rough bound for attacks that give none:
+        :func:`exhume.attacks.memory.generic_peak`. ``exhume.attack`` refuses a run above what is available."""
+        from exhume.attacks.memory import generic_peak
+
+        return generic_peak(self, view)
+
+    def effective(self, view, name: str) -> Any:
+        """The value setting ``name`` takes on ``view`` (a count left at None resolved as the run would)."""
+        return self.config.get(name)
+
 
 ORACLE_INITS = ("ground-truth", "partition", "mix")
 

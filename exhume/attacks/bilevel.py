@@ -198,6 +198,8 @@ def implicit_gradient(model: nn.Module, like: dict[str, torch.Tensor], theta: to
 
 #: with max_seconds, the final lower-level solve gets what is left of the budget, at least this share of it
 FINAL_SHARE = 0.1
+#: copies of the parameters, of each candidate and of each candidate's activations at the peak (measured)
+BILEVEL_MEMORY = (55.0, 12.0, 12.0)
 
 
 @dataclass
@@ -248,6 +250,25 @@ class BilevelAttack(Attack):
         "alpha": Param(None, float, "ReLU surrogate derivative sigmoid(α·z) in H and the mixed term (None: exact)",
                        low=0.0, allow_none=True),
     }
+
+    memory_knobs = {"m": "count", "dtype": "dtype"}
+
+    def effective(self, view, name: str) -> Any:
+        if name == "m":
+            return self.config["m"] or self.config["n_guess"] or view.n_train_hint or 100
+        return super().effective(view, name)
+
+    def peak_memory_bytes(self, view) -> int:
+        """Peak bytes: the Lanczos bases and conjugate-gradient vectors of the lower level are parameter-sized
+        (``BILEVEL_PER_PARAMETER·P·b``), the graph of ``∇_θE`` over ``m`` candidates holds their activations, and the
+        candidates their copies (coefficients measured, ``benchmarks/memory_estimate.py``)."""
+        from exhume.attacks import memory as mem
+
+        b, m = mem.dtype_bytes(self.config["dtype"]), self.effective(view, "m")
+        p, d = mem.parameter_count(view.model), mem.input_elements(view)
+        a = mem.activation_elements(view.model, tuple(view.input_shape))
+        per_p, per_d, per_a = BILEVEL_MEMORY
+        return int(mem.BASE_BYTES + b * (per_p * p + per_d * m * d + per_a * (m * a.per_input + a.fixed)))
 
     def check(self, view) -> None:
         if view.task != "binary":

@@ -75,6 +75,11 @@ class FeatureTap:
         self.handle.remove()
 
 
+#: copies of the classifier's parameters, of the generator's, of an image's classifier and generator activations at the peak
+GENERATOR_MEMORY = (3.0, 5.0, 6.0, 6.0)
+#: copies of the classifier's parameters per generated image with tldr's per-sample gradient norms
+PER_SAMPLE_GRADIENT_MEMORY = 3.0
+
 INVERSION_BUDGET = ("steps", "max_seconds", "checkpoint_every", "log_every", "samples_per_class")
 
 
@@ -120,6 +125,27 @@ class GeneratorAttack(Attack):
     takes_init = False  # candidates come from the generator, not from starting images
 
     hot: bool = False
+    memory_knobs = {"batch_size": "count"}
+
+    def peak_memory_bytes(self, view) -> int:
+        """Peak bytes (float32): the classifier's copy, the generator with its gradients and Adam's two moments, and per
+        generated image the classifier's and the generator's activations (``GENERATOR_MEMORY``, measured)."""
+        from exhume.attacks import memory as mem
+
+        cfg = self.config
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):  # shapes only: nothing allocated, the seed untouched
+            gen = ConditionedGenerator(tuple(view.input_shape), int(view.num_classes or 2), cfg["conditioning"], cfg["latent_dim"],
+                                       cfg["width"], cfg["dropout"], cfg["output"])
+            g, ga = mem.parameter_count(gen), mem.counted(gen, lambda batch: gen.sample(batch))
+        a = mem.activation_elements(view.model, tuple(view.input_shape))
+        per_p, per_g, per_a, per_ga = GENERATOR_MEMORY
+        batch = cfg["batch_size"]
+        images = batch * (per_a * a.per_input + per_ga * ga.per_input) + per_a * a.fixed + per_ga * ga.fixed
+        return int(mem.BASE_BYTES + 4 * (per_p * mem.parameter_count(view.model) + per_g * g + images + self.extra_memory(view)))
+
+    def extra_memory(self, view) -> float:
+        """Elements the attack's own terms add at the peak (none here)."""
+        return 0.0
 
     def extra_terms(self, ctx: dict[str, Any]) -> dict[str, torch.Tensor]:
         return {}
@@ -302,6 +328,16 @@ class TLDRAttack(GeneratorAttack):
         "warmup": Param(0.2, float, "fraction of the steps over which the perturbed, TV, pixel and gradient terms ramp up from 0", low=0.0, high=1.0),
         "grad_mode": Param("batch", str, "batch: norm of the batch-mean gradient; per-sample: mean of per-sample norms (torch.func vmap)", choices=GRAD_MODES),
     }
+
+    memory_knobs = {"batch_size": "count", "grad_mode": GRAD_MODES}
+
+    def extra_memory(self, view) -> float:
+        """Per-sample gradient norms hold a parameter-sized gradient per image (``grad_mode="per-sample"``)."""
+        from exhume.attacks import memory as mem
+
+        if self.config["grad_mode"] != "per-sample" or not self.config["eta_grad"]:
+            return 0.0
+        return PER_SAMPLE_GRADIENT_MEMORY * self.config["batch_size"] * mem.parameter_count(view.model)
 
     def extra_weights(self) -> dict[str, float]:
         c = self.config

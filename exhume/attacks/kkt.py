@@ -184,6 +184,27 @@ class KKTAttack(Attack):
             if not (v == "auto" or (number and ok(v))):
                 raise ConfigError(f"{name} must be 'auto' or {what}, got {v!r}")
 
+    memory_knobs = {"m": "count", "dtype": "dtype"}
+
+    def effective(self, view, name: str) -> Any:
+        if name == "m":
+            return candidate_count(self.config["m"], self.config["candidates_per_point"], self.config["n_guess"] or view.n_train_hint or 100)
+        return super().effective(view, name)
+
+    def peak_memory_bytes(self, view) -> int:
+        """Peak bytes from the victim's parameters ``P``, input size ``D``, activations per input ``A``, the candidates ``m`` and
+        the dtype's bytes ``b``: the larger of the set-up (SVDs of the weights in float64: ``5.2·8P + 1.4·m·D·b``) and the
+        steps (``6.8·P·b + 14.9·m·D·b + 5.2·m·A·b``), coefficients measured (``benchmarks/memory_estimate.py``)."""
+        from exhume.attacks import memory as mem
+
+        b, m = mem.dtype_bytes(self.config["dtype"]), self.effective(view, "m")
+        p, d = mem.parameter_count(view.model), mem.input_elements(view)
+        a = mem.activation_elements(view.model, tuple(view.input_shape))
+        svd = self.config["subspace"] != "off" or self.config["denoise"] != "off"
+        setup = (5.2 * 8 * p if svd else 2 * p * b) + 1.4 * m * d * b
+        steps = 6.8 * p * b + 14.9 * m * d * b + 5.2 * b * (m * a.per_input + a.fixed)
+        return int(mem.BASE_BYTES + max(setup, steps))
+
     def check(self, view) -> None:
         if self.config["tv_weight"] > 0 and len(view.input_shape) != 3:
             raise ConfigError(f"tv_weight needs image inputs (C, H, W); this victim's input shape is {tuple(view.input_shape)}")
