@@ -176,7 +176,7 @@ def test_every_minibatch_setting_is_checked_like_a_file_field(field, value, need
     ("--lr", "inf", "lr: expected a finite number, got inf"),
     ("--wd", "inf", "weight_decay: expected a finite number, got inf"),
     ("--seconds", "nan", "max_seconds: expected a finite number, got nan"),
-    ("-n", "0", "n: expected an integer in [1, inf], got 0"),
+    ("-n", "0", "n must be a positive integer, got 0"),
 ])
 def test_exhume_train_refuses_a_setting_in_one_line(tmp_path, capsys, flag, value, needle):
     from exhume.cli import main

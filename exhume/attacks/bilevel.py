@@ -199,7 +199,7 @@ def implicit_gradient(model: nn.Module, like: dict[str, torch.Tensor], theta: to
 #: with max_seconds, the final lower-level solve gets what is left of the budget, at least this share of it
 FINAL_SHARE = 0.1
 #: copies of the parameters, of each candidate and of each candidate's activations at the peak (measured)
-BILEVEL_MEMORY = (55.0, 12.0, 12.0)
+BILEVEL_MEMORY = (50.0, 1.0, 8.0)
 
 
 @dataclass

@@ -75,10 +75,8 @@ class FeatureTap:
         self.handle.remove()
 
 
-#: copies of the classifier's parameters, of the generator's, of an image's classifier and generator activations at the peak
-GENERATOR_MEMORY = (3.0, 5.0, 6.0, 6.0)
-#: copies of the classifier's parameters per generated image with tldr's per-sample gradient norms
-PER_SAMPLE_GRADIENT_MEMORY = 3.0
+#: copies of the classifier's parameters per generated image with tldr's per-sample gradient norms (measured)
+PER_SAMPLE_GRADIENT_MEMORY = 3.2
 
 INVERSION_BUDGET = ("steps", "max_seconds", "checkpoint_every", "log_every", "samples_per_class")
 
@@ -126,22 +124,26 @@ class GeneratorAttack(Attack):
 
     hot: bool = False
     memory_knobs = {"batch_size": "count"}
+    #: bytes beyond every attack's, then copies of the classifier's parameters, of the generator's, and of an image's
+    #: classifier and generator activations at the peak (measured, ``benchmarks/memory_estimate.py``)
+    memory_coefficients: tuple[float, float, float, float, float] = (0.0, 3.0, 5.0, 1.6, 1.6)
 
     def peak_memory_bytes(self, view) -> int:
         """Peak bytes (float32): the classifier's copy, the generator with its gradients and Adam's two moments, and per
-        generated image the classifier's and the generator's activations (``GENERATOR_MEMORY``, measured)."""
+        generated image the classifier's and the generator's activations (:attr:`memory_coefficients`)."""
         from exhume.attacks import memory as mem
 
         cfg = self.config
         with torch.random.fork_rng(devices=[]), torch.device("meta"):  # shapes only: nothing allocated, the seed untouched
             gen = ConditionedGenerator(tuple(view.input_shape), int(view.num_classes or 2), cfg["conditioning"], cfg["latent_dim"],
                                        cfg["width"], cfg["dropout"], cfg["output"])
-            g, ga = mem.parameter_count(gen), mem.counted(gen, lambda batch: gen.sample(batch))
+            g, ga = mem.parameter_count(gen), mem.counted(gen, gen.sample)
         a = mem.activation_elements(view.model, tuple(view.input_shape))
-        per_p, per_g, per_a, per_ga = GENERATOR_MEMORY
+        extra, per_p, per_g, per_a, per_ga = self.memory_coefficients
         batch = cfg["batch_size"]
         images = batch * (per_a * a.per_input + per_ga * ga.per_input) + per_a * a.fixed + per_ga * ga.fixed
-        return int(mem.BASE_BYTES + 4 * (per_p * mem.parameter_count(view.model) + per_g * g + images + self.extra_memory(view)))
+        elements = per_p * mem.parameter_count(view.model) + per_g * g + images + self.extra_memory(view)
+        return int(mem.BASE_BYTES + extra + 4 * elements)
 
     def extra_memory(self, view) -> float:
         """Elements the attack's own terms add at the peak (none here)."""
@@ -330,6 +332,8 @@ class TLDRAttack(GeneratorAttack):
     }
 
     memory_knobs = {"batch_size": "count", "grad_mode": GRAD_MODES}
+    # the perturbed copy and the gradient-norm term's double backward hold the classifier's activations again
+    memory_coefficients = (50.0 * 2**20, 5.0, 5.0, 5.1, 1.6)
 
     def extra_memory(self, view) -> float:
         """Per-sample gradient norms hold a parameter-sized gradient per image (``grad_mode="per-sample"``)."""

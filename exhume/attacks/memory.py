@@ -53,8 +53,14 @@ class _Count(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         out = func(*args, **(kwargs or {}))
         if not getattr(func, "is_view", False):
-            self.elements += sum(t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+            shared = {_storage(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)} - {None}
+            self.elements += sum(t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor) and _storage(t) not in shared)
         return out
+
+
+def _storage(t: torch.Tensor) -> int | None:
+    """The address of ``t``'s storage (None on the meta device, where tensors have none)."""
+    return None if t.device.type == "meta" else t.untyped_storage().data_ptr()
 
 
 _COUNTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {input shape: Activations}
@@ -73,18 +79,20 @@ def activation_elements(model: torch.nn.Module, input_shape: tuple[int, ...]) ->
 def _count(model: torch.nn.Module, input_shape: tuple[int, ...]) -> Activations:
     p = next(iter(model.parameters()), None)
     device, dtype = (p.device, p.dtype) if p is not None else (torch.device("cpu"), torch.float32)
-    return counted(model, lambda batch: model(torch.zeros(batch, *input_shape, device=device, dtype=dtype)))
+    return counted(model, model, lambda batch: torch.zeros(batch, *input_shape, device=device, dtype=dtype))
 
 
-def counted(model: torch.nn.Module, forward: Callable[[int], Any]) -> Activations:
-    """:class:`Activations` of ``forward(batch)`` (a pass of ``model``, set to eval mode meanwhile) at batches 1 and 2."""
+def counted(model: torch.nn.Module, forward: Callable[[Any], Any], inputs: Callable[[int], Any] = lambda batch: batch) -> Activations:
+    """:class:`Activations` of ``forward(inputs(batch))`` (a pass of ``model``, set to eval mode meanwhile) at batches 1
+    and 2; the inputs are made before counting starts."""
     counts = []
     was_training = model.training
     model.eval()
     try:
         for batch in (1, 2):
+            given = inputs(batch)
             with torch.no_grad(), _Count() as count:
-                forward(batch)
+                forward(given)
             counts.append(count.elements)
     finally:
         model.train(was_training)

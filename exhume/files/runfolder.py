@@ -150,22 +150,28 @@ def own_run_folder(folder: str | Path, resume: bool = False, force: bool = False
     if resume and force:
         raise ConfigError("--resume and --force exclude each other: continue the run or replace it")
     folder = Path(folder)
+    created = not folder.exists()
     _prepare(folder)
-    with _held(folder, force, can_force):
-        existing = [n for n in run_files if (folder / n).exists()]
-        if existing and not (resume or force):
-            raise RunFolderError(f"output folder {folder} already holds a run ({', '.join(existing)}); "
-                                 "pass --resume to continue it, --force to replace it, or choose another -o")
-        if resume and not (folder / resume_from).exists():
-            raise RunFolderError(f"cannot resume: {folder / resume_from} does not exist (no run was checkpointed there)")
-        if force:
-            for n in run_files:
-                path = folder / n
-                if path.is_dir():
-                    shutil.rmtree(path)
-                else:
-                    path.unlink(missing_ok=True)
-        yield folder
+    try:
+        with _held(folder, force, can_force):
+            existing = [n for n in run_files if (folder / n).exists()]
+            if existing and not (resume or force):
+                raise RunFolderError(f"output folder {folder} already holds a run ({', '.join(existing)}); "
+                                     "pass --resume to continue it, --force to replace it, or choose another -o")
+            if resume and not (folder / resume_from).exists():
+                raise RunFolderError(f"cannot resume: {folder / resume_from} does not exist (no run was checkpointed there)")
+            if force:
+                for n in run_files:
+                    path = folder / n
+                    if path.is_dir():
+                        shutil.rmtree(path)
+                    else:
+                        path.unlink(missing_ok=True)
+            yield folder
+    except BaseException:
+        if created and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()  # a run refused or failed before writing anything leaves no empty folder behind
+        raise
 
 
 def _is_run(folder: Path) -> bool:

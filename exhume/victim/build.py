@@ -72,13 +72,11 @@ def make_victim(
     that full-batch training writes as it goes (:func:`~exhume.victim.train.train_victim`);
     ``resume=True`` continues from it.
     """
-    check_setting("n", n, integer=True, low=1)
-    check_setting("test_size", test_size, integer=True, low=0)
     ds = load_dataset(data, root=root)
     task_data = select_task(ds, task, n, seed=seed)
     kind = task_data.task
     train = train or TrainConfig(loss=DEFAULT_LOSS[kind])
-    _check_training(train, kind, checkpoint)
+    _check_training(train, kind, checkpoint, test_size)
     spec = parse_arch(arch) if isinstance(arch, str) else dict(arch)
     num_classes = num_classes_of(ds, task) if kind == "multiclass" else None
     torch.manual_seed(seed)
@@ -123,7 +121,8 @@ def make_minibatch_victim(data: str = "mnist", task: str = "multiclass", n: int 
                        progress=progress, exclude_from_test=exclude_from_test)
 
 
-def _check_training(train: TrainConfig | MiniBatchConfig, kind: str, checkpoint) -> None:
+def _check_training(train: TrainConfig | MiniBatchConfig, kind: str, checkpoint, test_size: int) -> None:
+    check_setting("test_size", test_size, integer=True, low=0)
     if not isinstance(train, (TrainConfig, MiniBatchConfig)):
         raise ConfigError(f"train must be a TrainConfig or a MiniBatchConfig, got {type(train).__name__}")
     train.validate()  # again: a dataclass's fields can be changed after it was built
