@@ -112,3 +112,18 @@ def test_an_attack_above_the_memory_available_is_refused_in_one_line_before_allo
 def test_the_memory_available_reads_the_machine_and_its_cgroup():
     room = mem.available_bytes("cpu")
     assert room is None or 0 < room <= 1 << 50
+
+
+def test_a_portfolio_counts_its_workers_and_names_how_many_fit(monkeypatch):
+    import exhume
+
+    view = _view("mlp:64", (1, 28, 28))
+    one = get_attack("kkt", m=400).peak_memory_bytes(view)
+    monkeypatch.setattr(mem, "available_bytes", lambda device="cpu": int(2.5 * one))
+    with pytest.raises(mem.MemoryRefused) as err:
+        exhume.attack(view, "kkt", m=400, restarts=4, workers=4, iterations=5, progress=False)
+    text = str(err.value)
+    assert "\n" not in text and "kkt attack's portfolio" in text and "(4 runs at once" in text
+    assert "settings that fit: --workers 2 (runs at once)" in text
+    r = exhume.attack(view, "kkt", m=400, restarts=2, workers=2, iterations=5, progress=False)  # two side by side fit
+    assert r.summary["restarts_complete"] == 2
