@@ -79,7 +79,11 @@ def activation_elements(model: torch.nn.Module, input_shape: tuple[int, ...]) ->
 def _count(model: torch.nn.Module, input_shape: tuple[int, ...]) -> Activations:
     p = next(iter(model.parameters()), None)
     device, dtype = (p.device, p.dtype) if p is not None else (torch.device("cpu"), torch.float32)
-    return counted(model, model, lambda batch: torch.zeros(batch, *input_shape, device=device, dtype=dtype))
+    try:
+        return counted(model, model, lambda batch: torch.zeros(batch, *input_shape, device=device, dtype=dtype))
+    except Exception as e:  # noqa: BLE001 - a module that cannot run on inputs of its stated shape: one line
+        raise ConfigError(f"the victim's model failed on inputs of its input shape {tuple(input_shape)} ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}); expected a module taking (N, {', '.join(map(str, input_shape))})") from None
 
 
 def counted(model: torch.nn.Module, forward: Callable[[Any], Any], inputs: Callable[[int], Any] = lambda batch: batch) -> Activations:

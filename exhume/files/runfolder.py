@@ -112,13 +112,16 @@ def _acquire(folder: Path, lock: Path, force: bool, can_force: bool) -> runlock.
 def _held(folder: Path, force: bool, can_force: bool) -> Iterator[bool]:
     """Hold ``folder``'s lock for the block; yields True when this thread already held it (re-entered)."""
     key, me = str(folder.resolve()), [os.getpid(), threading.get_ident()]
-    with _HELD_GUARD:
+    with _HELD_GUARD:  # registered before the file is taken: another thread of this process never takes it too
         entry = _HELD.get(key)
-        if entry is not None and entry[0] == me[0]:
-            if entry[1] != me[1]:
-                raise RunFolderError(f"output folder {folder} is in use by another thread of this process; choose another -o")
+        again = entry is not None and entry[0] == me[0]
+        if again and entry[1] != me[1]:
+            raise RunFolderError(f"output folder {folder} is in use by another thread of this process; choose another -o")
+        if again:
             entry[2] += 1
-    if entry is not None and entry[0] == me[0]:
+        else:
+            _HELD[key] = entry = [*me, 1]  # an entry of the parent a forked child inherited is replaced
+    if again:
         try:
             yield True
         finally:
@@ -126,9 +129,12 @@ def _held(folder: Path, force: bool, can_force: bool) -> Iterator[bool]:
                 entry[2] -= 1
         return
     lock = folder / LOCK_NAME
-    holder = _acquire(folder, lock, force, can_force)
-    with _HELD_GUARD:
-        _HELD[key] = [*me, 1]
+    try:
+        holder = _acquire(folder, lock, force, can_force)
+    except BaseException:
+        with _HELD_GUARD:
+            _HELD.pop(key, None)
+        raise
     try:
         yield False
     finally:
