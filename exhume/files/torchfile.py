@@ -25,7 +25,17 @@ from exhume.files.limits import LIMITS
 def save_torch(path: str | Path, payload: dict[str, Any]) -> None:
     """``torch.save(payload)`` into ``path`` atomically (a full disk raises OSError and leaves no temporary file),
     streamed into the file: no second copy of the payload is held in memory."""
-    atomic_write(Path(path), lambda f: torch.save(payload, f))
+    atomic_write(Path(path), lambda f: _stream(payload, f))
+
+
+def _stream(payload: dict[str, Any], f) -> None:
+    try:
+        torch.save(payload, f)
+    except RuntimeError as e:  # torch's zip writer reports a failed write (disk full, file too large) as RuntimeError
+        cause = e.__context__ or e.__cause__
+        if isinstance(cause, OSError):
+            raise cause from None
+        raise
 
 
 #: what a checkpoint holds besides its tensors (progress, loss history, settings), at most
