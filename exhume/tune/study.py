@@ -8,11 +8,9 @@ the candidates only, never the training set (the objective receives an
 :class:`~exhume.victim.AttackerView`). The first trial of a new study is the default settings, so
 the selected run is never worse *by the attacker's score* than the defaults.
 
-Storage: an SQLite file ``OUT/tune.db`` by default; ``storage="postgresql://…"`` lets several
-workers (processes or machines) share one study. Every worker keeps a heartbeat; a trial whose
-worker died (no heartbeat for ``grace_period`` seconds) is marked FAIL and queued again with the
-same parameters (Optuna's ``RetryHeartbeatStaleTrialCallback``), so a killed worker loses only
-the work of its running trial. ``trials`` is the study's target number of finished
+Storage, heartbeats and retried trials are the study layer's (:mod:`exhume.studies`): an SQLite
+file ``OUT/tune.db`` by default, ``storage="postgresql://…"`` for several workers (processes or
+machines) sharing one study; a killed worker loses only the work of its running trial. ``trials`` is the study's target number of finished
 (complete or pruned) trials; workers stop when it is reached.
 
 Each trial's reconstruction is saved under ``OUT/trials/trial-NNNN`` on the worker that ran it;
@@ -33,6 +31,8 @@ from exhume.attacks import ATTACKS
 from exhume.attacks.formulation import form_for
 from exhume.attacks.kkt import LR_LAMBDA_MARGIN, resolve_lr_lambda
 from exhume.errors import ConfigError, DivergenceError
+from exhume.studies import GRACE_PERIOD, HEARTBEAT_INTERVAL, make_storage, open_study, redact
+from exhume.studies import load_optuna as _optuna
 
 
 def search_space(method: str = "kkt") -> dict[str, tuple[float, float, bool]]:
@@ -43,70 +43,12 @@ def search_space(method: str = "kkt") -> dict[str, tuple[float, float, bool]]:
 SEARCH_SPACE = search_space("kkt")
 #: the first trial of a study: kkt's defaults, ``lr_lambda="auto"`` as it resolves for a classifier (see :func:`defaults_for`)
 DEFAULTS = {name: ATTACKS["kkt"].params[name].default for name in SEARCH_SPACE} | {"lr_lambda": LR_LAMBDA_MARGIN}
-HEARTBEAT_INTERVAL = 5
-GRACE_PERIOD = 20
 
 
 def defaults_for(view, fixed: dict[str, Any]) -> dict[str, float]:
     """:data:`DEFAULTS` for this victim: ``lr_lambda`` as kkt's ``"auto"`` resolves it for the formulation it will use."""
     form = form_for(view, fixed.get("formulation", "auto"), fixed.get("loss"))
     return {**DEFAULTS, "lr_lambda": resolve_lr_lambda("auto", form)}
-
-
-def _optuna():
-    try:
-        import optuna
-    except ImportError:
-        raise ConfigError("exhume tune needs Optuna: pip install 'exhume[tune]'") from None
-    return optuna
-
-
-SCHEMA_RACE_RETRIES = 5
-
-
-def make_storage(storage: str | None, out: Path, heartbeat_interval: int = HEARTBEAT_INTERVAL,
-                 grace_period: int = GRACE_PERIOD):
-    """An Optuna RDB storage with heartbeats and retry of stale trials (SQLite in ``out`` by default)."""
-    optuna = _optuna()
-    if storage is None:
-        out.mkdir(parents=True, exist_ok=True)
-        url = f"sqlite:///{(out / 'tune.db').resolve()}"
-    else:
-        url = storage
-        if not any(url.startswith(p) for p in ("sqlite:///", "postgresql://", "postgresql+psycopg2://", "mysql://", "mysql+pymysql://")):
-            raise ConfigError(f"--storage must be an SQLAlchemy URL such as postgresql://user:pass@host/db or sqlite:///path.db, got {storage!r}")
-    if url.startswith("postgresql://"):
-        import importlib.util
-
-        if importlib.util.find_spec("psycopg") is None:  # SQLAlchemy 2.1 defaults to psycopg 3; the tune extra ships psycopg2
-            url = "postgresql+psycopg2://" + url[len("postgresql://"):]
-    import random
-    import warnings
-
-    for attempt in range(SCHEMA_RACE_RETRIES + 1):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # heartbeat arguments are marked experimental
-            try:
-                return optuna.storages.RDBStorage(
-                    url, heartbeat_interval=heartbeat_interval, grace_period=grace_period,
-                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3),
-                    engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
-                )
-            except ImportError as e:
-                raise ConfigError(f"the storage {url.split('://')[0]!r} needs a database driver ({e}); pip install 'exhume[tune]'") from None
-            except Exception as e:  # sqlalchemy's OperationalError and friends: a wrong URL, host or password
-                # Workers started together on an empty database race to create Optuna's tables; the
-                # loser sees a unique-constraint violation and only needs to open the storage again.
-                if _schema_race(e) and attempt < SCHEMA_RACE_RETRIES:
-                    time.sleep(0.2 + random.random())
-                    continue
-                raise ConfigError(f"cannot open the study storage {_redact(url)}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
-
-
-def _schema_race(e: Exception) -> bool:
-    """A worker lost the race to create Optuna's tables (unique violation or 'table ... already exists')."""
-    text = str(e).lower()
-    return type(e).__name__ == "IntegrityError" or "already exists" in text or "duplicate" in text
 
 
 def _sampler(seed: int, number: int):
@@ -133,13 +75,6 @@ def _check_settings(study, settings: dict[str, Any], created: bool) -> None:
         raise ConfigError(f"study {study.study_name!r} was created with other settings ("
                           + "; ".join(f"{k}: study {saved.get(k)!r}, this run {settings.get(k)!r}" for k in diff)
                           + "); use the same settings or another --study-name / output folder")
-
-
-def _redact(url: str) -> str:
-    if "@" in url and "://" in url:
-        scheme, rest = url.split("://", 1)
-        return f"{scheme}://***@{rest.split('@', 1)[1]}"
-    return url
 
 
 def suggest(trial) -> dict[str, float]:
@@ -269,7 +204,7 @@ def tune(view, trials: int, out: str | Path, trial_seconds: float = 60.0, storag
     best = _best(study)
     summary: dict[str, Any] = {
         "study": study_name,
-        "storage": "sqlite: " + str(out / "tune.db") if storage is None else _redact(storage),
+        "storage": "sqlite: " + str(out / "tune.db") if storage is None else redact(storage),
         "counts": _counts(study),
         "seconds": round(time.perf_counter() - t0, 1),
         "score_note": "attacker-side (weights and candidates only): (1 - relative stationarity residual) x plausible share",
@@ -311,13 +246,4 @@ def _best(study):
 
 def load_study(storage: str | None, out: str | Path, study_name: str = "exhume-kkt"):
     """Open an existing study (read-only use)."""
-    optuna = _optuna()
-    out = Path(out)
-    if storage is None and not (out / "tune.db").is_file():
-        raise ConfigError(f"{out / 'tune.db'} is missing; expected a folder written by 'exhume tune' (or pass --storage)")
-    rdb = make_storage(storage, out)
-    try:
-        return optuna.load_study(study_name=study_name, storage=rdb)
-    except KeyError:
-        names = [s.study_name for s in optuna.get_all_study_summaries(rdb)]
-        raise ConfigError(f"no study named {study_name!r} in the storage; found: {', '.join(names) or 'none'}") from None
+    return open_study(storage, out, study_name)
