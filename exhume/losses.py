@@ -65,3 +65,9 @@ def soft_margin(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return margin(out, y)
     true, others = _true_and_others(out, y)
     return true - torch.logsumexp(others, dim=1)
+
+
+def weighs_by_soft_margin(task: str, loss: str | None) -> bool:
+    """Whether each training point weighs ``σ(−soft_margin)`` in the loss's gradient: a multiclass model
+    trained with cross-entropy (or of unknown loss, taken as cross-entropy); else the margin serves."""
+    return task == "multiclass" and loss in (None, "cross-entropy")

@@ -42,6 +42,7 @@ from torch.func import functional_call
 
 from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_model, init_record, initial_candidates, register
 from exhume.attacks.checkpoint import resumable_settings
+from exhume.attacks.equations import Stationarity
 from exhume.attacks.formulation import binary_labels
 from exhume.attacks.loop import CANDIDATE_PARAMS, BudgetSpent, RunState, attack_loop, budget_params, budget_spent, make_optimizer, open_run
 from exhume.attacks.lower_level import Stop, extreme_eigenvalues, newton_cg, spectral_damping
@@ -225,6 +226,8 @@ class BilevelAttack(Attack):
     """Bilevel reconstruction ``min_x̂ ‖θ* − θ(x̂)‖²`` with implicit gradients (binary tasks)."""
 
     name = "bilevel"
+    # θ* must be the minimiser of the training objective the lower level solves: a stationary point of it
+    equation = Stationarity(text="θ* = argmin_θ mean_i ℓ(Φ(θ; x_i), y_i) + (w/2)‖θ‖²: a stationary point of the training objective")
     params = {
         "m": Param(None, int, "number of candidates (default: n_guess, else the init's size)", low=2, allow_none=True),
         **CANDIDATE_PARAMS,
@@ -269,6 +272,8 @@ class BilevelAttack(Attack):
         a = mem.activation_elements(view.model, tuple(view.input_shape))
         per_p, per_d, per_a = BILEVEL_MEMORY
         return int(mem.BASE_BYTES + b * (per_p * p + per_d * m * d + per_a * (m * a.per_input + a.fixed)))
+    def candidate_count(self, n: int) -> int:
+        return int(self.config["m"] or self.config["n_guess"] or n)
 
     def check(self, view) -> None:
         if view.task != "binary":

@@ -34,6 +34,7 @@ from torch.func import functional_call
 
 from exhume.attacks.base import Attack, Param, Reconstruction, attack_model, register
 from exhume.attacks.checkpoint import resumable_settings
+from exhume.attacks.equations import Equation
 from exhume.attacks.generator import CONDITIONINGS, OUTPUTS, ConditionedGenerator
 from exhume.attacks.inversion_losses import GRAD_MODES, PERTURBATIONS, ce_term, cosine_term, grad_norm_term, kl_term, ortho_term, perturb
 from exhume.attacks.loop import RunState, attack_loop, budget_params, make_optimizer, open_run
@@ -121,6 +122,8 @@ class GeneratorAttack(Attack):
     """Shared machinery: generator training loop, checkpoints, candidate drawing."""
 
     takes_init = False  # candidates come from the generator, not from starting images
+    equation = Equation()  # it inverts the classifier's decisions, not an equation of the weights and the training data
+    budget = "steps"
 
     hot: bool = False
     memory_knobs = {"batch_size": "count"}

@@ -37,9 +37,10 @@ from typing import Any
 
 import torch
 
-from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_model, init_record, initial_candidates, register
+from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, RestartPlan, attack_model, init_record, initial_candidates, register
 from exhume.attacks.checkpoint import BUDGET_SETTINGS, resumable_settings
-from exhume.attacks.formulation import FORMULATIONS, MARGIN_FORMS, Formulation, resolve
+from exhume.attacks.equations import Stationarity
+from exhume.attacks.formulation import FORMULATIONS, MARGIN_FORMS, Formulation, form_for, resolve
 from exhume.attacks.loop import CANDIDATE_PARAMS, attack_loop, budget_params, make_optimizer, open_run
 from exhume.attacks.priors import background_level, dark_floor, range_penalty, tv_term
 from exhume.attacks.snapshots import IterateTracker
@@ -120,6 +121,13 @@ class KKTAttack(Attack):
     """Stationarity (KKT) reconstruction from the weights alone: binary, multiclass, regression."""
 
     name = "kkt"
+    equation = Stationarity(multiplier_scale=True)  # S is set from the weights alone: checked against the real margins
+    # restarts alternate lr_lambda 1e-4 ('auto' for classifiers; 1e-2 for regression) and 1e-2: the equation leaves the
+    # multipliers' scale free; learned fast it drifts on some victims and must move on others, so the alternation hedges
+    # (variants of the λ scale and of α did not pay): benchmarks/README.md, "How fast the multipliers learn: a
+    # portfolio variant" and "The multipliers' learning rate of a lone run"
+    restart_plan = RestartPlan(variants=({}, {"lr_lambda": 1e-2}))
+    multipliers = True
     params = {
         "m": Param(None, int, "number of candidates (default: candidates_per_point × n, n the training-set size guess)",
                    low=1, allow_none=True),
@@ -204,6 +212,13 @@ class KKTAttack(Attack):
         setup = (5.2 * 8 * p if svd else 2 * p * b) + 1.4 * m * d * b
         steps = 6.8 * p * b + 14.9 * m * d * b + 5.2 * b * (m * a.per_input + a.fixed)
         return int(mem.BASE_BYTES + max(setup, steps))
+    def candidate_count(self, n: int) -> int:
+        return candidate_count(self.config["m"], self.config["candidates_per_point"], int(self.config["n_guess"] or n))
+
+    def search_start(self, view) -> dict[str, float]:
+        """The defaults, with ``lr_lambda="auto"`` as it resolves for the formulation this run uses on ``view``."""
+        form = form_for(view, self.config["formulation"], self.config["loss"])
+        return {**super().search_start(view), "lr_lambda": resolve_lr_lambda(self.config["lr_lambda"], form)}
 
     def check(self, view) -> None:
         if self.config["tv_weight"] > 0 and len(view.input_shape) != 3:
@@ -221,8 +236,8 @@ class KKTAttack(Attack):
         quality-over-time curves; its time is not counted in ``seconds``). ``init``: starting
         candidates in display space (default: noise); ``init_name`` labels them in the result
         (ground-truth, partition and mix initialisations are oracle tools and marked so).
-        ``callback_multipliers=True`` also passes the current multipliers ``λ = S·u`` as the keyword
-        ``multipliers`` (for attacker-side scoring during a hyperparameter search).
+        ``callback_multipliers=True`` also passes the current multipliers ``λ = S·u`` and the labels as the
+        keywords ``multipliers`` and ``labels`` (for attacker-side scoring during a hyperparameter search).
         ``fixed=(candidates, labels)`` (display space) holds those candidates fixed: their multipliers
         are fitted once by least squares on ``θ`` (non-negative unless the formulation is signed) and
         the free candidates solve for what they leave, ``θ − Σ_f λ_f ∇_θ h_f``, the relative
@@ -243,13 +258,20 @@ class KKTAttack(Attack):
 
         def emit(it: int, elapsed: float) -> None:
             with torch.no_grad():
-                extra = {"multipliers": (p.form.scale * p.u).float().cpu()} if callback_multipliers else {}
+                extra = {"multipliers": (p.form.scale * p.u).float().cpu(), "labels": p.y.cpu()} if callback_multipliers else {}
                 callback(it, elapsed, dark_floor((p.x + p.mean).float(), tau).cpu(), **extra)
 
         end = attack_loop("kkt attack", cfg, run, step, progress=progress, emit=None if callback is None else emit,
                           emit_every=callback_every)
         if tracker.best_iteration != end.done:
             tracker.consider(end.done, self.criterion(p))
+        return self.result(p, end, run, tracker, (tau, why), seed, init_name)
+
+    def result(self, p: Problem, end, run, tracker: IterateTracker, background: tuple[float, str], seed: int,
+               init_name: str) -> Reconstruction:
+        """The kept iterate as a Reconstruction: display-space candidates, their multipliers, settings and summary."""
+        cfg = self.config
+        tau, why = background
         kept_x, kept_u = tracker.best["x"], tracker.best["u"]
         with torch.no_grad():
             final_stat = float(stationarity_residual(p.model, p.params, kept_x, p.y, p.form.scale * kept_u, None, p.form.objective,
