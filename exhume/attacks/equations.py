@@ -31,7 +31,7 @@ from torch.overrides import TorchFunctionMode
 
 from exhume.attacks.formulation import MARGIN_FORMS
 from exhume.files.limits import LIMITS
-from exhume.losses import margin
+from exhume.losses import margin, relative_objective_gradient
 
 #: models above this relative stationarity residual on their own training data are "far from a stationary point"
 STATIONARITY_LIMIT = 0.5
@@ -231,12 +231,10 @@ def relative_stationarity(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lo
     """The relative stationarity residual of ``model`` on its training data ``(x, y)`` (model inputs)."""
     import copy
 
-    from exhume.victim.train import stationarity_residual
-
     work = copy.deepcopy(model).double().eval()
     yy = y.double() if y.is_floating_point() else y
     if weight_decay > 0:
-        value = stationarity_residual(work, x.double(), yy, loss, weight_decay)
+        value = relative_objective_gradient(work, x.double(), yy, loss, weight_decay)
         how = "‖∇ objective‖ / ‖weight_decay·θ‖ on the training data (0 = stationary)"
     else:
         value = kkt_residual_nnls(work, x, yy)

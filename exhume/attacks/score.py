@@ -49,10 +49,9 @@ PIXEL_SLACK = 0.05
 
 
 def check_scorable(view) -> None:
-    """Refuse (ConfigError) a view the attacker-side score cannot judge: it must be an AttackerView of a binary task."""
-    from exhume.victim import AttackerView
-
-    if not isinstance(view, AttackerView):
+    """Refuse (ConfigError) a view the attacker-side score cannot judge: it must be an attacker's view (what an
+    AttackerView holds, never a Victim with its training set) of a binary task."""
+    if hasattr(view, "attacker_view") or not all(hasattr(view, a) for a in ("model", "task", "input_shape", "mean")):
         raise ConfigError(f"attacker_score needs an AttackerView (never the victim's training set), got {type(view).__name__}")
     if view.task != "binary":
         raise ConfigError(f"the attacker-side score (and so exhume tune) handles binary victims only; this victim's task is {view.task!r}")

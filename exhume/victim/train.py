@@ -17,6 +17,7 @@ from exhume.files.fields import check_setting
 from exhume.files.runfolder import tensors_digest
 from exhume.interrupts import whole_step
 from exhume.losses import check_loss, per_sample_loss
+from exhume.losses import relative_objective_gradient as stationarity_residual  # ‖∇ objective‖ / ‖w·θ‖
 from exhume.progress import Progress
 
 OPTIMIZERS = ("gd", "adam")
@@ -68,16 +69,6 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def stationarity_residual(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str, weight_decay: float) -> float:
-    """‖∇_θ objective‖ / ‖weight_decay · θ‖: 0 at a stationary point of the regularised objective."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    obj = per_sample_loss(loss, model(x), y).mean()
-    grads = torch.autograd.grad(obj, params)
-    num = sum(((g + weight_decay * p) ** 2).sum() for g, p in zip(grads, params)).sqrt()
-    den = sum(((weight_decay * p) ** 2).sum() for p in params).sqrt().clamp_min(1e-30)
-    return float((num / den).detach())
 
 
 CHECKPOINT_SECONDS = 60.0
