@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from exhume.errors import ConfigError
+from exhume.files.fields import check_setting
 
 LOSS_NAMES = {"logistic": "logistic", "bce": "logistic", "bce-with-logits": "logistic", "binary-cross-entropy": "logistic",
               "cross-entropy": "cross-entropy", "ce": "cross-entropy"}
@@ -90,14 +91,6 @@ def _number(v: Any) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
-def _float(v: Any) -> float:
-    """``float(v)`` as the audit always read numbers (strings of numbers too), NaN for what is none."""
-    try:
-        return float(v) if not isinstance(v, bool) else float("nan")
-    except (TypeError, ValueError):
-        return float("nan")
-
-
 def _validated(cfg: AuditConfig) -> dict[str, Any]:
     """The settings that validation normalises (the loss's name, numbers as numbers); raises one line per defect."""
     from exhume.attacks import attack_class
@@ -110,11 +103,8 @@ def _validated(cfg: AuditConfig) -> dict[str, Any]:
     out["max_seconds"] = _positive_seconds(cfg.max_seconds)
     if cfg.task is not None and cfg.task not in ("binary", "multiclass"):
         raise ConfigError(f"task must be 'binary' or 'multiclass' (or left out: read from the model's outputs), got {cfg.task!r}")
-    if cfg.positive_class is not None and not _integer(cfg.positive_class):
-        raise ConfigError(f"positive_class must be an integer label, got {cfg.positive_class!r}")
-    if not _integer(cfg.seed):
-        raise ConfigError(f"seed must be an integer, got {cfg.seed!r}")
-    out["seed"] = int(cfg.seed)
+    out["positive_class"] = check_setting("positive_class", cfg.positive_class, integer=True, optional=True)
+    out["seed"] = check_setting("seed", cfg.seed, integer=True)
     attack_class(cfg.method)  # an unknown attack: one line naming the known ones
     if not isinstance(cfg.attack_args, dict):
         raise ConfigError(f"attack_args must be a TOML table / dict of attack parameters, got {cfg.attack_args!r}")
@@ -122,10 +112,6 @@ def _validated(cfg: AuditConfig) -> dict[str, Any]:
         raise ConfigError("model_args must be a JSON object / TOML table of keyword arguments")
     out["device"] = check_device(cfg.device)
     return out
-
-
-def _integer(v: Any) -> bool:
-    return _number(v) and float(v) == int(v)
 
 
 def _loss(loss: Any) -> str:
@@ -140,16 +126,21 @@ def _weight_decay(value: Any) -> float:
     if value is None:
         raise ConfigError("weight_decay is not given: state the L2 weight decay the model was trained with "
                           "(the weight_decay of torch.optim.SGD/Adam; 0 for none); it changes the attack's equation")
-    if not (math.isfinite(_float(value)) and _float(value) >= 0):
-        raise ConfigError(f"weight_decay must be a finite number >= 0, got {value}")
-    return _float(value)
+    return check_setting("weight_decay", _numeric(value), low=0.0)  # the files' field checks: finite, in range
 
 
 def _positive_seconds(value: Any) -> float:
-    seconds = _float(value)
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise ConfigError(f"max_seconds {value!r}: expected the attack's budget in seconds, a number > 0")
-    return seconds
+    return check_setting("max_seconds (the attack's budget in seconds)", _numeric(value), positive=True)
+
+
+def _numeric(value: Any) -> Any:
+    """A string of a number read as that number (the audit always read them); anything else as given."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
 
 
 def _normalize(value: Any) -> None:
