@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from exhume.attacks import ATTACKS, Reconstruction, get_attack
+from exhume.attacks.memory import check_memory
 from exhume.device import check_device
 from exhume.errors import ConfigError
 from exhume.victim import AttackerView, Victim
@@ -59,6 +60,7 @@ def attack(victim: Victim | AttackerView, method: str = "kkt", seed: int = 0, ou
         raise ConfigError(f"attack() needs a Victim or AttackerView, got {type(victim).__name__}")
     atk = get_attack(method, **kwargs)
     atk.check(view)  # an unsupported victim fails here, before any initialisation is built
+    check_memory(atk, view, device)  # so does a run the memory available cannot hold (one line, with settings that fit)
     init_kw = _init_kwargs(victim, atk, method, init, init_name, mix, init_seed)
     from exhume.attacks.checkpoint import run_owner
     from exhume.files.runfolder import fingerprint, own_run_folder

@@ -21,18 +21,30 @@ def _common(p: argparse.ArgumentParser, out_default: str | None = None) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from exhume.attacks import ATTACKS
-    from exhume.victim.recipe import PAPER_ARCH, PAPER_ARCH_FULL, PAPER_TRAIN
-
     parser = argparse.ArgumentParser(prog="exhume", description="Reconstruct training data from a network's weights and measure the leak.")
     sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_demo, _add_train, _add_attack, _add_evaluate, _add_tune, _add_report):
+        add(sub)
+    from exhume.audit.command import add_parser as add_audit_parser
 
+    add_audit_parser(sub)  # exhume audit: flags and config in exhume/audit/command.py
+    _add_experiment(sub)
+    return parser
+
+
+def _add_demo(sub) -> None:
+    """``exhume demo``."""
     p = sub.add_parser("demo", help="train a small victim on bundled MNIST, attack it, evaluate (about 6.5 min on 2 CPU cores: 6 min of attack)")
     _common(p, "runs/demo")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="precision of training and attack (default float32)")
     p.add_argument("--train-seconds", type=float, default=None, help="victim training budget (default: the demo's)")
     p.add_argument("--attack-seconds", type=float, default=None, help="attack budget (default: the demo's)")
     p.add_argument("--resume", action="store_true", help="reuse the victim and continue the attack from its checkpoint")
+
+
+def _add_train(sub) -> None:
+    """``exhume train``."""
+    from exhume.victim.recipe import PAPER_ARCH, PAPER_ARCH_FULL, PAPER_TRAIN
 
     p = sub.add_parser("train", help="train a victim and save it as a folder")
     _common(p)
@@ -52,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--residual-threshold", type=float, default=None,
                    help="stop once the relative stationarity residual is below this (with weight decay)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="training precision (default float32)")
+
+
+def _add_attack(sub) -> None:
+    """``exhume attack``."""
+    from exhume.attacks import ATTACKS
 
     p = sub.add_parser("attack", help="reconstruct training data from a victim's weights")
     p.add_argument("victim", help="victim folder written by 'exhume train'")
@@ -81,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_start_arguments(p)
 
+
+def _add_evaluate(sub) -> None:
+    """``exhume evaluate``."""
     p = sub.add_parser("evaluate", help="judge a reconstruction against the victim's training set")
     p.add_argument("run", help="attack run folder")
     p.add_argument("--against", required=True, help="victim folder (its training set is rebuilt from the saved spec)")
@@ -89,27 +109,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--match", default="ssim", choices=("ssim", "l2", "ncc"),
                    help="rule that picks each image's best candidate: ssim (default), l2 or ncc (see exhume/evaluation/matching.py)")
 
-    p = sub.add_parser("tune", help="search the kkt attack's hyperparameters with Optuna, scored without the training set")
+
+def _add_tune(sub) -> None:
+    """``exhume tune``."""
+    p = sub.add_parser("tune", help="search an attack's hyperparameters (those that declare a search range) with Optuna, "
+                                    "scored without the training set")
     p.add_argument("victim", help="victim folder written by 'exhume train' (only its attacker's view is used)")
     _common(p)
     p.add_argument("--trials", type=int, required=True, help="number of finished trials the study should reach")
     p.add_argument("--trial-seconds", type=float, default=60.0, help="attack budget per trial (default 60 s)")
     p.add_argument("--storage", default=None, help="Optuna storage URL shared by workers, e.g. postgresql://user:pass@host/db (default: OUT/tune.db)")
-    p.add_argument("--study-name", default="exhume-kkt", help="study name in the storage (default exhume-kkt)")
+    p.add_argument("--method", default="kkt", help="the attack whose hyperparameters are searched (default kkt)")
+    p.add_argument("--study-name", default=None, help="study name in the storage (default exhume-METHOD)")
     p.add_argument("--no-prune", action="store_true", help="run every trial to its budget (no median pruning)")
     p.add_argument("--heartbeat", type=int, default=5, help="seconds between a worker's heartbeats; a trial silent for 4x this is failed and retried "
                    "(default 5)")
-    p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE", help="a kkt parameter fixed for all trials, e.g. -p m=200")
+    p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE", help="an attack parameter fixed for all trials, e.g. -p m=200")
 
+
+def _add_report(sub) -> None:
+    """``exhume report``."""
     p = sub.add_parser("report", help="write a self-contained HTML audit report for an evaluated attack run")
     p.add_argument("run", help="attack run folder (with an evaluation/ subfolder from 'exhume evaluate')")
     p.add_argument("-o", "--out", default=None, help="HTML file to write (default: RUN/report.html)")
     p.add_argument("--against", default=None, help="victim folder: evaluate the run first if RUN/evaluation is missing")
 
-    from exhume.audit.command import add_parser as add_audit_parser
 
-    add_audit_parser(sub)  # exhume audit: flags and config in exhume/audit/command.py
-
+def _add_experiment(sub) -> None:
+    """``exhume experiment NAME``: one subcommand per registered experiment."""
     from exhume.experiments import EXPERIMENTS
 
     p = sub.add_parser("experiment", help="run a named experiment that reproduces a paper's finding")
@@ -121,7 +148,6 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--full", action="store_true", help="the paper's scale (for a GPU), instead of the CPU budget")
         if exp.add_arguments is not None:
             exp.add_arguments(q)
-    return parser
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -142,10 +168,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     cfg = TrainConfig(loss=loss, optimizer=args.optimizer, lr=args.lr, weight_decay=args.wd, max_epochs=args.epochs,
                       max_seconds=args.seconds, loss_threshold=args.loss_threshold, residual_threshold=args.residual_threshold)
     from exhume.device import check_device
+    from exhume.files.runfolder import own_run_folder
 
-    victim = make_victim(args.data, args.task, args.n, args.arch, cfg, seed=args.seed, root=args.root,
-                         progress=not args.no_progress, dtype=getattr(torch, args.dtype), device=check_device(args.device))
-    victim.save(args.out)
+    with own_run_folder(args.out, run_files=(), can_force=False):  # locked while training and saving, as an attack's folder
+        victim = make_victim(args.data, args.task, args.n, args.arch, cfg, seed=args.seed, root=args.root,
+                             progress=not args.no_progress, dtype=getattr(torch, args.dtype), device=check_device(args.device))
+        victim.save(args.out)
     m = victim.metrics
     print(f"victim saved to {args.out}: train accuracy {m['train_accuracy']:.3f}, test accuracy {m.get('test_accuracy', float('nan')):.3f}, "
           f"final loss {m['final_loss']:.4g}, relative stationarity residual {m['stationarity_residual']}, {m['epochs']} epochs in {m['seconds']} s")
@@ -282,10 +310,10 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     summary = tune(victim.attacker_view(), args.trials, args.out, trial_seconds=args.trial_seconds, storage=args.storage,
                    study_name=args.study_name, seed=args.seed, device=args.device, prune=not args.no_prune,
                    progress=not args.no_progress, victim_path=str(Path(args.victim).resolve()), fixed=parse_params(args.param),
-                   heartbeat_interval=args.heartbeat, grace_period=4 * args.heartbeat)
+                   heartbeat_interval=args.heartbeat, grace_period=4 * args.heartbeat, method=args.method)
     print(json.dumps(summary, indent=2, default=str))
     if summary.get("best_trial") is None:
-        raise DivergenceError(f"no trial of study {args.study_name!r} finished without diverging: no best setting (trials in {args.out})")
+        raise DivergenceError(f"no trial of study {summary['study']!r} finished without diverging: no best setting (trials in {args.out})")
     return 0
 
 

@@ -65,3 +65,19 @@ def soft_margin(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return margin(out, y)
     true, others = _true_and_others(out, y)
     return true - torch.logsumexp(others, dim=1)
+
+
+def weighs_by_soft_margin(task: str, loss: str | None) -> bool:
+    """Whether each training point weighs ``σ(−soft_margin)`` in the loss's gradient: a multiclass model
+    trained with cross-entropy (or of unknown loss, taken as cross-entropy); else the margin serves."""
+    return task == "multiclass" and loss in (None, "cross-entropy")
+
+
+def relative_objective_gradient(model, x: torch.Tensor, y: torch.Tensor, loss: str, weight_decay: float) -> float:
+    """‖∇_θ objective‖ / ‖weight_decay · θ‖ of ``mean ℓ + (w/2)‖θ‖²`` on ``(x, y)``: 0 at a stationary point of it."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    obj = per_sample_loss(loss, model(x), y).mean()
+    grads = torch.autograd.grad(obj, params)
+    num = sum(((g + weight_decay * p) ** 2).sum() for g, p in zip(grads, params)).sqrt()
+    den = sum(((weight_decay * p) ** 2).sum() for p in params).sqrt().clamp_min(1e-30)
+    return float((num / den).detach())

@@ -58,10 +58,17 @@ class Progress:
 
     def _line(self) -> None:
         self.logged = time.perf_counter()
-        seconds = self.logged - self.t0
-        budget = f"/{self.max_seconds:.0f}" if self.by_time else ""
         extra = "".join(f", {k} {v}" for k, v in self.postfix.items())
-        print(f"{self.desc}: {self.unit} {self.iteration}/{self.total}, {seconds:.0f}{budget} s{extra}", file=sys.stderr, flush=True)
+        print(f"{self.desc}: {self.unit} {self.iteration}/{self.total}, {self.clock(self.logged - self.t0)}{extra}",
+              file=sys.stderr, flush=True)
+
+    def clock(self, seconds: float) -> str:
+        """``"12/17 s"``; past the budget ``"18 s (1 s over the 17-s budget)"``, never ``"18/17 s"``."""
+        if not self.by_time:
+            return f"{seconds:.0f} s"
+        if f"{seconds:.0f}" == f"{self.max_seconds:.0f}" or seconds <= self.max_seconds:
+            return f"{seconds:.0f}/{self.max_seconds:.0f} s"
+        return f"{seconds:.0f} s ({seconds - self.max_seconds:.1f} s over the {self.max_seconds:.0f}-s budget)"
 
     def close(self) -> None:
         if self.bar is not None:

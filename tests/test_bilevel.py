@@ -186,3 +186,27 @@ def test_bilevel_refuses_bad_arguments():
         get_attack("bilevel").run(multi, progress=False)
     with pytest.raises(ConfigError, match="init"):
         get_attack("bilevel", m=10).run(view, init=torch.rand(4, 12), progress=False)
+
+
+def test_bilevel_keeps_a_three_second_budget_inside_its_inner_solves(tmp_path):
+    """On MNIST-sized inputs one outer step (a cold Newton-CG solve) takes far longer than 3 s: the solves check the
+    budget every Hessian-vector product, so the run ends within 5 s, its last step abandoned, the result honest."""
+    import time
+
+    import exhume
+    from exhume.files.runfolder import fingerprint
+
+    torch.manual_seed(0)
+    model = build_model("mlp:16", (1, 28, 28), 1)
+    view = AttackerView(model=model, task="binary", input_shape=(1, 28, 28), mean=torch.full((1, 28, 28), 0.13),
+                        loss="logistic", weight_decay=5e-3, n_train_hint=20)
+    torch.optim.Adam([torch.zeros(1, requires_grad=True)])  # torch imports its compiler on the first optimiser: not the attack's time
+    fingerprint(model)
+    t0 = time.perf_counter()
+    r = exhume.attack(view, method="bilevel", max_seconds=3.0, out=tmp_path / "run", progress=False)
+    wall = time.perf_counter() - t0
+    assert wall < 5.0 and r.summary["seconds"] <= wall, (wall, r.summary)
+    assert isinstance(r.summary["final_inner_stopped_by_budget"], bool) and torch.isfinite(r.candidates).all()
+    ckpt = tmp_path / "run" / "checkpoint.pt"  # none when not one step completed
+    saved = torch.load(ckpt, weights_only=True)["state"]["iteration"] if ckpt.exists() else 0
+    assert saved == r.summary["iterations"]  # the abandoned step is not counted, nor saved half done

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -162,3 +163,149 @@ def test_force_never_replaces_a_folder_a_live_process_holds(victims, tmp_path, c
     # once the holder is gone, --force replaces the run
     assert main(portfolio + ["--force", "--seed", "3"]) == 0
     assert json.loads((pooled / "reconstruction.json").read_text())["seed"] == 3 and not (pooled / LOCK_NAME).exists()
+
+
+def _lock_of(holder) -> str:
+    import dataclasses
+
+    return json.dumps(dataclasses.asdict(holder))
+
+
+def test_a_lock_from_another_host_is_taken_over_only_with_force(victims, tmp_path, capsys):
+    """A lock written on another machine sharing the folder: its process cannot be checked from here."""
+    import dataclasses
+
+    from exhume.files import runlock
+
+    run = tmp_path / "run"
+    assert main(_attack(victims / "victim0", run, "--iterations", "5")) == 0
+    other = dataclasses.replace(runlock.me(), host="node-17.cluster", pid=1)  # pid 1 runs here: the host must decide
+    (run / LOCK_NAME).write_text(_lock_of(other))
+    capsys.readouterr()
+    assert main(_attack(victims / "victim0", run, "--iterations", "10", "--resume")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "on host node-17.cluster" in err and "cannot check" in err and "--force" in err
+    assert json.loads((run / LOCK_NAME).read_text())["host"] == "node-17.cluster" and _iteration(run) == 5
+    for cmd in (["train", "--arch", "mlp:8", "-n", "10", "--seconds", "1", "--no-progress", "-o", str(run)],
+                ["evaluate", str(run), "--against", str(victims / "victim0")], ["report", str(run)]):
+        assert main(cmd) == 2  # commands without --force say how to free the folder
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "node-17.cluster" in err and "delete the lock file" in err and "--force" not in err
+    # another PID namespace on this host (a container) cannot be checked either
+    (run / LOCK_NAME).write_text(_lock_of(dataclasses.replace(runlock.me(), pid_ns="pid:[1]")))
+    assert main(_attack(victims / "victim0", run, "--iterations", "10", "--resume")) == 2 and "cannot check" in capsys.readouterr().err
+    (run / LOCK_NAME).write_text(_lock_of(other))
+    assert main(_attack(victims / "victim0", run, "--iterations", "7", "--force")) == 0
+    assert _iteration(run) == 7 and not (run / LOCK_NAME).exists() and not list(run.glob(f"{LOCK_NAME}*"))
+
+
+def test_a_lock_is_stale_after_a_reboot_or_when_its_pid_was_reused():
+    import dataclasses
+
+    from exhume.files import runlock
+
+    here = runlock.me()
+    assert runlock.judge(here) == "live" and runlock.judge(runlock.parse(_lock_of(here).encode())) == "live"
+    assert runlock.judge(dataclasses.replace(here, boot_id="0" * 36)) == "stale"  # the machine rebooted since
+    assert runlock.judge(dataclasses.replace(here, start=(here.start or 0) + 1)) == "stale"  # same pid, another process
+    assert runlock.judge(runlock.parse(str(os.getpid()).encode())) == "live"  # an old lock: a pid only, this host
+    assert runlock.judge(runlock.parse(b"\x00garbage")) == "stale"
+
+
+def _contender(folders: list[str], start, collected, result) -> None:
+    """Round k: take over folders[k] with the other contender; the winner holds it until both have answered."""
+    from exhume.errors import ExhumeError
+    from exhume.files import runlock
+    from exhume.files.runfolder import own_run_folder
+
+    judge, first = runlock.judge, [True]
+
+    def slow_judge(holder):  # both contenders judge the dead process's lock stale before either takes it over
+        verdict = judge(holder)
+        if first.pop() if first else False:
+            time.sleep(0.02)
+        return verdict
+
+    runlock.judge = slow_judge  # in this forked child only
+    for folder in folders:
+        first[:] = [True]
+        start.wait()
+        try:
+            with own_run_folder(folder, run_files=()):
+                result.put("won")
+                collected.wait()
+        except ExhumeError as e:
+            result.put(f"refused: {e}")
+            collected.wait()
+
+
+def test_two_racing_takeovers_of_a_stale_lock_leave_one_winner(tmp_path):
+    """Both judge a dead process's lock stale, then take it over at once (50 times): exactly one holds the folder."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    folders = [tmp_path / f"run{k}" for k in range(50)]
+    for k, folder in enumerate(folders):  # old locks (a pid only) and new ones
+        folder.mkdir()
+        (folder / LOCK_NAME).write_text(str(dead.pid) if k % 2 else json.dumps({"host": os.uname().nodename, "pid": dead.pid,
+                                                                                 "nonce": f"n{k}"}))
+    start, collected, result = ctx.Barrier(3), ctx.Barrier(3), ctx.Queue()
+    procs = [ctx.Process(target=_contender, args=([str(f) for f in folders], start, collected, result)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        for folder in folders:
+            start.wait(30)
+            outcomes = sorted((result.get(timeout=30) for _ in procs), key=lambda o: o != "won")
+            collected.wait(30)
+            assert outcomes[0] == "won" and outcomes[1].startswith(f"refused: output folder {folder} is in use by another"), outcomes
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    assert all(not list(f.iterdir()) for f in folders)  # every lock and takeover token removed on release
+
+
+def test_exhume_train_evaluate_and_report_refuse_a_folder_a_live_run_holds(victims, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(_attack(victims / "victim0", run, "--iterations", "5")) == 0
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (run / LOCK_NAME).write_text(str(holder.pid))
+        capsys.readouterr()
+        for cmd in (["train", "--arch", "mlp:8", "-n", "10", "--seconds", "1", "--no-progress", "-o", str(run)],
+                    ["evaluate", str(run), "--against", str(victims / "victim0"), "--pool-size", "20"], ["report", str(run)]):
+            assert main(cmd) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and f"pid {holder.pid}" in err and "in use by another exhume run" in err
+        assert not (run / "victim.json").exists() and not (run / "evaluation").exists() and not (run / "report.html").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert main(["evaluate", str(run), "--against", str(victims / "victim0"), "--pool-size", "20"]) == 0
+    assert (run / "evaluation" / "metrics.json").is_file() and not (run / LOCK_NAME).exists()
+
+
+def test_the_audit_writes_its_evaluation_and_report_under_its_own_lock(victims, tmp_path, monkeypatch):
+    import exhume
+    import exhume.report
+    from exhume.files import runlock
+
+    victim = exhume.load_victim(victims / "victim0")
+    train = victim.load_train_set()
+    out, seen = tmp_path / "audit", []
+    real = exhume.report.write_report
+
+    def watched(run, *args, **kwargs):
+        holder = runlock.parse((out / LOCK_NAME).read_bytes())
+        seen.append((holder.pid, (out / "evaluation" / "metrics.json").is_file()))
+        return real(run, *args, **kwargs)
+
+    monkeypatch.setattr(exhume.report, "write_report", watched)
+    labels = (train.y.numpy() > 0).astype(np.int64)
+    exhume.audit(victim.model, (train.x.numpy(), labels), train.x.numpy()[:6, :, ::-1].copy(), loss="logistic", weight_decay=5e-3,
+                 normalize=(train.mean, 1.0), attack_args={"iterations": 5, "restarts": 1}, progress=False, out=out)
+    assert seen == [(os.getpid(), True)] and (out / "report.html").is_file() and not (out / LOCK_NAME).exists()

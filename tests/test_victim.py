@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 
 import numpy as np
 import pytest
@@ -126,7 +128,59 @@ def test_architecture_specs():
 def test_bad_training_settings_are_refused():
     with pytest.raises(ConfigError, match="unknown loss"):
         TrainConfig(loss="hinge")
-    with pytest.raises(ConfigError, match="lr must be > 0"):
+    with pytest.raises(ConfigError, match="lr: expected a number > 0"):
         TrainConfig(lr=0)
     with pytest.raises(ConfigError, match="unknown optimizer"):
         TrainConfig(optimizer="rmsprop")
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("lr", math.inf, "lr: expected a finite number, got inf"),
+    ("lr", math.nan, "lr: expected a finite number, got nan"),
+    ("weight_decay", math.inf, "weight_decay: expected a finite number, got inf"),
+    ("weight_decay", -1e-3, "weight_decay: expected a number in [0.0, inf], got -0.001"),
+    ("max_seconds", math.inf, "max_seconds: expected a finite number, got inf"),
+    ("max_seconds", 0.0, "max_seconds: expected a number > 0, got 0.0"),
+    ("max_epochs", 2.5, "max_epochs: expected an integer, got float 2.5"),
+    ("loss_threshold", -1.0, "loss_threshold: expected a number in [0.0, inf], got -1.0"),
+    ("residual_threshold", math.nan, "residual_threshold: expected a finite number, got nan"),
+    ("log_every", 0, "log_every: expected an integer in [1, inf], got 0"),
+])
+def test_every_training_setting_is_checked_like_a_file_field(field, value, needle):
+    """TrainConfig, make_victim (a config changed after it was built) and exhume train refuse in one line."""
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(**{field: value})
+    assert str(err.value) == needle
+    cfg = TrainConfig()
+    setattr(cfg, field, value)
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        make_victim("mnist", "odd-even", 10, "mlp:8", cfg, progress=False, test_size=0)
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("lr", math.inf, "lr: expected a finite number, got inf"),
+    ("weight_decay", math.inf, "weight_decay: expected a finite number, got inf"),
+    ("momentum", 1.5, "momentum: expected a number in [0.0, 1.0], got 1.5"),
+    ("batch_size", 0, "batch_size: expected an integer in [1, inf], got 0"),
+    ("max_seconds", math.nan, "max_seconds: expected a finite number, got nan"),
+])
+def test_every_minibatch_setting_is_checked_like_a_file_field(field, value, needle):
+    from exhume.victim import MiniBatchConfig
+
+    with pytest.raises(ConfigError) as err:
+        MiniBatchConfig(**{field: value})
+    assert str(err.value) == needle
+
+
+@pytest.mark.parametrize("flag, value, needle", [
+    ("--lr", "inf", "lr: expected a finite number, got inf"),
+    ("--wd", "inf", "weight_decay: expected a finite number, got inf"),
+    ("--seconds", "nan", "max_seconds: expected a finite number, got nan"),
+    ("-n", "0", "n must be a positive integer, got 0"),
+])
+def test_exhume_train_refuses_a_setting_in_one_line(tmp_path, capsys, flag, value, needle):
+    from exhume.cli import main
+
+    assert main(["train", "--arch", "mlp:8", "-n", "10", "--no-progress", "-o", str(tmp_path / "v"), flag, value]) == 2
+    err = capsys.readouterr().err
+    assert err == f"exhume train: error: {needle}\n" and not (tmp_path / "v").exists()

@@ -11,6 +11,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from exhume.attacks.equations import Equation, Stationarity
 from exhume.errors import ConfigError, ExhumeError
 from exhume.files.jsonio import write_json
 from exhume.files.schemas import check_reconstruction_tensors, read_reconstruction_meta
@@ -62,15 +63,51 @@ class Param:
         return value
 
 
+#: a step budget that never binds: the run is bounded by ``max_seconds`` alone (see :meth:`Attack.time_budget`)
+NO_STEP_LIMIT = 10_000_000
+
+
+@dataclass(frozen=True)
+class RestartPlan:
+    """How a restart portfolio (:mod:`exhume.portfolio`) spends a budget on one attack.
+
+    ``variants``: parameter overrides, restart ``k`` takes ``variants[k % len]`` (restart 0 is the
+    caller's own settings, so the first is usually ``{}``). ``seconds_per_restart`` and
+    ``min_iterations``: what one restart should get before a further restart pays more than a
+    longer run (None: the portfolio's defaults, measured on kkt).
+    """
+
+    variants: tuple[dict[str, Any], ...] = ({},)
+    seconds_per_restart: float | None = None
+    min_iterations: int | None = None
+
+
 class Attack:
     """Base class: subclasses declare ``name`` and ``params`` and implement :meth:`run`.
 
     ``Attack(**kwargs)`` validates every keyword against ``params``; unknown names are refused.
+
+    **The protocol**, what the rooms above read from an attack (none of them names one):
+
+    - ``equation``: what it inverts, and so which assumptions the evaluation checks on the real
+      training data (:mod:`exhume.attacks.equations`; ``Equation()`` when it inverts none);
+    - ``restart_plan``: a :class:`RestartPlan` when ``exhume.attack`` should spend its budget on a
+      portfolio of restarts by default (None: one run unless restarts are asked for);
+    - ``budget``: the parameter that counts its steps; :meth:`time_budget` bounds a run by time alone;
+    - ``multipliers``: its ``Reconstruction.scores`` are the multipliers λ of its equation, and
+      ``run(callback_multipliers=True)`` passes them (and the labels) to the callback, as the
+      attacker-side score (:mod:`exhume.attacks.score`) needs;
+    - :meth:`search_space` (from ``Param.search``) and :meth:`search_start`, for ``exhume tune``;
+    - :meth:`candidate_count`: how many candidates one run makes for ``n`` training points.
     """
 
     name: ClassVar[str] = ""
     params: ClassVar[dict[str, Param]] = {}
     takes_init: ClassVar[bool] = True  # run() accepts starting candidates (init=, init_name=)
+    equation: ClassVar[Equation] = Stationarity()  # an attack that declares none is judged on every check
+    restart_plan: ClassVar[RestartPlan | None] = None
+    budget: ClassVar[str] = "iterations"
+    multipliers: ClassVar[bool] = False
 
     def __init__(self, **kwargs: Any) -> None:
         unknown = sorted(set(kwargs) - set(self.params))
@@ -100,6 +137,42 @@ class Attack:
 
     def run(self, view, **kwargs) -> Reconstruction:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    #: settings that change the peak memory, for the advice of a refusal (:mod:`exhume.attacks.memory`):
+    #: ``"count"`` (an integer: the largest that fits is named), ``"dtype"``, or a tuple of choices
+    memory_knobs: ClassVar[dict[str, Any]] = {}
+
+    def peak_memory_bytes(self, view) -> int | None:
+        """The bytes this attack adds to the process at its peak on ``view``, from shapes, counts and
+        dtype alone (nothing is allocated). The default is a rough bound for attacks that give none:
+        :func:`exhume.attacks.memory.generic_peak`. ``exhume.attack`` refuses a run above what is available."""
+        from exhume.attacks.memory import generic_peak
+
+        return generic_peak(self, view)
+
+    def effective(self, view, name: str) -> Any:
+        """The value setting ``name`` takes on ``view`` (a count left at None resolved as the run would)."""
+        return self.config.get(name)
+    @classmethod
+    def search_space(cls) -> dict[str, tuple[float, float, bool]]:
+        """``name: (low, high, log)`` for each parameter that declares a search range (``Param.search``)."""
+        return {name: (p.search[0], p.search[1], p.search[2] == "log") for name, p in cls.params.items() if p.search}
+
+    def search_start(self, view) -> dict[str, float]:
+        """The first trial of a search on ``view``: this attack's own values of the searched parameters.
+
+        An attack whose default of a searched parameter is not a number (e.g. ``"auto"``) resolves it here.
+        """
+        return {name: self.config[name] for name in self.search_space()}
+
+    def candidate_count(self, n: int) -> int | None:
+        """How many candidates one run makes when the training set has ``n`` points (None: not fixed by ``n``)."""
+        return None
+
+    @classmethod
+    def time_budget(cls, seconds: float) -> dict[str, Any]:
+        """The keyword arguments of a run bounded by ``seconds`` of wall time alone."""
+        return {cls.budget: NO_STEP_LIMIT, "max_seconds": float(seconds)}
 
 
 ORACLE_INITS = ("ground-truth", "partition", "mix")
@@ -155,10 +228,15 @@ def register(cls: type[Attack]) -> type[Attack]:
     return cls
 
 
-def get_attack(name: str, **kwargs: Any) -> Attack:
+def attack_class(name: str) -> type[Attack]:
+    """The registered attack ``name`` (its class: its protocol, without validating any setting)."""
     if name not in ATTACKS:
         raise ConfigError(f"unknown attack method {name!r}; known: {', '.join(sorted(ATTACKS))}")
-    return ATTACKS[name](**kwargs)
+    return ATTACKS[name]
+
+
+def get_attack(name: str, **kwargs: Any) -> Attack:
+    return attack_class(name)(**kwargs)
 
 
 @dataclass

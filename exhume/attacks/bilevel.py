@@ -30,6 +30,7 @@ images (ground truth, partition, mixtures), which are labelled oracle in the res
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,9 +42,10 @@ from torch.func import functional_call
 
 from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_model, init_record, initial_candidates, register
 from exhume.attacks.checkpoint import resumable_settings
+from exhume.attacks.equations import Stationarity
 from exhume.attacks.formulation import binary_labels
-from exhume.attacks.loop import CANDIDATE_PARAMS, RunState, attack_loop, budget_params, make_optimizer, open_run
-from exhume.attacks.lower_level import extreme_eigenvalues, newton_cg, spectral_damping
+from exhume.attacks.loop import CANDIDATE_PARAMS, BudgetSpent, RunState, attack_loop, budget_params, budget_spent, make_optimizer, open_run
+from exhume.attacks.lower_level import Stop, extreme_eigenvalues, newton_cg, spectral_damping
 from exhume.attacks.priors import project_range
 from exhume.attacks.surrogate import smooth_activations, soft_activations
 from exhume.errors import ConfigError, DivergenceError
@@ -72,14 +74,15 @@ def inner_objective(model: nn.Module, like: dict[str, torch.Tensor], theta: torc
 
 def solve_inner(model: nn.Module, like: dict[str, torch.Tensor], theta0: torch.Tensor, x: torch.Tensor,
                 y: torch.Tensor, loss: str, weight_decay: float, steps: int, tol: float, solver: str = "lbfgs",
-                beta: float | None = None, info: dict[str, Any] | None = None) -> tuple[torch.Tensor, float]:
+                beta: float | None = None, info: dict[str, Any] | None = None, stop: Stop = None) -> tuple[torch.Tensor, float]:
     """Train ``θ`` on ``E(x, ·)`` from ``theta0``; returns ``θ`` and ``‖∇_θE‖``.
 
     ``solver="newton-cg"``: :func:`exhume.attacks.lower_level.newton_cg` until ``‖∇_θE‖ ≤ tol``
     (``steps`` Newton steps at most); ``"lbfgs"``: full-batch L-BFGS (strong Wolfe, ``steps``
     iterations, stops at ``max|∇_θE| ≤ tol``). ``beta``: ReLUs become ``softplus(β·z)/β`` in the
     objective (:class:`~exhume.attacks.surrogate.smooth_activations`). ``info`` (a dict) receives the
-    solver's record.
+    solver's record. ``stop()``: the time budget is spent; the solver returns the iterate so far
+    (``info["stopped"]``), checked every Hessian-vector product (L-BFGS: every evaluation).
     """
     x = x.detach()
 
@@ -88,7 +91,7 @@ def solve_inner(model: nn.Module, like: dict[str, torch.Tensor], theta0: torch.T
             return inner_objective(model, like, t, x, y, loss, weight_decay)
 
     if solver == "newton-cg":
-        theta, record = newton_cg(objective, theta0, tol, steps)
+        theta, record = newton_cg(objective, theta0, tol, steps, stop=stop)
         if info is not None:
             info.update(record)
         return theta, record["grad_norm"]
@@ -99,6 +102,9 @@ def solve_inner(model: nn.Module, like: dict[str, torch.Tensor], theta0: torch.T
     def closure() -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
         value = objective(theta)
+        if stop is not None and stop():  # a zero gradient ends L-BFGS at once, at the iterate so far
+            theta.grad = torch.zeros_like(theta)
+            return value.detach()
         value.backward()
         return value
 
@@ -107,24 +113,29 @@ def solve_inner(model: nn.Module, like: dict[str, torch.Tensor], theta0: torch.T
     t = theta.clone().requires_grad_()
     (g,) = torch.autograd.grad(objective(t), t)
     if info is not None:
-        info.update(grad_norm=float(g.norm()), iterations=opt.state[opt._params[0]].get("n_iter", steps))
+        info.update(grad_norm=float(g.norm()), iterations=opt.state[opt._params[0]].get("n_iter", steps),
+                    stopped=stop is not None and stop())
     return theta, float(g.norm())
 
 
 def conjugate_gradient(matvec: Callable[[torch.Tensor], torch.Tensor], b: torch.Tensor, x0: torch.Tensor | None,
-                       iterations: int, tol: float) -> tuple[torch.Tensor, dict[str, Any]]:
+                       iterations: int, tol: float, stop: Stop = None) -> tuple[torch.Tensor, dict[str, Any]]:
     """Solve ``A p = b`` for symmetric ``A`` given only ``matvec``; stops at ``‖r‖ ≤ tol·‖b‖``.
 
-    Stops early (flagged) on non-positive curvature ``dᵀAd ≤ 0``, where CG is not defined.
+    Stops early (flagged) on non-positive curvature ``dᵀAd ≤ 0``, where CG is not defined, and
+    when ``stop()`` (the time budget is spent; ``"stopped"``).
     """
     p = torch.zeros_like(b) if x0 is None else x0.clone()
     r = b - matvec(p) if x0 is not None else b.clone()
     d = r.clone()
     rr = r @ r
     bnorm = float(b.norm()) or 1.0
-    info = {"iterations": 0, "relative_residual": float(rr.sqrt()) / bnorm, "negative_curvature": False}
+    info = {"iterations": 0, "relative_residual": float(rr.sqrt()) / bnorm, "negative_curvature": False, "stopped": False}
     for k in range(iterations):
         if float(rr.sqrt()) <= tol * bnorm:
+            break
+        if stop is not None and stop():
+            info["stopped"] = True
             break
         ad = matvec(d)
         curv = d @ ad
@@ -146,7 +157,7 @@ def implicit_gradient(model: nn.Module, like: dict[str, torch.Tensor], theta: to
                       x: torch.Tensor, y: torch.Tensor, loss: str, weight_decay: float, damping: float = 0.0,
                       cg_iterations: int = 100, cg_tol: float = 1e-8, p0: torch.Tensor | None = None,
                       alpha: float | None = None, beta: float | None = None,
-                      lanczos: int = 20) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+                      lanczos: int = 20, stop: Stop = None) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
     """``∇_x l(θ*, θ(x))`` at an inner optimum ``θ``, with ``l = ‖θ* − θ‖²``.
 
     Returns the gradient (shaped like ``x``), the adjoint ``p`` solving ``(H + δI) p = 2(θ − θ*)``
@@ -156,7 +167,8 @@ def implicit_gradient(model: nn.Module, like: dict[str, torch.Tensor], theta: to
     ``beta`` makes them ``softplus(β·z)/β`` (the smoothed lower level of :func:`solve_inner`).
     ``damping=None`` picks ``δ`` from the spectrum: ``lanczos`` Lanczos products estimate ``λ_min``,
     ``λ_max`` of ``H`` and :func:`~exhume.attacks.lower_level.spectral_damping` lifts ``λ_min`` above 0
-    (``δ = 0`` when ``H`` is positive definite).
+    (``δ = 0`` when ``H`` is positive definite). ``stop()`` ends the Lanczos and CG iterations early
+    (``info["stopped"]``: the caller abandons the gradient).
     """
     x = x.detach().requires_grad_()
     t = theta.detach().clone().requires_grad_()
@@ -169,7 +181,7 @@ def implicit_gradient(model: nn.Module, like: dict[str, torch.Tensor], theta: to
 
     spectrum: dict[str, Any] = {}
     if damping is None:
-        lam_min, lam_max = extreme_eigenvalues(h, t.numel(), t.detach(), lanczos)
+        lam_min, lam_max = extreme_eigenvalues(h, t.numel(), t.detach(), lanczos, stop=stop)
         damping = spectral_damping(lam_min, lam_max)
         spectrum = {"lambda_min": lam_min, "lambda_max": lam_max}
     delta = float(damping)
@@ -178,11 +190,17 @@ def implicit_gradient(model: nn.Module, like: dict[str, torch.Tensor], theta: to
         return h(v) + delta * v
 
     b = 2.0 * (theta.detach() - theta_star)
-    p, info = conjugate_gradient(hvp, b, p0, cg_iterations, cg_tol)
+    p, info = conjugate_gradient(hvp, b, p0, cg_iterations, cg_tol, stop)
     info.update(spectrum, damping=delta)
     (mixed,) = torch.autograd.grad(g, x, grad_outputs=p.detach())
     return -mixed.detach(), p.detach(), info
 
+
+
+#: with max_seconds, the final lower-level solve gets what is left of the budget, at least this share of it
+FINAL_SHARE = 0.1
+#: copies of the parameters, of each candidate and of each candidate's activations at the peak (measured)
+BILEVEL_MEMORY = (50.0, 1.0, 8.0)
 
 
 @dataclass
@@ -208,6 +226,8 @@ class BilevelAttack(Attack):
     """Bilevel reconstruction ``min_x̂ ‖θ* − θ(x̂)‖²`` with implicit gradients (binary tasks)."""
 
     name = "bilevel"
+    # θ* must be the minimiser of the training objective the lower level solves: a stationary point of it
+    equation = Stationarity(text="θ* = argmin_θ mean_i ℓ(Φ(θ; x_i), y_i) + (w/2)‖θ‖²: a stationary point of the training objective")
     params = {
         "m": Param(None, int, "number of candidates (default: n_guess, else the init's size)", low=2, allow_none=True),
         **CANDIDATE_PARAMS,
@@ -233,6 +253,27 @@ class BilevelAttack(Attack):
         "alpha": Param(None, float, "ReLU surrogate derivative sigmoid(α·z) in H and the mixed term (None: exact)",
                        low=0.0, allow_none=True),
     }
+
+    memory_knobs = {"m": "count", "dtype": "dtype"}
+
+    def effective(self, view, name: str) -> Any:
+        if name == "m":
+            return self.config["m"] or self.config["n_guess"] or view.n_train_hint or 100
+        return super().effective(view, name)
+
+    def peak_memory_bytes(self, view) -> int:
+        """Peak bytes: the Lanczos bases and conjugate-gradient vectors of the lower level are parameter-sized
+        (``BILEVEL_PER_PARAMETER·P·b``), the graph of ``∇_θE`` over ``m`` candidates holds their activations, and the
+        candidates their copies (coefficients measured, ``benchmarks/memory_estimate.py``)."""
+        from exhume.attacks import memory as mem
+
+        b, m = mem.dtype_bytes(self.config["dtype"]), self.effective(view, "m")
+        p, d = mem.parameter_count(view.model), mem.input_elements(view)
+        a = mem.activation_elements(view.model, tuple(view.input_shape))
+        per_p, per_d, per_a = BILEVEL_MEMORY
+        return int(mem.BASE_BYTES + b * (per_p * p + per_d * m * d + per_a * (m * a.per_input + a.fixed)))
+    def candidate_count(self, n: int) -> int:
+        return int(self.config["m"] or self.config["n_guess"] or n)
 
     def check(self, view) -> None:
         if view.task != "binary":
@@ -302,15 +343,19 @@ class BilevelAttack(Attack):
         def step(it: int, log: bool, clock) -> dict[str, str] | None:
             inner: dict[str, Any] = {}
             steps = cfg["inner_steps"] * (4 if cold[0] else 1)
-            cold[0] = False
+            spent = budget_spent(cfg["max_seconds"], clock)
             theta, inner_grad = solve_inner(p.model, p.like, p.state["theta"], p.x, p.y, p.loss, p.wd, steps, cfg["inner_tol"],
-                                            cfg["inner_solver"], cfg["smooth"], inner)
-            p.state["theta"] = theta
+                                            cfg["inner_solver"], cfg["smooth"], inner, stop=spent)
             dist = float(((theta - p.theta_star) ** 2).sum())
             if not torch.isfinite(theta).all():
                 raise DivergenceError(f"bilevel inner training diverged at outer step {it}; raise weight_decay or damping")
-            gx, p.state["p"], cg = implicit_gradient(p.model, p.like, theta, p.theta_star, p.x, p.y, p.loss, p.wd, cfg["damping"],
-                                                     cfg["cg_iterations"], cfg["cg_tol"], p.state["p"], cfg["alpha"], cfg["smooth"])
+            gx, adjoint, cg = implicit_gradient(p.model, p.like, theta, p.theta_star, p.x, p.y, p.loss, p.wd, cfg["damping"],
+                                                cfg["cg_iterations"], cfg["cg_tol"], p.state["p"], cfg["alpha"], cfg["smooth"],
+                                                stop=spent)
+            if spent is not None and spent():  # the budget ran out inside this step: abandon it, state untouched
+                raise BudgetSpent
+            cold[0] = False
+            p.state["theta"], p.state["p"] = theta, adjoint
             if not torch.isfinite(gx).all():
                 raise DivergenceError(f"bilevel implicit gradient is not finite at outer step {it}; raise damping")
             opt.zero_grad(set_to_none=True)
@@ -331,8 +376,12 @@ class BilevelAttack(Attack):
     def result(self, p: Problem, end, run: RunState, seed: int, init_name: str) -> Reconstruction:
         """θ after solving: train once more on the final candidates and measure the distance to θ*."""
         cfg = self.config
+        final: dict[str, Any] = {}
+        allowance = None if cfg["max_seconds"] is None else max(cfg["max_seconds"] - end.elapsed, FINAL_SHARE * cfg["max_seconds"])
+        t0 = time.perf_counter()
         theta_final, inner_grad = solve_inner(p.model, p.like, p.state["theta"], p.x, p.y, p.loss, p.wd,
-                                              max(cfg["inner_steps"], 100), cfg["inner_tol"], cfg["inner_solver"], cfg["smooth"])
+                                              max(cfg["inner_steps"], 100), cfg["inner_tol"], cfg["inner_solver"], cfg["smooth"],
+                                              final, stop=budget_spent(allowance, lambda: time.perf_counter() - t0))
         dist = float(((theta_final - p.theta_star) ** 2).sum())
         with torch.no_grad():
             out_final = functional_call(p.model, unflatten(theta_final, p.like), (p.x,))
@@ -349,7 +398,7 @@ class BilevelAttack(Attack):
             summary={"iterations": end.done, "seconds": round(end.elapsed, 3),
                      "param_distance": dist, "relative_param_distance": dist / p.theta_sq,
                      "param_distance_note": "‖θ* − θ‖² with θ trained on the final candidates (warm-started lower-level solve)",
-                     "final_inner_grad_norm": inner_grad,
+                     "final_inner_grad_norm": inner_grad, "final_inner_stopped_by_budget": bool(final.get("stopped")),
                      "logged_steps_with_negative_curvature": negative,
                      "scores_note": "margins y·Φ(x̂; θ) of the candidates under θ trained on them"},
         )

@@ -22,7 +22,7 @@ import torch
 
 from exhume.errors import ExhumeError
 from exhume.files.schemas import check_checkpoint
-from exhume.files.torchfile import load_torch, save_torch
+from exhume.files.torchfile import expected_limit, load_torch, save_torch, state_bytes
 
 _OWNER: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("exhume_run_owner", default=None)
 
@@ -54,7 +54,7 @@ def load_checkpoint(path: Path, tensors: dict[str, torch.Tensor], optimizers: di
     ``expect`` lists settings that must match the checkpoint's (resuming with other settings
     would silently mix two runs).
     """
-    payload = load_torch(path, "cannot resume", "exhume checkpoint")
+    payload = load_torch(path, "cannot resume", "exhume checkpoint", limit=expected_limit(state_bytes(tensors, optimizers)))
     owner = _OWNER.get() or {}
     state = check_checkpoint(payload, f"checkpoint {path}", tensors, optimizers, owner.get("max_iteration"))
     if owner.get("victim") is not None and payload.get("victim") != owner["victim"]:

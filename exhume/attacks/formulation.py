@@ -41,7 +41,7 @@ from torch import nn
 
 from exhume.attacks.stationarity import Objective, homogeneity_degree, negative_loss_objective, output_objective
 from exhume.errors import ConfigError
-from exhume.losses import margin, soft_margin
+from exhume.losses import margin, soft_margin, weighs_by_soft_margin
 
 FORMULATIONS = ("auto", "margin", "soft-margin", "loss", "output")
 MARGIN_FORMS = ("margin", "soft-margin")  # the forms whose h is a classifier's margin (λ ≥ 0)
@@ -125,7 +125,7 @@ def auto_form(task: str, loss: str | None) -> str:
     """``formulation="auto"`` for a victim's task kind and training loss (None: unknown)."""
     if task == "regression":
         return "output"
-    if task == "multiclass" and loss in (None, "cross-entropy"):
+    if weighs_by_soft_margin(task, loss):
         return "soft-margin"
     return "margin"
 

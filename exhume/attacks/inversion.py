@@ -34,6 +34,7 @@ from torch.func import functional_call
 
 from exhume.attacks.base import Attack, Param, Reconstruction, attack_model, register
 from exhume.attacks.checkpoint import resumable_settings
+from exhume.attacks.equations import Equation
 from exhume.attacks.generator import CONDITIONINGS, OUTPUTS, ConditionedGenerator
 from exhume.attacks.inversion_losses import GRAD_MODES, PERTURBATIONS, ce_term, cosine_term, grad_norm_term, kl_term, ortho_term, perturb
 from exhume.attacks.loop import RunState, attack_loop, budget_params, make_optimizer, open_run
@@ -74,6 +75,9 @@ class FeatureTap:
     def remove(self) -> None:
         self.handle.remove()
 
+
+#: copies of the classifier's parameters per generated image with tldr's per-sample gradient norms (measured)
+PER_SAMPLE_GRADIENT_MEMORY = 3.2
 
 INVERSION_BUDGET = ("steps", "max_seconds", "checkpoint_every", "log_every", "samples_per_class")
 
@@ -118,8 +122,35 @@ class GeneratorAttack(Attack):
     """Shared machinery: generator training loop, checkpoints, candidate drawing."""
 
     takes_init = False  # candidates come from the generator, not from starting images
+    equation = Equation()  # it inverts the classifier's decisions, not an equation of the weights and the training data
+    budget = "steps"
 
     hot: bool = False
+    memory_knobs = {"batch_size": "count"}
+    #: bytes beyond every attack's, then copies of the classifier's parameters, of the generator's, and of an image's
+    #: classifier and generator activations at the peak (measured, ``benchmarks/memory_estimate.py``)
+    memory_coefficients: tuple[float, float, float, float, float] = (0.0, 3.0, 5.0, 1.6, 1.6)
+
+    def peak_memory_bytes(self, view) -> int:
+        """Peak bytes (float32): the classifier's copy, the generator with its gradients and Adam's two moments, and per
+        generated image the classifier's and the generator's activations (:attr:`memory_coefficients`)."""
+        from exhume.attacks import memory as mem
+
+        cfg = self.config
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):  # shapes only: nothing allocated, the seed untouched
+            gen = ConditionedGenerator(tuple(view.input_shape), int(view.num_classes or 2), cfg["conditioning"], cfg["latent_dim"],
+                                       cfg["width"], cfg["dropout"], cfg["output"])
+            g, ga = mem.parameter_count(gen), mem.counted(gen, gen.sample)
+        a = mem.activation_elements(view.model, tuple(view.input_shape))
+        extra, per_p, per_g, per_a, per_ga = self.memory_coefficients
+        batch = cfg["batch_size"]
+        images = batch * (per_a * a.per_input + per_ga * ga.per_input) + per_a * a.fixed + per_ga * ga.fixed
+        elements = per_p * mem.parameter_count(view.model) + per_g * g + images + self.extra_memory(view)
+        return int(mem.BASE_BYTES + extra + 4 * elements)
+
+    def extra_memory(self, view) -> float:
+        """Elements the attack's own terms add at the peak (none here)."""
+        return 0.0
 
     def extra_terms(self, ctx: dict[str, Any]) -> dict[str, torch.Tensor]:
         return {}
@@ -302,6 +333,18 @@ class TLDRAttack(GeneratorAttack):
         "warmup": Param(0.2, float, "fraction of the steps over which the perturbed, TV, pixel and gradient terms ramp up from 0", low=0.0, high=1.0),
         "grad_mode": Param("batch", str, "batch: norm of the batch-mean gradient; per-sample: mean of per-sample norms (torch.func vmap)", choices=GRAD_MODES),
     }
+
+    memory_knobs = {"batch_size": "count", "grad_mode": GRAD_MODES}
+    # the perturbed copy and the gradient-norm term's double backward hold the classifier's activations again
+    memory_coefficients = (50.0 * 2**20, 5.0, 5.0, 5.1, 1.6)
+
+    def extra_memory(self, view) -> float:
+        """Per-sample gradient norms hold a parameter-sized gradient per image (``grad_mode="per-sample"``)."""
+        from exhume.attacks import memory as mem
+
+        if self.config["grad_mode"] != "per-sample" or not self.config["eta_grad"]:
+            return 0.0
+        return PER_SAMPLE_GRADIENT_MEMORY * self.config["batch_size"] * mem.parameter_count(view.model)
 
     def extra_weights(self) -> dict[str, float]:
         c = self.config

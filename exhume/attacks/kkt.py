@@ -38,13 +38,20 @@ from typing import Any
 
 import torch
 
-from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_model, init_record, initial_candidates, register
+from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, RestartPlan, attack_model, init_record, initial_candidates, register
 from exhume.attacks.checkpoint import BUDGET_SETTINGS, resumable_settings
-from exhume.attacks.formulation import FORMULATIONS, MARGIN_FORMS, Formulation, resolve
+from exhume.attacks.equations import Stationarity
+from exhume.attacks.formulation import FORMULATIONS, MARGIN_FORMS, Formulation, form_for, resolve
 from exhume.attacks.loop import CANDIDATE_PARAMS, attack_loop, budget_params, make_optimizer, open_run
 from exhume.attacks.priors import background_level, dark_floor, range_penalty, tv_term
 from exhume.attacks.snapshots import IterateTracker
-from exhume.attacks.stationarity import fixed_part, stationarity_residual_and_objective
+from exhume.attacks.stationarity import (
+    MIXED_DERIVATIVES,
+    TracedResidual,
+    fixed_part,
+    residual_function,
+    stationarity_residual_and_objective,
+)
 from exhume.attacks.subspace import Subspace, data_subspace, learned_part
 from exhume.attacks.trajectory import (
     EQUATIONS,
@@ -65,6 +72,10 @@ from exhume.victim.start import start_digest
 LR_LAMBDA_MARGIN = 1e-4
 #: ... and for the signed ones ('output', 'loss'), whose multipliers must find their signs
 LR_LAMBDA_SIGNED = 1e-2
+#: trace='auto' replays a traced step only once the run has spent this long in eager steps: tracing costs about a
+#: second once per process, which a run of a few seconds (a tuning trial) would not win back
+TRACE_AFTER_SECONDS = 5.0
+
 #: start_equation="auto" with the starting weights known (exhume/attacks/trajectory.py)
 DEFAULT_START_EQUATION = "endpoints"
 #: candidates per training point with a known start, unless candidates_per_point is given: at equal iterations
@@ -162,6 +173,13 @@ class KKTAttack(Attack):
     """Stationarity (KKT) reconstruction from the weights alone: binary, multiclass, regression."""
 
     name = "kkt"
+    equation = Stationarity(multiplier_scale=True)  # S is set from the weights alone: checked against the real margins
+    # restarts alternate lr_lambda 1e-4 ('auto' for classifiers; 1e-2 for regression) and 1e-2: the equation leaves the
+    # multipliers' scale free; learned fast it drifts on some victims and must move on others, so the alternation hedges
+    # (variants of the λ scale and of α did not pay): benchmarks/README.md, "How fast the multipliers learn: a
+    # portfolio variant" and "The multipliers' learning rate of a lone run"
+    restart_plan = RestartPlan(variants=({}, {"lr_lambda": 1e-2}))
+    multipliers = True
     uses_start = True  # a start in the view switches the equation (start_equation="auto")
     params = {
         "m": Param(None, int, "number of candidates (default: candidates_per_point × n, n the training-set size guess)",
@@ -222,6 +240,14 @@ class KKTAttack(Attack):
                                 "least half the start survives in the weights)", choices=PRECONDITIONERS),
         "lr_schedule": Param("constant", str, "learning-rate schedule over the budget (iterations or max_seconds, "
                              "whichever ends first)", choices=("constant", "cosine")),
+        "mixed_derivative": Param("double-backward", str, "how the stationarity term is differentiated in x̂ and λ: "
+                                  "through its gradient's graph ('double-backward') or as a jvp in θ along the residual "
+                                  "then one reverse pass ('jvp'); equal results, the default measured faster "
+                                  "(see exhume/attacks/stationarity.py)", choices=MIXED_DERIVATIVES),
+        "trace": Param("auto", str, f"'auto': after the first {TRACE_AFTER_SECONDS:g} s of steps, the stationarity term's value and gradients are "
+                       "traced once into a graph of tensor operations that every later step replays (the same numbers, less "
+                       "time; exhume/attacks/stationarity.py: TracedResidual), except with mixed_derivative='jvp', the "
+                       "consistency term, or a module that cannot be traced; 'off': eager every step", choices=("auto", "off")),
     }
 
     def __init__(self, **kwargs: Any) -> None:
@@ -243,6 +269,35 @@ class KKTAttack(Attack):
         (:mod:`exhume.attacks.trajectory`, whose :func:`~exhume.attacks.trajectory.known_start_residual` is its check)."""
         return equation_for(self.config["start_equation"], view)
 
+    memory_knobs = {"m": "count", "dtype": "dtype"}
+
+    def effective(self, view, name: str) -> Any:
+        if name == "m":
+            return candidate_count(self.config["m"], self.config["candidates_per_point"], self.config["n_guess"] or view.n_train_hint or 100)
+        return super().effective(view, name)
+
+    def peak_memory_bytes(self, view) -> int:
+        """Peak bytes from the victim's parameters ``P``, input size ``D``, activations per input ``A``, the candidates ``m`` and
+        the dtype's bytes ``b``: the larger of the set-up (SVDs of the weights in float64: ``5.2·8P + 1.4·m·D·b``) and the
+        steps (``6.8·P·b + 14.9·m·D·b + 5.2·m·A·b``), coefficients measured (``benchmarks/memory_estimate.py``)."""
+        from exhume.attacks import memory as mem
+
+        b, m = mem.dtype_bytes(self.config["dtype"]), self.effective(view, "m")
+        p, d = mem.parameter_count(view.model), mem.input_elements(view)
+        a = mem.activation_elements(view.model, tuple(view.input_shape))
+        svd = self.config["subspace"] != "off" or self.config["denoise"] != "off"
+        setup = (5.2 * 8 * p if svd else 2 * p * b) + 1.4 * m * d * b
+        steps = 6.8 * p * b + 14.9 * m * d * b + 5.2 * b * (m * a.per_input + a.fixed)
+        return int(mem.BASE_BYTES + max(setup, steps))
+
+    def candidate_count(self, n: int) -> int:
+        return candidate_count(self.config["m"], self.config["candidates_per_point"], int(self.config["n_guess"] or n))
+
+    def search_start(self, view) -> dict[str, float]:
+        """The defaults, with ``lr_lambda="auto"`` as it resolves for the formulation this run uses on ``view``."""
+        form = form_for(view, self.config["formulation"], self.config["loss"])
+        return {**super().search_start(view), "lr_lambda": resolve_lr_lambda(self.config["lr_lambda"], form)}
+
     def check(self, view) -> None:
         equation_for(self.config["start_equation"], view)
         if self.config["tv_weight"] > 0 and len(view.input_shape) != 3:
@@ -260,8 +315,8 @@ class KKTAttack(Attack):
         quality-over-time curves; its time is not counted in ``seconds``). ``init``: starting
         candidates in display space (default: noise); ``init_name`` labels them in the result
         (ground-truth, partition and mix initialisations are oracle tools and marked so).
-        ``callback_multipliers=True`` also passes the current multipliers ``λ = S·u`` as the keyword
-        ``multipliers`` (for attacker-side scoring during a hyperparameter search).
+        ``callback_multipliers=True`` also passes the current multipliers ``λ = S·u`` and the labels as the
+        keywords ``multipliers`` and ``labels`` (for attacker-side scoring during a hyperparameter search).
         ``fixed=(candidates, labels)`` (display space) holds those candidates fixed: their multipliers
         are fitted once by least squares on ``θ`` (non-negative unless the formulation is signed) and
         the free candidates solve for what they leave, ``θ − Σ_f λ_f ∇_θ h_f``, the relative
@@ -283,17 +338,18 @@ class KKTAttack(Attack):
 
         def emit(it: int, elapsed: float) -> None:
             with torch.no_grad():
-                extra = {"multipliers": (p.form.scale * p.u).float().cpu()} if callback_multipliers else {}
+                extra = {"multipliers": (p.form.scale * p.u).float().cpu(), "labels": p.y.cpu()} if callback_multipliers else {}
                 callback(it, elapsed, dark_floor((p.x + p.mean).float(), tau).cpu(), **extra)
 
         end = attack_loop("kkt attack", cfg, run, step, progress=progress, emit=None if callback is None else emit,
                           emit_every=callback_every)
         if tracker.best_iteration != end.done:
             tracker.consider(end.done, self.criterion(p))
-        return self.result(p, tracker, end, run, seed, init_name, (tau, why), view)
+        return self.result(p, end, run, tracker, (tau, why), seed, init_name, view)
 
-    def result(self, p: Problem, tracker: IterateTracker, end, run, seed: int, init_name: str, background, view) -> Reconstruction:
-        """The kept iterate as a Reconstruction: display-space candidates, multipliers, settings and summary."""
+    def result(self, p: Problem, end, run, tracker: IterateTracker, background: tuple[float, str], seed: int,
+               init_name: str, view) -> Reconstruction:
+        """The kept iterate as a Reconstruction: display-space candidates, their multipliers, settings and summary."""
         cfg = self.config
         tau, why = background
         kept_x, kept_u = tracker.best["x"], tracker.best["u"]
@@ -415,12 +471,17 @@ class KKTAttack(Attack):
             x.copy_(span.project(x))
         return span
 
-    def terms(self, p: Problem, x: torch.Tensor, u: torch.Tensor):
-        """The loss of the module docstring at ``(x, u)`` and its stationarity, dual and prior terms."""
+    def terms(self, p: Problem, x: torch.Tensor, u: torch.Tensor, residual=None):  # noqa: ANN001
+        """The loss of the module docstring at ``(x, u)`` and its stationarity, dual and prior terms
+        (``residual``: the stationarity function to use, default the ``mixed_derivative`` one)."""
         cfg = self.config
         lo, hi, shift = (0.0, 1.0, p.mean) if cfg["prior"] == "display" else (-1.0, 1.0, torch.zeros_like(p.mean))
         # the per-candidate margins h come from the residual's own forward pass (used by the consistency term)
-        stat, h = self.residual(p, x, u, cfg["alpha"])
+        if p.eq is not None:  # the known-start equation: eager (its traced replay is not built)
+            stat, h = self.residual(p, x, u, cfg["alpha"])
+        else:
+            residual = residual or residual_function(cfg["mixed_derivative"])
+            stat, h = residual(p.model, p.params, x, p.y, p.form.scale * u, cfg["alpha"], p.form.objective, p.target)
         stat = stat / p.norm2
         floor = cfg["lambda_min"] if p.eq is None else 0.0  # the known-start equation has no margin: λ ≥ 0 only
         dual = u.new_zeros(()) if p.form.signed else (torch.relu(floor - u) ** 2).sum()
@@ -442,18 +503,33 @@ class KKTAttack(Attack):
 
         return score
 
+    def step_residual(self, p: Problem) -> TracedResidual | None:
+        """The traced stationarity function the steps use (None: the eager one); the choice goes to the result's config."""
+        cfg = self.config
+        why = ("'trace' is 'off'" if cfg["trace"] == "off" else "the known-start equation" if p.eq is not None
+               else "mixed_derivative 'jvp'" if cfg["mixed_derivative"] == "jvp"
+               else "the consistency term differentiates the margins" if cfg["consistency_weight"] > 0 else None)
+        if why is None:
+            traced = TracedResidual(p.form.info)
+            p.form.info["residual_trace_note"] = f"eager: the run ended before {TRACE_AFTER_SECONDS:g} s of steps"
+            return traced
+        p.form.info.update(residual_traced=False, residual_trace_note=f"eager: {why}")
+        return None
+
     def stepper(self, p: Problem, opts: tuple[torch.optim.Optimizer, ...], history: list[dict[str, float]],
                 tracker: IterateTracker):
         """One optimisation step on the loss of the module docstring (appends to ``history`` when logging)."""
         cfg = self.config
         score = self.criterion(p)
+        residual = self.step_residual(p)
 
         def step(it: int, log: bool, clock) -> dict[str, str] | None:
             if cfg["lr_schedule"] == "cosine":
                 frac = max(it / cfg["iterations"], clock() / cfg["max_seconds"] if cfg["max_seconds"] else 0.0)
                 for opt, base in zip(opts, (cfg["lr"], p.lr_lambda)):
                     opt.param_groups[0]["lr"] = base * 0.5 * (1.0 + math.cos(math.pi * min(frac, 1.0)))
-            loss, stat, dual, prior = self.terms(p, p.x, p.u)
+            replay = residual if residual is not None and clock() >= TRACE_AFTER_SECONDS else None
+            loss, stat, dual, prior = self.terms(p, p.x, p.u, replay)
             if not torch.isfinite(loss):
                 raise DivergenceError(f"kkt attack diverged at iteration {it} (loss {float(loss.detach())}); lower lr (now {cfg['lr']})")
             for opt in opts:

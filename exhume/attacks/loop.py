@@ -10,7 +10,8 @@
 
 An attack supplies ``step(it, log, clock)``, which performs iteration ``it``, appends its own
 history record when ``log`` is true (``clock()`` gives the attack seconds so far) and returns the
-progress-bar postfix (or None); ``save(done, elapsed)`` writes a checkpoint; ``emit(it, elapsed)``
+progress-bar postfix (or None); a step long enough to overrun the budget checks it inside
+(:func:`budget_spent`) and raises :class:`BudgetSpent` to be abandoned; ``save(done, elapsed)`` writes a checkpoint; ``emit(it, elapsed)``
 calls the user's callback.
 """
 
@@ -26,6 +27,7 @@ import torch
 
 from exhume.attacks.base import DTYPES, Param
 from exhume.attacks.checkpoint import load_checkpoint, save_checkpoint
+from exhume.heap import retained_heap
 from exhume.interrupts import whole_step
 from exhume.progress import Progress
 
@@ -98,10 +100,23 @@ def open_run(out: str | Path | None, resume: bool, tensors: dict[str, torch.Tens
 def attack_loop(desc: str, cfg: dict[str, Any], run: RunState, step: Callable[[int, bool, Callable[[], float]], dict[str, str] | None],
                 *, progress: bool = True, emit: Callable[[int, float], None] | None = None, emit_every: int = 1000,
                 total_key: str = "iterations") -> LoopEnd:
-    """:func:`run_loop` with the budget parameters of ``cfg`` (:func:`budget_params`) and ``run``'s checkpoint."""
-    return run_loop(desc, cfg[total_key], cfg["max_seconds"], run.start, run.elapsed, step, run.save,
-                    log_every=cfg["log_every"], checkpoint_every=cfg["checkpoint_every"], progress=progress,
-                    emit=emit, emit_every=emit_every)
+    """:func:`run_loop` with the budget parameters of ``cfg`` (:func:`budget_params`) and ``run``'s checkpoint,
+    freed memory kept in the process meanwhile (:func:`exhume.heap.retained_heap`: no page faults on reuse)."""
+    with retained_heap():
+        return run_loop(desc, cfg[total_key], cfg["max_seconds"], run.start, run.elapsed, step, run.save,
+                        log_every=cfg["log_every"], checkpoint_every=cfg["checkpoint_every"], progress=progress,
+                        emit=emit, emit_every=emit_every)
+
+
+class BudgetSpent(Exception):
+    """Raised by a step that its time budget ran out inside: the step is abandoned (its state untouched)."""
+
+
+def budget_spent(max_seconds: float | None, clock: Callable[[], float]) -> Callable[[], bool] | None:
+    """``stop()`` for the solvers inside a long step: true once ``clock()`` reaches ``max_seconds`` (None: no budget)."""
+    if max_seconds is None:
+        return None
+    return lambda: clock() >= max_seconds
 
 
 @dataclass
@@ -139,6 +154,8 @@ def run_loop(desc: str, total: int, max_seconds: float | None, start: int, elaps
                 paused += time.perf_counter() - pause
             if max_seconds is not None and elapsed >= max_seconds:
                 break
+    except BudgetSpent:
+        pass  # the step the budget ran out in was abandoned: `done` is the last complete one
     except KeyboardInterrupt:
         save(done, clock())  # an interrupted run loses nothing: --resume continues from here
         raise

@@ -25,6 +25,12 @@ from typing import Any
 import torch
 
 Objective = Callable[[torch.Tensor], torch.Tensor]
+#: ``stop()``: true once the caller's time budget is spent; the solvers then return what they have (flagged)
+Stop = Callable[[], bool] | None
+
+
+def _stopped(stop: Stop) -> bool:
+    return stop is not None and stop()
 
 
 def _grad_graph(f: Objective, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -44,15 +50,17 @@ def _hvp_of(t: torch.Tensor, g: torch.Tensor) -> Callable[[torch.Tensor], torch.
 ROUNDING = 1e-13  # relative size of a change in the objective that its floating-point value cannot resolve
 
 
-def _steihaug_cg(hvp, g: torch.Tensor, mu: float, iterations: int, rtol: float) -> tuple[torch.Tensor, int]:
+def _steihaug_cg(hvp, g: torch.Tensor, mu: float, iterations: int, rtol: float, stop: Stop = None) -> tuple[torch.Tensor, int]:
     """Approximately solve ``(H + μI) d = −g``; on negative curvature return the iterate so far
-    (or ``−g`` if none), as in Steihaug's truncated CG."""
+    (or ``−g`` if none), as in Steihaug's truncated CG; when ``stop()`` the iterate so far."""
     d = torch.zeros_like(g)
     r = -g.clone()
     p = r.clone()
     rr = r @ r
-    stop = (rtol * float(g.norm())) ** 2
+    enough = (rtol * float(g.norm())) ** 2
     for k in range(iterations):
+        if k and _stopped(stop):
+            return d, k
         hp = hvp(p) + mu * p
         curv = p @ hp
         if not torch.isfinite(curv) or curv <= 0:
@@ -61,7 +69,7 @@ def _steihaug_cg(hvp, g: torch.Tensor, mu: float, iterations: int, rtol: float) 
         d = d + a * p
         r = r - a * hp
         rr_new = r @ r
-        if float(rr_new) <= stop:
+        if float(rr_new) <= enough:
             return d, k + 1
         p = r + (rr_new / rr) * p
         rr = rr_new
@@ -69,17 +77,19 @@ def _steihaug_cg(hvp, g: torch.Tensor, mu: float, iterations: int, rtol: float) 
 
 
 def _newton_loop(f: Objective, theta: torch.Tensor, tol: float, max_iter: int, cg_iterations: int,
-                 mu: float) -> tuple[torch.Tensor, dict[str, Any]]:
+                 mu: float, stop: Stop = None) -> tuple[torch.Tensor, dict[str, Any]]:
     hvps, it = 0, 0
     t, value, g = _grad_graph(f, theta)
     gnorm = float(g.detach().norm())
     for it in range(1, max_iter + 1):
-        if gnorm <= tol or mu > 1e12:
+        if gnorm <= tol or mu > 1e12 or _stopped(stop):
             it -= 1
             break
         hvp = _hvp_of(t, g)
-        d, k = _steihaug_cg(hvp, g.detach(), mu, cg_iterations, min(0.5, gnorm ** 0.5))
+        d, k = _steihaug_cg(hvp, g.detach(), mu, cg_iterations, min(0.5, gnorm ** 0.5), stop)
         hvps += k + 1
+        if _stopped(stop):
+            break
         predicted = -float(g.detach() @ d + 0.5 * (d @ hvp(d)))
         with torch.no_grad():
             new_value = f(theta + d)
@@ -103,11 +113,11 @@ def _newton_loop(f: Objective, theta: torch.Tensor, tol: float, max_iter: int, c
     return theta, {"grad_norm": gnorm, "iterations": it, "hvps": hvps, "mu": mu, "value": float(value)}
 
 
-def _escape(f: Objective, theta: torch.Tensor, value: float, lanczos: int) -> torch.Tensor | None:
+def _escape(f: Objective, theta: torch.Tensor, value: float, lanczos: int, stop: Stop = None) -> torch.Tensor | None:
     """At a stationary point with a clearly negative eigenvalue (a saddle, e.g. collapsed ReLU units,
     where the implicit gradient vanishes), a step along its eigenvector that lowers ``f``; else None."""
     t, _, g = _grad_graph(f, theta)
-    lam_min, lam_max, v = extreme_eigenvalues(_hvp_of(t, g), theta.numel(), theta, lanczos, vector=True)
+    lam_min, lam_max, v = extreme_eigenvalues(_hvp_of(t, g), theta.numel(), theta, lanczos, vector=True, stop=stop)
     if lam_min >= -1e-6 * max(abs(lam_max), 1.0):
         return None
     v = -v if float(g.detach() @ v) > 0 else v
@@ -120,31 +130,32 @@ def _escape(f: Objective, theta: torch.Tensor, value: float, lanczos: int) -> to
 
 
 def newton_cg(f: Objective, theta0: torch.Tensor, tol: float, max_iter: int, cg_iterations: int = 100,
-              mu0: float = 1e-4, escapes: int = 3, lanczos: int = 20) -> tuple[torch.Tensor, dict[str, Any]]:
+              mu0: float = 1e-4, escapes: int = 3, lanczos: int = 20, stop: Stop = None) -> tuple[torch.Tensor, dict[str, Any]]:
     """Minimise ``f`` from ``theta0`` until ``‖∇f‖ ≤ tol`` (or ``max_iter`` Newton steps), then check
     the point is a minimum: up to ``escapes`` times, leave a saddle along its negative-curvature
-    direction (``lanczos`` products) and solve again.
+    direction (``lanczos`` products) and solve again. ``stop()`` (checked every Hessian-vector
+    product) ends it early with the iterate so far (``"stopped": True``).
 
-    Returns ``θ`` and ``{"grad_norm", "iterations", "hvps", "converged", "mu", "escapes"}``.
+    Returns ``θ`` and ``{"grad_norm", "iterations", "hvps", "converged", "mu", "escapes", "stopped"}``.
     """
-    theta, info = _newton_loop(f, theta0.detach().clone(), tol, max_iter, cg_iterations, mu0)
+    theta, info = _newton_loop(f, theta0.detach().clone(), tol, max_iter, cg_iterations, mu0, stop)
     total, hvps, done = info["iterations"], info["hvps"], 0
-    while done < escapes and info["grad_norm"] <= tol:
-        moved = _escape(f, theta, info["value"], lanczos)
-        if moved is None:
+    while done < escapes and info["grad_norm"] <= tol and not _stopped(stop):
+        moved = _escape(f, theta, info["value"], lanczos, stop)
+        if moved is None or _stopped(stop):
             break
         done += 1
-        theta, info = _newton_loop(f, moved, tol, max_iter, cg_iterations, mu0)
+        theta, info = _newton_loop(f, moved, tol, max_iter, cg_iterations, mu0, stop)
         total, hvps = total + info["iterations"], hvps + info["hvps"] + lanczos
-    info.update(iterations=total, hvps=hvps, converged=info["grad_norm"] <= tol, escapes=done)
+    info.update(iterations=total, hvps=hvps, converged=info["grad_norm"] <= tol, escapes=done, stopped=_stopped(stop))
     return theta, info
 
 
 def extreme_eigenvalues(hvp: Callable[[torch.Tensor], torch.Tensor], dim: int, like: torch.Tensor,
-                        iterations: int = 20, seed: int = 0, vector: bool = False):
+                        iterations: int = 20, seed: int = 0, vector: bool = False, stop: Stop = None):
     """Lanczos estimates of ``(λ_min, λ_max)`` of the symmetric operator ``hvp`` (``iterations``
     products, full reorthogonalisation; Ritz values bound the spectrum from inside); with
-    ``vector=True`` also the unit Ritz vector of ``λ_min``."""
+    ``vector=True`` also the unit Ritz vector of ``λ_min``. ``stop()`` ends it after fewer products."""
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(dim, generator=gen, dtype=like.dtype).to(like.device)
     q = q / q.norm()
@@ -155,7 +166,7 @@ def extreme_eigenvalues(hvp: Callable[[torch.Tensor], torch.Tensor], dim: int, l
         for b in basis:  # full reorthogonalisation (few vectors)
             w = w - (b @ w) * b
         beta = float(w.norm())
-        if beta < 1e-12 * (abs(alphas[-1]) + 1.0) or j == iterations - 1:
+        if beta < 1e-12 * (abs(alphas[-1]) + 1.0) or j == iterations - 1 or _stopped(stop):
             break
         betas.append(beta)
         basis.append(w / beta)

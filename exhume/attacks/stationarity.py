@@ -2,22 +2,37 @@
 
 ``Σ_j λ_j ∇_θ margin(Φ(θ; x̂_j), ŷ_j)`` is the gradient in ``θ`` of the scalar
 ``Σ_j λ_j margin_j``, so one vector-Jacobian product gives the whole sum (no per-sample
-gradients). The residual stays differentiable in ``x̂`` and ``λ`` (double backward).
+gradients). The residual stays differentiable in ``x̂`` and ``λ`` in one of two ways, equal up to
+rounding (:data:`MIXED_DERIVATIVES`):
+
+- ``"double-backward"``: the gradient keeps its graph and the residual is differentiated through it;
+- ``"jvp"``: ``g = Σ_j λ_j ∇_θ h_j`` without a graph, ``r = t − g`` held fixed, then
+  ``∂‖r‖²/∂(x̂, λ) = −2 ∂⟨r, g⟩/∂(x̂, λ)``, where ``⟨r, g⟩`` is the forward-mode derivative of
+  ``Σ_j λ_j h_j`` in ``θ`` along ``r`` (``torch.func.jvp``), differentiated by one reverse pass.
+  It costs one more forward and backward than the double backward, and measured slower on CPU
+  for the MLPs and CNNs of ``benchmarks/bench_iteration.py``; it is kept as the tested alternative.
+
+:class:`TracedResidual` records the double backward once as a graph of tensor operations and
+replays it (the same numbers without autograd's and torch.func's per-operation costs).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
-from torch.func import functional_call, grad
+from torch.func import functional_call, grad, jvp
 
 from exhume.attacks.surrogate import soft_activations
+from exhume.errors import ConfigError
 from exhume.losses import margin, per_sample_loss
 
 #: per-sample scalar h_j(Φ(x̂_j), ŷ_j) whose parameter gradients are summed with weights λ_j
 Objective = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+#: how the residual is differentiated in x̂ and λ (module docstring)
+MIXED_DERIVATIVES = ("double-backward", "jvp")
 
 
 def output_objective(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -84,6 +99,125 @@ def stationarity_residual_and_objective(
     g, h = weighted_gradient_and_objective(model, params, x, y, lam, alpha, objective)
     t = params if target is None else target
     return sum(((t[k] - g[k]) ** 2).sum() for k in params), h
+
+
+def stationarity_residual_jvp(
+    model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, lam: torch.Tensor,
+    alpha: float | None = None, objective: Objective = margin, target: dict[str, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`stationarity_residual_and_objective` with its gradients in ``x`` and ``λ`` through a jvp.
+
+    The value is ``‖r‖²``, ``r = t − g`` from a first pass without a graph; the gradient is that of
+    ``−2⟨r, g⟩`` with ``r`` held fixed, ``⟨r, g⟩`` the derivative of ``Σ_j λ_j h_j`` in ``θ`` along
+    ``r``. ``h`` is differentiable in ``x`` as well. Without a graph to build (no grad mode, or
+    neither ``x`` nor ``λ`` requires grad) the second pass is skipped.
+    """
+    t = params if target is None else target
+    with torch.no_grad():
+        g, h = weighted_gradient_and_objective(model, params, x.detach(), y, lam.detach(), alpha, objective)
+        r = {k: t[k] - g[k] for k in params}
+        value = sum((v**2).sum() for v in r.values())
+    if not (torch.is_grad_enabled() and (x.requires_grad or lam.requires_grad)):
+        return value, h
+
+    def weighted(p: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        h = objective(functional_call(model, p, (x,)), y)
+        return (lam * h).sum(), h
+
+    with soft_activations(alpha):
+        _, along_r, h = jvp(weighted, (params,), (r,), has_aux=True)
+    mixed = -2.0 * along_r
+    return value + (mixed - mixed.detach()), h
+
+
+class _WithGradients(torch.autograd.Function):
+    """``value`` whose gradients in ``x`` and ``λ`` are the given ``gx`` and ``gλ`` (computed elsewhere)."""
+
+    @staticmethod
+    def forward(ctx, value, x, lam, gx, glam):  # noqa: ANN001, ANN205
+        ctx.save_for_backward(gx, glam)
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001, ANN205
+        gx, glam = ctx.saved_tensors
+        return None, grad * gx, grad * glam, None, None
+
+
+def residual_value_and_gradients(model: nn.Module, objective: Objective, alpha: float | None):
+    """``(x, λ, θ, t, y) -> (‖t − g‖², h, ∂/∂x, ∂/∂λ)``, the double backward as a function of tensors alone."""
+
+    def value(x, lam, params, target, y):  # noqa: ANN001, ANN202
+        g, h = weighted_gradient_and_objective(model, params, x, y, lam, alpha, objective)
+        return sum(((target[k] - g[k]) ** 2).sum() for k in params), h
+
+    def f(x, lam, params, target, y):  # noqa: ANN001, ANN202
+        (gx, glam), (v, h) = torch.func.grad_and_value(value, argnums=(0, 1), has_aux=True)(x, lam, params, target, y)
+        return v, h, gx, glam
+
+    return f
+
+
+class TracedResidual:
+    """:func:`stationarity_residual_and_objective` traced once into a graph of tensor operations, replayed.
+
+    ``make_fx`` (fake tensors) records the operations of the double backward, value and gradients in
+    ``x`` and ``λ`` together; each call replays them without autograd's bookkeeping or torch.func's
+    dispatch: the same numbers, fewer milliseconds. The returned value carries those gradients
+    (:class:`_WithGradients`); ``h`` comes back without a graph, so a caller that differentiates ``h``
+    must use the eager function. A module that cannot be traced (control flow on tensor values) or
+    whose replay disagrees with the eager path on the first call is left to the eager path, which
+    also serves calls without a graph to build; ``info`` (a dict, updated in place) says which.
+    """
+
+    def __init__(self, info: dict[str, Any] | None = None) -> None:
+        self.graph, self.key, self.failed = None, None, False
+        self.info = {} if info is None else info
+        self.info.update(residual_traced=False, residual_trace_note="not traced yet")
+
+    def __call__(self, model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                 lam: torch.Tensor, alpha: float | None = None, objective: Objective = margin,
+                 target: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        t = params if target is None else target
+        key = (x.shape, lam.shape, y.shape, x.dtype, x.device, model, objective, alpha,
+               tuple((k, v.shape) for k, v in params.items()), tuple((k, t[k].shape) for k in params))
+        if self.failed or not (torch.is_grad_enabled() and (x.requires_grad or lam.requires_grad)):
+            return stationarity_residual_and_objective(model, params, x, y, lam, alpha, objective, target)
+        args = (x.detach(), lam.detach(), params, t, y)
+        if key != self.key:
+            self.graph, self.key = self._trace(residual_value_and_gradients(model, objective, alpha), args), key
+            if self.graph is None:
+                return stationarity_residual_and_objective(model, params, x, y, lam, alpha, objective, target)
+        value, h, gx, glam = self.graph(*args)
+        return _WithGradients.apply(value, x, lam, gx, glam), h
+
+    def _trace(self, f, args):  # noqa: ANN001, ANN202
+        """The traced graph, checked against the eager path once; None (and why, in :attr:`info`) if it cannot be."""
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        try:
+            graph = make_fx(f, tracing_mode="fake", _allow_non_fake_inputs=True)(*args)
+        except Exception as err:  # noqa: BLE001 - any failure to trace leaves the module to the eager path
+            self.failed = True
+            self.info.update(residual_trace_note=f"eager: the module cannot be traced ({type(err).__name__})")
+            return None
+        got, ref = graph(*args), f(*args)
+        tol = 1e-4 if args[0].dtype in (torch.float32, torch.float16, torch.bfloat16) else 1e-9
+        for a, b in ((got[0], ref[0]), (got[2], ref[2]), (got[3], ref[3])):  # a diverged step must agree too (NaN, inf)
+            scale = float(torch.nan_to_num(b, nan=0.0, posinf=0.0, neginf=0.0).abs().max())
+            if not torch.allclose(a, b, rtol=tol, atol=tol * scale, equal_nan=True):
+                self.failed = True
+                self.info.update(residual_trace_note="eager: the traced graph disagreed with the eager path")
+                return None
+        self.info.update(residual_traced=True, residual_trace_note="traced once, replayed every step")
+        return graph
+
+
+def residual_function(mixed_derivative: str):
+    """The residual-and-objective function (same signature) for a :data:`MIXED_DERIVATIVES` name."""
+    if mixed_derivative not in MIXED_DERIVATIVES:
+        raise ConfigError(f"unknown mixed_derivative {mixed_derivative!r}; known: {', '.join(MIXED_DERIVATIVES)}")
+    return stationarity_residual_jvp if mixed_derivative == "jvp" else stationarity_residual_and_objective
 
 
 def homogeneity_degree(model: nn.Module, params: dict[str, torch.Tensor], input_shape, dtype, seed: int = 0) -> float:

@@ -5,12 +5,13 @@ is hopeless: its derivative is a step, whose own derivative is zero almost every
 is flat in ``x̂``. Haim et al. keep ReLU's forward pass and replace its derivative by
 ``sigmoid(α·z)``. We do this without touching the user's module: inside :class:`soft_activations`,
 every call of ``torch.relu`` / ``F.relu`` / ``nn.ReLU`` (in-place or not) and
-``F.leaky_relu`` / ``nn.LeakyReLU`` returns
-
-    relu(z).detach() + (s(z) − s(z).detach()),   s(z) = softplus(α·z) / α,
-
-whose value is exactly ``relu(z)`` and whose derivative is ``sigmoid(α·z)`` (leaky: scaled into
-``[slope, 1]``), with a smooth second derivative. It works under ``torch.func`` transforms.
+``F.leaky_relu`` / ``nn.LeakyReLU`` returns :func:`soft_relu`: exactly ``relu(z)`` in value, with
+``sigmoid(α·z)`` as its derivative (leaky: scaled into ``[slope, 1]``) in reverse and forward mode,
+and that derivative's own derivative ``α·σ(α·z)·(1 − σ(α·z))`` in a double backward or a reverse
+pass through a forward-mode one, under ``torch.func`` transforms (``grad``, ``jvp``, ``vmap``).
+Large activations (a convolution's) go through one custom ``autograd.Function`` node, which costs
+fewer passes over them; small ones through the composite ``relu(z).detach() + s(z) − s(z).detach()``,
+``s = softplus(α·z)/α``, whose stock operations cost less than the node's Python overhead there.
 """
 
 from __future__ import annotations
@@ -23,8 +24,60 @@ _RELUS = {torch.relu, torch.relu_, F.relu, F.relu_, torch.Tensor.relu, torch.Ten
 _LEAKY = {F.leaky_relu, F.leaky_relu_, torch._C._nn.leaky_relu, torch._C._nn.leaky_relu_}
 
 
+class _SoftReLU(torch.autograd.Function):
+    """``relu(z)`` forward; ``sigmoid(α·z)`` as its derivative in backward and jvp (both differentiable)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(z: torch.Tensor, alpha: float) -> torch.Tensor:
+        return z.clamp_min(0)  # what torch.relu computes, through an operation soft_activations leaves alone
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+        z, alpha = inputs
+        ctx.save_for_backward(z)
+        ctx.save_for_forward(z)
+        ctx.alpha = alpha
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN205
+        (z,) = ctx.saved_tensors
+        return grad * torch.sigmoid(ctx.alpha * z), None
+
+    @staticmethod
+    def jvp(ctx, tangent: torch.Tensor, _alpha_tangent) -> torch.Tensor:  # noqa: ANN001
+        (z,) = ctx.saved_tensors
+        return tangent * torch.sigmoid(ctx.alpha * z)
+
+
+#: below this many elements :func:`soft_relu` uses the composite: the one node's fixed cost under torch.func
+#: (about 0.3 ms a step) outweighs the passes it saves (crossover measured between 5e4 and 6e4, benchmarks/README.md)
+ONE_NODE_MIN_ELEMENTS = 1 << 16
+
+
 def soft_relu(z: torch.Tensor, alpha: float) -> torch.Tensor:
-    """``relu(z)`` in value, ``sigmoid(α·z)`` in derivative."""
+    """``relu(z)`` in value, ``sigmoid(α·z)`` in derivative (reverse and forward mode, any order).
+
+    One autograd node (:func:`soft_relu_one_node`) for large activations, the composite below
+    :data:`ONE_NODE_MIN_ELEMENTS` elements; the two have the same derivatives.
+    """
+    if z.numel() < ONE_NODE_MIN_ELEMENTS:
+        return soft_relu_composite(z, alpha)
+    return soft_relu_one_node(z, alpha)
+
+
+def soft_relu_one_node(z: torch.Tensor, alpha: float) -> torch.Tensor:
+    """:func:`soft_relu` as one custom autograd node (fewer passes over the activations)."""
+    return _SoftReLU.apply(z, float(alpha))
+
+
+def soft_relu_composite(z: torch.Tensor, alpha: float) -> torch.Tensor:
+    """:func:`soft_relu` written with stock operations (the reference it is tested against).
+
+    ``softplus`` is linear beyond ``α·z > 20``, so there its second derivative is 0 where
+    :func:`soft_relu`'s is ``α·σ(1 − σ) < 2.1e-9·α``.
+    """
     s = F.softplus(alpha * z) / alpha
     return torch.relu(z).detach() + (s - s.detach())
 

@@ -12,7 +12,7 @@ normalisation must be stated, or the audit is refused with a message naming the 
 
 from __future__ import annotations
 
-import math
+import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,11 +22,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from exhume.audit.config import LOSS_NAMES, AuditConfig, from_options  # noqa: F401
 from exhume.errors import ConfigError, DataError
-from exhume.evaluation.verdict import check_alpha
+from exhume.files.runfolder import own_output
 
-LOSS_NAMES = {"logistic": "logistic", "bce": "logistic", "bce-with-logits": "logistic", "binary-cross-entropy": "logistic",
-              "cross-entropy": "cross-entropy", "ce": "cross-entropy"}
 DEFAULT_SECONDS = 300.0
 
 
@@ -52,12 +51,9 @@ def _tensor_images(x, what: str) -> torch.Tensor:
 
 
 def _normalisation(normalize, input_shape) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """``(mean, std)`` broadcast to the images (``normalize`` as :meth:`AuditConfig.mean_std` gives it) and its description."""
     from exhume.victim.victim import broadcast_stat
 
-    if normalize is None:
-        raise ConfigError("normalize is not given: state the input normalisation the model was trained with, e.g. "
-                          "--normalize 0.1307,0.3081 (mean, std per channel) or normalize=(mean, std), or 'none' "
-                          "if the model takes raw [0, 1] pixels")
     if isinstance(normalize, str) and normalize.strip().lower() == "none":
         return torch.zeros(input_shape), torch.ones(input_shape), "none (raw [0, 1] pixels)"
     if not isinstance(normalize, (tuple, list)) or len(normalize) != 2:
@@ -120,112 +116,130 @@ def _check_matching_size(n: int, method: str, attack_args: dict[str, Any]) -> No
     """Refuse, before anything runs, a training set the evaluation's one-to-one matching would refuse after the attack.
 
     The evaluation pairs every training image with every candidate (``LIMITS.one_to_one_entries``);
-    kkt makes at least ``m = candidates_per_point × n`` candidates per restart (2n by default), bilevel ``n``.
+    one run of the attack makes :meth:`~exhume.attacks.base.Attack.candidate_count` candidates (a
+    portfolio at least that many).
     """
-    from exhume.attacks.kkt import KKTAttack, candidate_count
+    from exhume.attacks import attack_class
     from exhume.files import limits
 
+    cls = attack_class(method)
     try:
-        if method == "kkt":
-            per_point = attack_args.get("candidates_per_point", KKTAttack.params["candidates_per_point"].default)
-            m = candidate_count(attack_args.get("m"), per_point, int(attack_args.get("n_guess") or n))
-        elif method == "bilevel":
-            m = int(attack_args.get("m") or n)
-        else:
-            return
-    except (TypeError, ValueError):  # a malformed setting: the attack's own validation names it
+        m = cls(**{k: v for k, v in attack_args.items() if k in cls.params}).candidate_count(n)
+    except ConfigError:  # a malformed setting: the attack's own validation names it when it runs
         return
     cap = limits.LIMITS.one_to_one_entries
-    if n * m > cap:
+    if m is not None and n * m > cap:
         raise DataError(f"{n} training images: the evaluation matches every training image with every candidate, and the {method} "
                         f"attack makes at least {m} candidates ({n * m:,} pairs), over the limit of {cap:,} pairs "
                         f"(LIMITS.one_to_one_entries); with {m / n:g} candidates per image at most {int((cap / (m / n)) ** 0.5):,} "
                         "training images can be audited")
 
 
-def audit(model: nn.Module, train, unseen, *, loss: str | None = None, weight_decay: float | None = None, normalize=None,
-          task: str | None = None, positive_class: int | None = None, max_seconds: float = DEFAULT_SECONDS,
-          method: str = "kkt", attack_args: dict[str, Any] | None = None, alpha: float = 0.05, out: str | Path | None = None,
-          seed: int = 0, device: str = "cpu", progress: bool = True, settings: dict[str, Any] | None = None,
-          force: bool = False, resume: bool = False) -> AuditResult:
+def audit(model: nn.Module, train, unseen, *, config: AuditConfig | None = None, progress: bool = True,
+          settings: dict[str, Any] | None = None, force: bool = False, resume: bool = False, **options: Any) -> AuditResult:
     """Audit ``model`` (trained on ``train = (x, y)``) for training-data leakage; see the module docstring.
 
     ``x``: display-space images (floats in [0, 1] or uint8), ``(N, C, H, W)``, ``(N, H, W)`` or
     ``(N, H, W, C)``; ``unseen``: images of the same kind the model never saw (pool and control).
-    ``loss``: ``"logistic"`` (BCE-with-logits, one logit) or ``"cross-entropy"`` (two or more
-    logits). ``weight_decay``: the L2 coefficient ``w`` of ``mean loss + (w/2)‖θ‖²``, i.e. the
-    ``weight_decay`` of ``torch.optim.SGD``/``Adam`` (0 for none). ``normalize``: ``(mean, std)``
-    (scalars, per channel, or images) the model's inputs were normalised with, or ``"none"``.
+    The settings (:class:`~exhume.audit.config.AuditConfig`, the same as ``exhume audit``'s) come as
+    ``config`` and/or keywords: ``loss``: ``"logistic"`` (BCE-with-logits, one logit) or
+    ``"cross-entropy"`` (two or more logits); ``weight_decay``: the L2 coefficient ``w`` of
+    ``mean loss + (w/2)‖θ‖²``, i.e. the ``weight_decay`` of ``torch.optim.SGD``/``Adam`` (0 for
+    none); ``normalize``: ``(mean, std)`` (scalars, per channel, or images) the model's inputs were
+    normalised with, or ``"none"``; and ``task``, ``positive_class``, ``max_seconds``, ``method``,
+    ``attack_args``, ``alpha``, ``out``, ``seed``, ``device``. ``settings``: recorded as given.
     ``force=True`` replaces an earlier audit's attack run in ``out``; ``resume=True`` continues an
     interrupted one (same model, data and settings) and judges it.
     """
-    import exhume  # the public exhume.attack: whatever runs it (e.g. a restart portfolio) applies here
-    from exhume.evaluation.assumptions import fit_failure, relative_stationarity, scale_failure, stationarity_failure, unmodelled_layers
-    from exhume.evaluation.run import evaluate, margins_of
-    from exhume.report import write_report
+    t0 = time.perf_counter()
+    cfg = from_options(config, **options)
+    with own_output(cfg.out) if cfg.out is not None else contextlib.nullcontext():  # one lock: attack, evaluation, report
+        data = _audited(model, train, unseen, cfg)
+        recon = _attack(data, cfg, progress, force, resume)
+        return _judge(data, recon, cfg, settings, t0)
+
+
+@dataclass
+class _Audited:
+    """The user's model wrapped in exhume's conventions, its data, and what was measured before the attack."""
+
+    user: nn.Module
+    wrapped: nn.Module
+    view: Any
+    x: torch.Tensor
+    centred: torch.Tensor
+    y: torch.Tensor
+    unseen: torch.Tensor
+    loss: str
+    info: dict[str, Any]
+    failures: list[str]
+    measured: dict[str, Any]
+
+
+def _audited(model: nn.Module, train, unseen, cfg: AuditConfig) -> _Audited:
+    """Check the arrays, wrap the model (:mod:`exhume.victim.wrap`), and measure the attack's assumptions on the training data."""
+    from exhume.evaluation.assumptions import equation_of
     from exhume.victim import AttackerView
     from exhume.victim.wrap import Audited
 
-    t0 = time.perf_counter()
-    if loss is None:
-        raise ConfigError("loss is not given: state the training loss, 'logistic' (BCE-with-logits) or 'cross-entropy'")
-    if str(loss).lower() not in LOSS_NAMES:
-        raise ConfigError(f"unknown loss {loss!r}; expected one of {', '.join(LOSS_NAMES)}")
-    loss = LOSS_NAMES[str(loss).lower()]
-    if weight_decay is None:
-        raise ConfigError("weight_decay is not given: state the L2 weight decay the model was trained with "
-                          "(the weight_decay of torch.optim.SGD/Adam; 0 for none); it changes the attack's equation")
-    if not (math.isfinite(float(weight_decay)) and float(weight_decay) >= 0):
-        raise ConfigError(f"weight_decay must be a finite number >= 0, got {weight_decay}")
-    alpha = check_alpha(alpha)
-    try:
-        seconds = float(max_seconds)
-    except (TypeError, ValueError):
-        seconds = float("nan")
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise ConfigError(f"max_seconds {max_seconds!r}: expected the attack's budget in seconds, a number > 0")
     if not isinstance(train, (tuple, list)) or len(train) != 2:
         raise ConfigError("train must be (x, y): the training images and their labels")
     x = _tensor_images(train[0], "training images")
     unseen_x = _tensor_images(unseen[0] if isinstance(unseen, (tuple, list)) else unseen, "unseen images")
     if len(train[1]) != len(x):
         raise DataError(f"{len(x)} training images but {len(train[1])} labels")
-    _check_matching_size(len(x), method, attack_args or {})
+    _check_matching_size(len(x), cfg.method, cfg.attack_args)
     if tuple(unseen_x.shape[1:]) != tuple(x.shape[1:]):
         raise DataError(f"unseen images have shape {tuple(unseen_x.shape[1:])}, training images {tuple(x.shape[1:])}; expected the same")
     input_shape = tuple(x.shape[1:])
-    mean, std, norm_text = _normalisation(normalize, input_shape)
+    mean, std, norm_text = _normalisation(cfg.mean_std(), input_shape)
     user = model.float().eval()
-    task, head, k = _head(user, ((x[:2] - mean) / std), task, loss)
-    y, pos = _labels(train[1], task, k, positive_class)
+    task, head, k = _head(user, ((x[:2] - mean) / std), cfg.task, cfg.loss)
+    y, pos = _labels(train[1], task, k, cfg.positive_class)
     wrapped = Audited(user, std, head, positive=1 if pos is None or head != "two-logit" else pos).eval()
-    if head == "two-logit":
-        loss = "logistic"  # cross-entropy over two logits is the logistic loss of their difference
+    loss = "logistic" if head == "two-logit" else cfg.loss  # cross-entropy over two logits is the logistic loss of their difference
     centred = x - mean
-    failures = unmodelled_layers(wrapped, centred[:2])
-    measured = relative_stationarity(wrapped, centred, y, loss, float(weight_decay))
-    failures += stationarity_failure(measured)
+    equation = equation_of(cfg.method)
+    failures = equation.layer_failures(wrapped, centred[:2])
+    measured = equation.residual(wrapped, centred, y, loss, cfg.weight_decay)
+    failures += equation.residual_failures(measured)
     view = AttackerView(model=wrapped, task=task, input_shape=input_shape, mean=mean, loss=loss,
-                        weight_decay=float(weight_decay), num_classes=k if task == "multiclass" else None, n_train_hint=len(x))
-    out = None if out is None else Path(out)
-    kwargs = {"iterations": 10_000_000, "max_seconds": float(max_seconds), **(attack_args or {})}
-    recon = exhume.attack(view, method=method, seed=seed, out=out, device=device, progress=progress, force=force,
-                          resume=resume, **kwargs)
-    margins, support_margins = margins_of(wrapped, centred, y, task, loss)
-    failures += fit_failure(margins, float(weight_decay)) + scale_failure(recon, margins, float(weight_decay))
-    result = evaluate(recon, train=(x, None), unseen=unseen_x, margins=margins, support_margins=support_margins,
-                      assumptions=failures, alpha=alpha,
-                      out=None if out is None else out / "evaluation")
+                        weight_decay=cfg.weight_decay, num_classes=k if task == "multiclass" else None, n_train_hint=len(x))
+    info = {"model": type(user).__name__, "task": task, "outputs": k, "positive_class": pos, "loss": loss,
+            "weight_decay": cfg.weight_decay, "normalisation": norm_text, "n_train": len(x), "n_unseen": len(unseen_x)}
+    return _Audited(user, wrapped, view, x, centred, y, unseen_x, loss, info, failures, measured)
+
+
+def _attack(data: _Audited, cfg: AuditConfig, progress: bool, force: bool, resume: bool):
+    """The public :func:`exhume.attack` on the attacker's view, within the audit's time budget."""
+    import exhume  # the public exhume.attack: whatever runs it (e.g. a restart portfolio) applies here
+    from exhume.attacks import attack_class
+
+    out = None if cfg.out is None else Path(cfg.out)
+    kwargs = {**attack_class(cfg.method).time_budget(cfg.max_seconds), **cfg.attack_args}
+    return exhume.attack(data.view, method=cfg.method, seed=cfg.seed, out=out, device=cfg.device, progress=progress, force=force,
+                         resume=resume, **kwargs)
+
+
+def _judge(data: _Audited, recon, cfg: AuditConfig, settings: dict[str, Any] | None, t0: float) -> AuditResult:
+    """Evaluate the reconstruction against the training images (the unseen ones are pool and control), with the verdict."""
+    from exhume.evaluation.assumptions import equation_of
+    from exhume.evaluation.run import evaluate, margins_of
+    from exhume.report import write_report
+
+    out = None if cfg.out is None else Path(cfg.out)
+    margins, support_margins = margins_of(data.wrapped, data.centred, data.y, data.info["task"], data.loss)
+    equation = equation_of(cfg.method)
+    failures = data.failures + equation.fit_failures(margins, cfg.weight_decay) + equation.run_failures(recon, margins, cfg.weight_decay)
+    result = evaluate(recon, train=(data.x, None), unseen=data.unseen, margins=margins, support_margins=support_margins,
+                      assumptions=failures, alpha=cfg.alpha, out=None if out is None else out / "evaluation")
     m = result.metrics
-    m["victim"] = {"model": type(user).__name__, "task": task, "outputs": k, "positive_class": pos, "loss": loss,
-                   "weight_decay": float(weight_decay), "normalisation": norm_text, "n_train": len(x), "n_unseen": len(unseen_x),
-                   "stationarity_residual": measured["value"], "stationarity_definition": measured["definition"],
-                   "stationarity_limit": measured["limit"],
+    m["victim"] = {**data.info, "stationarity_residual": data.measured["value"], "stationarity_definition": data.measured["definition"],
+                   "stationarity_limit": data.measured["limit"],
                    "train_accuracy": float((torch.as_tensor(margins) > 0).double().mean())}
-    m["audit"] = {**(settings or {}), "method": method, "max_seconds": float(max_seconds), "seed": seed,
+    m["audit"] = {**(settings or {}), "method": cfg.method, "max_seconds": cfg.max_seconds, "seed": cfg.seed,
                   "wall_seconds": round(time.perf_counter() - t0, 1)}
     if out is not None:
         result.save(out / "evaluation")
         write_report(out)
     return AuditResult(verdict=m["verdict"], reason=m["verdict_reason"], metrics=m, reconstruction=recon, out=out)
-

@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import inspect
 import sys
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -109,7 +110,9 @@ def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     import pickle
 
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # exhume's one line below says what torch would warn about
+            warnings.simplefilter("ignore")
+            obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         raise VictimError(f"weights file {path} holds pickled Python objects (e.g. a whole model saved with torch.save(model)), "
                           "which exhume never unpickles; save the weights only: torch.save(model.state_dict(), PATH) "

@@ -10,16 +10,17 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from exhume.attacks.formulation import auto_form
+from exhume.attacks import Equation, Stationarity
 from exhume.errors import ConfigError, DataError, VictimError
-from exhume.evaluation.assumptions import attack_failures, scale_failure
+from exhume.evaluation.assumptions import attack_failures, equation_of
 from exhume.evaluation.matching import match as match_images  # evaluate()'s parameter `match` shadows the name
 from exhume.evaluation.matching import min_distances
 from exhume.evaluation.metrics import EvalResult, evaluate_images
 from exhume.evaluation.plots import candidates_grid, pairs_grid, plot_sorted_ssim, plot_ssim_vs_margin
 from exhume.evaluation.verdict import ALPHA, check_alpha, decide
 from exhume.files.records import jsonable
-from exhume.losses import margin, soft_margin
+from exhume.files.runfolder import holding_output
+from exhume.losses import margin, soft_margin, weighs_by_soft_margin
 
 
 def training_margins(victim, train) -> np.ndarray | None:
@@ -42,16 +43,16 @@ def margins_of(model, centred, y, task: str, loss: str | None) -> tuple[np.ndarr
 
     The first: ``y_i Φ(x_i)``; multiclass, the runner-up margin ``Φ_y − max_{k≠y} Φ_k`` (a point is
     fitted when it is positive). The second, where the loss weighs point ``i`` by
-    ``σ(−soft margin) = 1 − p_y`` (the models kkt attacks with the soft margin, see
-    :func:`exhume.attacks.formulation.auto_form`: multiclass with cross-entropy or unknown loss), the
-    soft margins ``Φ_y − log Σ_{k≠y} exp Φ_k``; else None (the first serves).
+    ``σ(−soft margin) = 1 − p_y`` (:func:`exhume.losses.weighs_by_soft_margin`: multiclass with
+    cross-entropy or unknown loss), the soft margins ``Φ_y − log Σ_{k≠y} exp Φ_k``; else None (the first serves).
     """
     with torch.no_grad():
         out = model(centred)
-        support = soft_margin(out, y).double().numpy() if auto_form(task, loss) == "soft-margin" else None
+        support = soft_margin(out, y).double().numpy() if weighs_by_soft_margin(task, loss) else None
         return margin(out, y).double().numpy(), support
 
 
+@holding_output(lambda a: a["out"])  # the run folder's lock (RUN/evaluation) or out's own, while it evaluates and writes
 def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assumptions: list[str] | None = None,
              alpha: float = ALPHA, pool_size: int = 1000, match: str = "ssim", out: str | Path | None = None,
              pool_seed: int = 1, figures: bool = True, support_margins=None) -> EvalResult:
@@ -85,7 +86,8 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
     """
     t0 = time.perf_counter()
     alpha = check_alpha(alpha)
-    given = _inputs(recon, victim, train, unseen, margins, support_margins, assumptions, pool_size, pool_seed)
+    equation = equation_of(recon.method)  # which assumptions of the attack to check
+    given = _inputs(recon, victim, train, unseen, margins, support_margins, assumptions, pool_size, pool_seed, equation)
     candidates = recon.candidates.float().clamp(0, 1)
     if tuple(candidates.shape[1:]) != tuple(given.train_x.shape[1:]):
         raise DataError(f"the reconstruction's candidates have shape {tuple(candidates.shape[1:])} but the training images "
@@ -97,7 +99,7 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
     _context(result, recon, candidates, given)
     failures = given.failures + attack_failures(recon)
     if victim is not None:
-        failures += scale_failure(recon, given.margins, float(victim.weight_decay or 0.0))
+        failures += equation.run_failures(recon, given.margins, float(victim.weight_decay or 0.0))
     result.metrics.set_verdict(decide(result.metrics, failures, alpha))
     result.metrics.evaluation_seconds = round(time.perf_counter() - t0, 3)
     if out is not None:
@@ -118,7 +120,8 @@ class _Given(NamedTuple):
     info: dict[str, Any]
 
 
-def _inputs(recon, victim, train, unseen, margins, support_margins, assumptions, pool_size: int, pool_seed: int) -> _Given:
+def _inputs(recon, victim, train, unseen, margins, support_margins, assumptions, pool_size: int, pool_seed: int,
+            equation: Equation) -> _Given:
     if victim is not None and (train is not None or unseen is not None):
         raise ConfigError("evaluate() takes a victim or train=(x, y) and unseen=x, not both")
     if victim is not None and not hasattr(victim, "load_train_set"):
@@ -135,7 +138,7 @@ def _inputs(recon, victim, train, unseen, margins, support_margins, assumptions,
     if victim.task != "regression":
         margins, support_margins = margins_of(_float32(victim.model), train_set.centred.float(), train_set.y,
                                               victim.task, victim.loss)
-    failures = list(assumptions or []) + victim_failures(victim, train_set)
+    failures = list(assumptions or []) + victim_failures(victim, train_set, equation)
     return _Given(train_set.x, control, pool, description, margins, support_margins, failures, victim_info(victim, train_set))
 
 
@@ -252,14 +255,14 @@ def victim_info(victim, train) -> dict[str, Any]:
     return info
 
 
-def victim_failures(victim, train) -> list[str]:
-    """The attack's assumptions that fail for an exhume victim (its stationarity, its layers)."""
-    from exhume.evaluation.assumptions import STATIONARITY_LIMIT, stationarity_failure, unmodelled_layers
-
-    failures = unmodelled_layers(victim.model, train.centred[:2].float())
+def victim_failures(victim, train, equation: Equation | None = None) -> list[str]:
+    """The assumptions of the attack's ``equation`` that fail for an exhume victim (its layers, and its stationarity
+    as measured when it was trained); default: every check of the stationarity equation."""
+    equation = Stationarity() if equation is None else equation
+    failures = equation.layer_failures(victim.model, train.centred[:2].float())
     residual = victim.metrics.get("stationarity_residual")
     if residual is not None:
-        failures += stationarity_failure({"value": residual, "limit": STATIONARITY_LIMIT})
+        failures += equation.residual_failures({"value": residual, "limit": getattr(equation, "limit", None)})
     return failures
 
 

@@ -39,6 +39,9 @@ FULL = {  # the paper's scale (a GPU and hours)
     "n": 500, "kkt_arch": "mlp:1000,1000;bias=all", "bilevel_arch": "mlp:1000;bias=all", "kkt_iterations": 20000,
     "bilevel_iterations": 1000, "heldout": 1000, "victim_seconds": 600.0,
 }
+# each attack's further arguments, ATTACK_args: the paper's kkt keeps candidates where their initialisation puts
+# them (no projection onto the data's span); bilevel takes --bilevel-damping
+RUN_ARGS = {"kkt_args": {"log_every": 100, "subspace": "off"}, "bilevel_args": {"log_every": 10}}
 SETS = ("train", "partition", "noise")
 HELP = ("Runkel et al.'s initialisation study for kkt and bilevel: a grid of mixtures of ground truth, "
         "a disjoint partition and U(0,1) noise; mean L2 distances to the nearest training/partition/noise image, "
@@ -81,7 +84,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         if getattr(args, key, None) is not None:
             base[key] = getattr(args, key)
     attacks = [a.strip() for a in str(args.attacks).split(",") if a.strip()]
-    bad = [a for a in attacks if a not in ("kkt", "bilevel")]
+    bad = [a for a in attacks if f"{a}_args" not in RUN_ARGS]  # the attacks this study has settings for
     if not attacks or bad:
         raise ConfigError(f"--attacks must list kkt and/or bilevel, got {args.attacks!r}")
     if base["n"] < 2 or base["n"] % 2:
@@ -124,18 +127,14 @@ def _distances(images: torch.Tensor, refs: dict[str, torch.Tensor]) -> tuple[dic
 
 
 def _one_run(attack: str, view, refs, heldout, l1: float, l2: float, s: dict, folder: Path, progress: bool) -> dict:
-    from exhume.attacks import get_attack
+    from exhume.attacks import attack_class, get_attack
     from exhume.evaluation.inits import mix_images
     from exhume.evaluation.membership import membership_uncertainty
 
     init = mix_images(refs["train"], refs["partition"], refs["noise"], l1, l2)
     name = f"mix(l1={l1:g},l2={l2:g})"
-    if attack == "kkt":
-        # the paper's attack: candidates stay where their initialisation puts them (no projection onto the data's span)
-        atk = get_attack("kkt", iterations=s["kkt_iterations"], log_every=100, checkpoint_every=10**9, subspace="off")
-    else:
-        atk = get_attack("bilevel", iterations=s["bilevel_iterations"], damping=s["bilevel_damping"], log_every=10,
-                         checkpoint_every=10**9)
+    extra = {"damping": s["bilevel_damping"]} if "damping" in attack_class(attack).params else {}
+    atk = get_attack(attack, iterations=s[f"{attack}_iterations"], checkpoint_every=10**9, **RUN_ARGS[f"{attack}_args"], **extra)
     t0 = time.perf_counter()
     recon = atk.run(view, seed=s["seed"], progress=False, init=init, init_name=name, device=s.get("device", "cpu"))
     seconds = time.perf_counter() - t0
@@ -173,10 +172,11 @@ def _heatmaps(rows: list[dict], attack: str, grid: list[float], path: Path) -> N
 
     panels = [("d_train", "to nearest training image"), ("d_partition", "to nearest partition image"),
               ("d_noise", "to nearest noise image")]
-    panels.append(("param_distance", "‖θ*−θ‖² after solving") if attack == "bilevel"
-                  else ("relative_stationarity", "relative stationarity residual\n(‖θ*−θ‖² undefined for kkt)"))
-    fig, axes = subplots(1, 4, figsize=(17, 4))
     index = {(r["l1"], r["l2"]): r for r in rows if r["attack"] == attack}
+    trains = any(r.get("param_distance") is not None for r in index.values())  # an attack that trains θ (bilevel)
+    panels.append(("param_distance", "‖θ*−θ‖² after solving") if trains
+                  else ("relative_stationarity", f"relative stationarity residual\n(‖θ*−θ‖² undefined for {attack})"))
+    fig, axes = subplots(1, 4, figsize=(17, 4))
     for ax, (key, title) in zip(axes, panels):
         mat = np.array([[index[(a, b)][key] if (a, b) in index and index[(a, b)][key] is not None else np.nan
                          for a in grid] for b in grid])
@@ -291,42 +291,17 @@ def _markdown(verdict: list[dict], rows: list[dict], s: dict, victims: dict, sec
 
 @register_experiment("init-study", HELP, add_arguments)
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from exhume.data import load_dataset, make_pool
-    from exhume.evaluation.inits import build_init
-
     s = _settings(args)
     progress = not args.no_progress
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
-    victims = {}
-    for attack in s["attacks"]:
-        arch = s["kkt_arch"] if attack == "kkt" else s["bilevel_arch"]
-        victims[attack] = _victim(out / f"victim-{attack}", arch, s["n"], s["seed"], s["victim_seconds"], args.resume, progress)
-    first = victims[s["attacks"][0]]
-    base = build_init(first, "noise", seed=s["seed"] + 1)
-    refs = {"train": base.ground_truth, "partition": base.partition, "noise": base.noise}
-    train = first.train_set
-    ds = load_dataset("mnist")
-    held = make_pool(ds, "odd-even", s["heldout"], exclude=np.concatenate([train.indices, base.partition_indices]),
-                     seed=s["seed"] + 99)
+    victims = {attack: _victim(out / f"victim-{attack}", s[f"{attack}_arch"], s["n"], s["seed"], s["victim_seconds"], args.resume, progress)
+               for attack in s["attacks"]}
+    refs, held = _references(victims[s["attacks"][0]], s)
     rows: list[dict] = []
     for attack in s["attacks"]:
-        view = victims[attack].attacker_view()
-        noise_row = None
-        for l2 in s["grid"]:
-            for l1 in s["grid"]:
-                folder = out / "runs" / attack / f"l1_{l1:g}_l2_{l2:g}"
-                if l2 == 0.0 and noise_row is not None:  # λ₂ = 0: the same pure-noise start for every λ₁
-                    rows.append({**noise_row, "l1": l1, "init": f"mix(l1={l1:g},l2=0)", "shared_with": noise_row["init"]})
-                    continue
-                if args.resume and (folder / "row.json").exists():
-                    row = read_json(folder / "row.json", what="a row written by this experiment")
-                else:
-                    row = _one_run(attack, view, refs, held.x, l1, l2, s, folder, progress)
-                rows.append(row)
-                if l2 == 0.0:
-                    noise_row = row
+        rows += _grid_rows(attack, victims[attack].attacker_view(), refs, held, s, out, args.resume, progress)
     seconds = time.perf_counter() - t_start
     keys = sorted({k for r in rows for k in r})
     with open(out / "table.csv", "w", newline="") as f:
@@ -337,6 +312,46 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       f"{v.metrics.get('train_accuracy', float('nan')):.3f}, relative stationarity "
                       f"{v.metrics.get('stationarity_residual')}" for a, v in victims.items()}
     verdict = _verdict(rows, s["attacks"], s["grid"])
+    figures = _figures(rows, s, out, refs)
+    (out / "verdict.md").write_text(_markdown(verdict, rows, s, victim_info, seconds))
+    result = _result(verdict, s, victim_info, seconds, out, figures)
+    write_json(out / "table.json", {"rows": rows, **result}, default=str)
+    return result
+
+
+def _references(first, s: dict):
+    """The training, partition and noise images every initialisation mixes, and the held-out images for the AUC."""
+    from exhume.data import load_dataset, make_pool
+    from exhume.evaluation.inits import build_init
+
+    base = build_init(first, "noise", seed=s["seed"] + 1)
+    refs = {"train": base.ground_truth, "partition": base.partition, "noise": base.noise}
+    held = make_pool(load_dataset("mnist"), "odd-even", s["heldout"], exclude=np.concatenate([first.train_set.indices, base.partition_indices]),
+                     seed=s["seed"] + 99)
+    return refs, held
+
+
+def _grid_rows(attack: str, view, refs, held, s: dict, out: Path, resume: bool, progress: bool) -> list[dict]:
+    """One row per cell of the λ₁ × λ₂ grid (the λ₂ = 0 row, pure noise, run once); finished cells reused on resume."""
+    rows: list[dict] = []
+    noise_row = None
+    for l2 in s["grid"]:
+        for l1 in s["grid"]:
+            folder = out / "runs" / attack / f"l1_{l1:g}_l2_{l2:g}"
+            if l2 == 0.0 and noise_row is not None:  # λ₂ = 0: the same pure-noise start for every λ₁
+                rows.append({**noise_row, "l1": l1, "init": f"mix(l1={l1:g},l2=0)", "shared_with": noise_row["init"]})
+                continue
+            if resume and (folder / "row.json").exists():
+                row = read_json(folder / "row.json", what="a row written by this experiment")
+            else:
+                row = _one_run(attack, view, refs, held.x, l1, l2, s, folder, progress)
+            rows.append(row)
+            if l2 == 0.0:
+                noise_row = row
+    return rows
+
+
+def _figures(rows: list[dict], s: dict, out: Path, refs) -> list[str]:
     figures = []
     for attack in s["attacks"]:
         _heatmaps(rows, attack, s["grid"], out / f"heatmaps_{attack}.png")
@@ -345,10 +360,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     corners = _corners_figure(out, s["attacks"], s["grid"], refs)
     if corners is not None:
         figures.append(str(corners))
-    (out / "verdict.md").write_text(_markdown(verdict, rows, s, victim_info, seconds))
+    return figures
+
+
+def _result(verdict: list[dict], s: dict, victim_info: dict, seconds: float, out: Path, figures: list[str]) -> dict[str, Any]:
     part_rows = [v for v in verdict if v["corner"].startswith("partition")]
     holds = bool(verdict) and all(v["follows_init"] for v in verdict)
-    result = {
+    return {
         "experiment": "init-study", "oracle": "every initialisation except pure noise uses the training set or a "
                       "disjoint partition: evaluator tools (ORACLE)",
         "settings": s, "victims": victim_info, "seconds": round(seconds, 1),
@@ -361,5 +379,3 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "files": {"table_csv": str(out / "table.csv"), "table_json": str(out / "table.json"),
                   "verdict": str(out / "verdict.md"), "figures": figures},
     }
-    write_json(out / "table.json", {"rows": rows, **result}, default=str)
-    return result

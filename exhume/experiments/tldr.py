@@ -27,6 +27,10 @@ PAPER_CLAIM = ("reconstructions of MNIST / Fashion-MNIST look like training imag
               "degrade as the training set grows to 10k and 60k (visual, no number given)")
 
 
+#: the attacks this experiment compares (plain inversion and TLDR), and the one it runs at every training-set size
+METHODS = ("inversion", "tldr")
+EVERY_SIZE = "tldr"
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default=None, help="dataset (default mnist = the bundled 10k digits; --full: fashion-mnist)")
     p.add_argument("--root", default=None, help="dataset location if not the default")
@@ -40,8 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seconds", type=float, default=None,
                    help="wall-time cap per attack; a capped attack is finished by running the same command again "
                         "(it resumes from its checkpoint)")
-    p.add_argument("--methods", default="inversion,tldr", help="attacks on the first size (default inversion,tldr; "
-                   "later sizes run tldr only)")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"attacks on the first size (default {','.join(METHODS)}; "
+                   f"later sizes run {EVERY_SIZE} only)")
 
 
 def _parse_sizes(text: str) -> list[int]:
@@ -142,8 +146,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg = {"steps": steps, "samples_per_class": args.samples_per_class, "max_seconds": args.max_seconds,
            "checkpoint_every": 250}
     first_methods = [m.strip() for m in str(args.methods).split(",") if m.strip()]
-    if not first_methods or set(first_methods) - {"inversion", "tldr"}:
-        raise ConfigError(f"--methods must list inversion and/or tldr, got {args.methods!r}")
+    if not first_methods or set(first_methods) - set(METHODS):
+        raise ConfigError(f"--methods must list {' and/or '.join(METHODS)}, got {args.methods!r}")
     t0 = time.perf_counter()
     results: dict[str, Any] = {"settings": {"data": data, "arch": args.arch, "sizes": sizes, "victim_epochs": epochs,
                                             "weight_decay": args.wd, "generator_steps": steps,
@@ -158,7 +162,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sep = _victim_separation(victim, held, 0.05)
         results.setdefault("victim_signal_separation", {})[f"n{n}"] = sep
         rows.append(_signal_row(n, sep))
-        methods = first_methods if i == 0 else ["tldr"]
+        methods = first_methods if i == 0 else [EVERY_SIZE]
         for method in methods:
             r = _attack_and_judge(method, victim, held, vdir, cfg, args.seed, progress, args.device)
             r.update(n_train=n, n_heldout=len(held), victim_train_accuracy=victim.metrics.get("train_accuracy"),

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
-from exhume.errors import ExhumeError
+from exhume.errors import ConfigError, ExhumeError
 
 _MISSING = object()
 
@@ -120,4 +121,29 @@ def check_float(value: Any, low: float | None, high: float | None, fail, finite:
         fail(f"expected a finite number, got {value}")
     if (low is not None and value < low) or (high is not None and value > high):
         fail(f"expected a number in [{low if low is not None else '-inf'}, {high if high is not None else 'inf'}], got {value}")
+    return value
+
+
+def check_setting(name: str, value: Any, *, integer: bool = False, low: float | None = None, high: float | None = None,
+                  positive: bool = False, optional: bool = False, error: type[ExhumeError] = ConfigError) -> Any:
+    """A setting given in code or on a command line, checked as a file's fields are (a number of the
+    right kind, finite, in ``[low, high]``; ``positive``: also > 0; ``optional``: None allowed).
+
+    One line naming the setting, e.g. ``lr: expected a finite number, got inf``.
+    """
+    if value is None and optional:
+        return None
+
+    def fail(what: str):
+        raise error(f"{name}: {what}")
+
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = int(value)  # numpy integers too
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool) and not integer:
+        value = float(value)
+    if integer:
+        return check_int(value, None if low is None else int(math.ceil(low)), None if high is None else int(high), fail)
+    value = check_float(value, low, high, fail)
+    if positive and not value > 0:
+        fail(f"expected a number > 0, got {value}")
     return value

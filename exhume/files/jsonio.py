@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from exhume.errors import ExhumeError
 from exhume.files.limits import LIMITS
@@ -53,14 +54,18 @@ def finite_or_null(v: Any) -> Any:
     return v
 
 
-def atomic_write(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path`` and rename it into place; on failure
-    (disk full, read-only folder) the temporary file is removed and the OSError propagates."""
+def atomic_write(path: str | Path, data: bytes | Callable[[BinaryIO], None]) -> None:
+    """Write ``data`` (bytes, or a function writing into the open file: no copy held in memory) to a
+    temporary file beside ``path`` and rename it into place; on failure (disk full, read-only folder)
+    the temporary file is removed and the OSError propagates."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            if callable(data):
+                data(f)
+            else:
+                f.write(data)
             f.flush()
             os.fsync(f.fileno())  # on disk before it replaces the previous file
         os.replace(tmp, path)

@@ -15,7 +15,7 @@ class Limits:
     npy_items: int = 50_000_000  # train_indices.npy: one int64 per training image
     image_pixels: int = 4096 * 4096  # one image of an image folder
     folder_pixels: int = 1 << 28  # all images of an image folder (1 GiB as float32)
-    torch_file_bytes: int = 2 << 30  # an attack or training checkpoint (torch.save; the demo's is under 10 MB)
+    torch_file_bytes: int = 2 << 30  # a checkpoint (torch.save; the demo's is under 10 MB); a resumed run may read its own larger one (expected_limit)
     model_parameters: int = 100_000_000  # an architecture in victim.json or --arch (400 MB as float32)
     candidates_x_pool_block: int = 4_000_000  # similarity entries held at once by exhume evaluate (32 MB)
     one_to_one_entries: int = 25_000_000  # training images x candidates for the Hungarian matching (200 MB)

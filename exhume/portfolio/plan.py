@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exhume.errors import ConfigError
-from exhume.portfolio.variants import default_restarts, variants_for
+from exhume.portfolio.variants import default_restarts, seconds_per_restart, variants_for
 
 MAX_DEFAULT_WORKERS = 8
 
@@ -72,9 +72,10 @@ def default_workers() -> int:
     return min(local_cores(), MAX_DEFAULT_WORKERS)
 
 
-def resolve_restarts(restarts: int | str | None, max_seconds: float | None, workers: int) -> int:
+def resolve_restarts(restarts: int | str | None, max_seconds: float | None, workers: int,
+                     per_restart: float | None = None) -> int:
     if restarts is None or restarts == "auto":
-        return default_restarts(max_seconds, workers)
+        return default_restarts(max_seconds, workers, per_restart)
     if isinstance(restarts, str) and restarts.isdigit():
         restarts = int(restarts)
     if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 1:
@@ -96,7 +97,7 @@ def make_plan(method: str, restarts: int | str | None, *, seed: int = 0, max_sec
     base = dict(attack_kwargs or {})
     if "max_seconds" in base:
         raise ConfigError("pass the portfolio's time budget as max_seconds=, not inside the attack's keyword arguments")
-    n = resolve_restarts(restarts, max_seconds, workers)
+    n = resolve_restarts(restarts, max_seconds, workers, seconds_per_restart(method))
     # the default variants never override what the caller set; an explicit list does
     variants = variants_for(method, fixed=base) if variants is None else [dict(v) for v in variants]
     if not variants or not all(isinstance(v, dict) for v in variants):

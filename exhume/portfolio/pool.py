@@ -5,7 +5,7 @@
    ``rank = explained(restart) × plausibility(candidate)``, where ``explained = 1 − min(r, 1)``
    with ``r`` the restart's final relative stationarity residual (how much of the weights its
    candidates explain; 1 when the attack reports none), and the plausibility is the product of
-   the per-candidate terms of :func:`exhume.tune.score.candidate_terms` (not shrunk to the data
+   the per-candidate terms of :func:`exhume.attacks.score.candidate_terms` (not shrunk to the data
    mean, inside the pixel range, and, for binary tasks with multipliers, a margin consistent
    with its λ).
 3. **Merge near-duplicates**: two candidates with the same label whose display-space images
@@ -30,6 +30,7 @@ and status, and the summary flags starved restarts (:func:`starved`).
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -76,8 +77,9 @@ def near_duplicates(candidates: torch.Tensor, labels: torch.Tensor, order: torch
     Memory: the merge goes down ``order`` a block of still-unowned rows at a time (at most
     ``LIMITS.candidates_x_pool_block`` correlations, and so flagged pairs, at once): each block's
     correlations with every candidate are computed, the pairs whose partner is still unowned are
-    confirmed by SSIM, and the block's rows claim them in order. A long portfolio's pool (64
-    restarts of 2n candidates each) never holds an m × m matrix (12,800 candidates: 1.3 GB in
+    confirmed by SSIM as each row claims them in order (a partner already claimed is not compared:
+    time near-linear when candidates collapse, 20,000 copies of one image in seconds). A long
+    portfolio's pool (64 restarts of 2n candidates each) never holds an m × m matrix (12,800 candidates: 1.3 GB in
     float64; 128,000: 131 GB), nor a list of every flagged pair, which is m²/2 pairs when the
     candidates have collapsed onto one image (4 restarts of 4,000 candidates still near the data
     mean: 2.8 GB and over 10 minutes of SSIM on the pair list before; now the first block claims them).
@@ -111,19 +113,44 @@ def near_duplicates(candidates: torch.Tensor, labels: torch.Tensor, order: torch
         hit[torch.arange(len(block)), bi] = False
         r, j = torch.nonzero(hit, as_tuple=True)  # row-major: grouped by the block's rows, in order
         del hit
-        if confirm and r.numel():
-            keep = _confirmed_by_ssim(clipped, bi[r], j, ssim_threshold)
-            r, j = r[keep], j[keep]
-        r_np, j_np = r.numpy(), j.numpy()
-        bounds = np.searchsorted(r_np, np.arange(len(block) + 1))
-        for k, a in enumerate(block):
-            if owner[a] >= 0:  # claimed by an earlier row of this block
-                continue
-            owner[a] = a
-            kept.append(a)
-            near = j_np[bounds[k]:bounds[k + 1]]
-            owner[near[owner[near] < 0]] = a
+        _claim(block, r.numpy(), j.numpy(), owner, kept, clipped if confirm else None, ssim_threshold)
     return torch.tensor(kept, dtype=torch.long), torch.from_numpy(owner)
+
+
+def _claim(block: list[int], r: np.ndarray, j: np.ndarray, owner: np.ndarray, kept: list[int], images: torch.Tensor | None,
+           ssim_threshold: float | None) -> None:
+    """The block's rows, in order, keep themselves (unless claimed already) and claim their flagged partners that are
+    still unowned; with ``images``, only those whose SSIM confirms it. A pair whose partner an earlier row claimed is
+    never compared, so a collapsed pool costs one SSIM per candidate, not one per pair."""
+    bounds = np.searchsorted(r, np.arange(len(block) + 1))
+    for k, a in enumerate(block):
+        if owner[a] >= 0:  # claimed by an earlier row of this block
+            continue
+        owner[a] = a
+        kept.append(a)
+        near = j[bounds[k]:bounds[k + 1]]
+        near = near[owner[near] < 0]
+        if images is not None and near.size:
+            gap = np.concatenate([(images[torch.from_numpy(near[s:s + PAIR_CHUNK])] - images[a]).abs().flatten(1).amax(1).numpy()
+                                  for s in range(0, near.size, PAIR_CHUNK)])
+            doubt = gap > certain_gap(ssim_threshold)  # the others are above the threshold by the bound: no SSIM needed
+            if doubt.any():
+                idx = torch.from_numpy(near[doubt])
+                doubt[doubt] = ~_confirmed_by_ssim(images, torch.full((idx.numel(),), a), idx, ssim_threshold).numpy()
+            near = near[~doubt]
+        owner[near] = a
+
+
+def certain_gap(ssim_threshold: float) -> float:
+    """The largest pixel difference (L∞, images in [0, 1]) that guarantees an SSIM above ``ssim_threshold``.
+
+    Every Gaussian window's SSIM is ``l·cs`` with ``1 − l = (μx − μy)²/(μx² + μy² + C1) ≤ ε²/C1`` and
+    ``1 − cs = Var_w(x − y)/(σx² + σy² + C2) ≤ ε²/C2`` (the window's weights are non-negative and sum
+    to 1), so ``SSIM ≥ 1 − ε²(1/C1 + 1/C2)``; half that ε² for rounding. ``C1 = K1²``, ``C2 = K2²``.
+    """
+    from exhume.evaluation.ssim import K1, K2
+
+    return math.sqrt(0.5 * max(0.0, 1.0 - ssim_threshold) / (1.0 / K1**2 + 1.0 / K2**2))
 
 
 def flagged_pairs(flat: torch.Tensor, labels: torch.Tensor, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,7 +187,7 @@ def _confirmed_by_ssim(images: torch.Tensor, i: torch.Tensor, j: torch.Tensor, t
 
 def rank_scores(view, recon: Reconstruction) -> torch.Tensor:
     """The attacker-side rank of each candidate of one restart (higher is better)."""
-    from exhume.tune.score import candidate_terms
+    from exhume.attacks.score import candidate_terms
 
     # the margin-consistency term holds at a stationary point only; the known-start equation's multipliers are free
     stationary = recon.config.get("equation_used", "stationary") == "stationary"

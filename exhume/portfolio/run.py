@@ -47,6 +47,7 @@ def run_portfolio(victim, method: str = "kkt", *, max_seconds: float | None = No
     if not 0.0 <= merge_threshold <= 1.0:
         raise ConfigError(f"merge_threshold must be in [0, 1] (1 = never merge), got {merge_threshold!r}")
     view = as_view(view_with_start(victim, start, training, start_partial))
+    check_portfolio_memory(view, method, attack_kwargs, variants, workers, restarts, device)
     t0 = time.perf_counter()
     sizing = None
     if restarts in (None, "auto") and max_seconds is not None:
@@ -76,6 +77,20 @@ def run_portfolio(victim, method: str = "kkt", *, max_seconds: float | None = No
     if out is not None:
         recon.save(out)
     return recon
+
+
+def check_portfolio_memory(view, method: str, attack_kwargs: dict[str, Any], variants, workers: int | None, restarts,
+                           device: str) -> None:
+    """Refuse, before the sizing probe or any restart runs, a portfolio whose restarts running side by side (one per
+    worker) would need more memory than is available (:func:`exhume.attacks.memory.check_memory`, one line)."""
+    from exhume.attacks import get_attack
+    from exhume.attacks.memory import check_memory
+
+    plan = make_plan(method, restarts if isinstance(restarts, int) else None, workers=workers, variants=variants,
+                     attack_kwargs=attack_kwargs)
+    runs = [get_attack(method, **r.kwargs) for r in plan.restarts[:plan.workers]]
+    largest = max(runs, key=lambda a: a.peak_memory_bytes(view) or 0)
+    check_memory(largest, view, device, copies=min(plan.workers, len(plan.restarts)), what="'s portfolio")
 
 
 def run_local(view, plan: Plan, out, resume: bool, device: str, progress: bool):

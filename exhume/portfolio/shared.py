@@ -1,11 +1,11 @@
-"""A portfolio spread over processes and machines through one Optuna study (the storage of ``tune``).
+"""A portfolio spread over processes and machines through one study (:mod:`exhume.studies`, as ``exhume tune``).
 
 The process that creates the study stores the plan in it (``study.user_attrs["plan"]``) and
 enqueues one trial per restart (``user_attrs["restart"] = k``). Every worker, on any machine,
 claims waiting trials (Optuna hands each one to one worker), runs that restart, and stores its
 result in the study's database (:class:`exhume.portfolio.store.ResultTable`) before the trial
 completes. Workers keep a heartbeat; a trial whose worker died is failed and queued again with
-the same restart (Optuna's ``RetryHeartbeatStaleTrialCallback``, as in ``exhume tune``), and the
+the same restart (the study layer's claim loop, :func:`exhume.studies.work`), and the
 pooling process queues again any restart that is neither finished, waiting nor running. A retried
 restart continues from its checkpoint when it runs on the machine that wrote one.
 
@@ -25,28 +25,27 @@ from exhume.errors import ConfigError
 from exhume.portfolio.plan import Plan
 from exhume.portfolio.runner import HOST, executor, run_restart
 from exhume.portfolio.store import LocalStore, ResultTable
-from exhume.tune.study import GRACE_PERIOD, HEARTBEAT_INTERVAL, _optuna, make_storage
+from exhume.studies import GRACE_PERIOD, HEARTBEAT_INTERVAL, create_or_load, has_waiting, load_optuna, make_storage, work
 
 STUDY_WAIT_SECONDS = 120.0
 
 
+def _create(rdb, study_name: str, plan: Plan) -> None:
+    """Create the study with one waiting trial per restart and the plan (unless another process created it)."""
+    study, created = create_or_load(study_name, rdb)
+    if created:
+        study.set_user_attr("kind", "exhume-portfolio")
+        for r in plan.restarts:
+            study.enqueue_trial({}, user_attrs={"restart": r.index})
+        study.set_user_attr("plan", plan.record())  # written last: a joiner that sees it sees the queue
+
+
 def _open(storage: str, out, study_name: str, plan: Plan | None):
     """The study (created with ``plan`` if it does not exist yet) and its plan."""
-    import warnings
-
-    optuna = _optuna()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # heartbeats, fail_stale_trials
+    optuna = load_optuna()
     rdb = make_storage(storage, Path(out or "."), HEARTBEAT_INTERVAL, GRACE_PERIOD)
     if plan is not None:
-        try:
-            study = optuna.create_study(study_name=study_name, storage=rdb, direction="maximize")
-            study.set_user_attr("kind", "exhume-portfolio")
-            for r in plan.restarts:
-                study.enqueue_trial({}, user_attrs={"restart": r.index})
-            study.set_user_attr("plan", plan.record())  # written last: a joiner that sees it sees the queue
-        except optuna.exceptions.DuplicatedStudyError:
-            pass
+        _create(rdb, study_name, plan)
     deadline = time.time() + STUDY_WAIT_SECONDS
     while True:
         try:
@@ -69,16 +68,12 @@ def _open(storage: str, out, study_name: str, plan: Plan | None):
     return study, theirs, rdb
 
 
-def claim_loop(view, storage: str, study_name: str, out, resume: bool, device: str, progress: bool) -> int:
-    """Claim and run waiting restarts of the study until none is left; returns how many ran here."""
-    optuna = _optuna()
-    study, plan, _ = _open(storage, out, study_name, None)
-    table = ResultTable(storage, study_name)
-    local = LocalStore(out)
-    ran = 0
+def _restart_objective(view, plan: Plan, table: ResultTable, local: LocalStore, resume: bool, device: str, progress: bool,
+                       ran: list[int]):
+    """A trial of the study: run the restart it names and store its result in the database (``ran[0]`` counts them)."""
+    optuna = load_optuna()
 
     def objective(trial) -> float:
-        nonlocal ran
         k = trial.user_attrs.get("restart")
         if k is None or int(k) in table.finished():  # lost the race for the last waiting trial
             trial.set_user_attr("duplicate", True)
@@ -89,21 +84,23 @@ def claim_loop(view, storage: str, study_name: str, out, resume: bool, device: s
         restart = plan.restarts[int(k)]
         recon, row = run_restart(view, plan.method, restart, local.folder(restart.index), resume or retried, device, progress)
         table.save(restart.index, recon, row, trial.number, HOST)
-        ran += 1
+        ran[0] += 1
         return float(row.get("iterations", 0))
 
+    return objective
+
+
+def claim_loop(view, storage: str, study_name: str, out, resume: bool, device: str, progress: bool) -> int:
+    """Claim and run waiting restarts of the study until none is left; returns how many ran here."""
+    study, plan, _ = _open(storage, out, study_name, None)
+    table = ResultTable(storage, study_name)
+    ran = [0]
     try:
-        while _waiting(study):
-            study.optimize(objective, n_trials=1, catch=())
+        objective = _restart_objective(view, plan, table, LocalStore(out), resume, device, progress, ran)
+        work(study, objective, lambda: "run" if has_waiting(study) else "done")
     finally:
         table.dispose()
-    return ran
-
-
-def _waiting(study) -> bool:
-    optuna = _optuna()
-    optuna.storages.fail_stale_trials(study)
-    return bool(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
+    return ran[0]
 
 
 def _claim_in_worker(storage: str, study_name: str, out, resume: bool, device: str) -> int:
@@ -112,7 +109,7 @@ def _claim_in_worker(storage: str, study_name: str, out, resume: bool, device: s
     return claim_loop(_STATE["view"], storage, study_name, out, resume, device, False)
 
 
-def work(view, storage: str, study_name: str, workers: int, out, resume: bool, device: str, progress: bool) -> int:
+def work_here(view, storage: str, study_name: str, workers: int, out, resume: bool, device: str, progress: bool) -> int:
     """Run this machine's share: ``workers`` processes claiming restarts (this process when 1)."""
     if workers <= 1:
         return claim_loop(view, storage, study_name, out, resume, device, progress)
@@ -121,28 +118,33 @@ def work(view, storage: str, study_name: str, workers: int, out, resume: bool, d
         return sum(f.result() for f in futures)
 
 
+def _requeue_missing(study, plan: Plan, table: ResultTable) -> bool:
+    """Queue again every unfinished restart that no trial waits for or runs; False when all are finished."""
+    optuna = load_optuna()
+    S = optuna.trial.TrialState
+    missing = [r.index for r in plan.restarts if r.index not in table.finished()]
+    active = {t.user_attrs.get("restart") for t in study.get_trials(deepcopy=False, states=(S.WAITING, S.RUNNING))}
+    for k in missing:
+        if k not in active:  # its retries ran out, or its trial vanished: queue it again
+            study.enqueue_trial({}, user_attrs={"restart": k})
+    return bool(missing)
+
+
 def run_shared(view, plan: Plan, storage: str, study_name: str, out, resume: bool, device: str, progress: bool):
     """Create or join the study, work on it, wait for every restart, and read all results from the database."""
-    optuna = _optuna()
     study, plan, rdb = _open(storage, out, study_name, plan)
     rdb.engine.dispose()  # no open connection is carried into forked workers (it reopens on next use)
-    work(view, storage, study_name, plan.workers, out, resume, device, progress)
+    work_here(view, storage, study_name, plan.workers, out, resume, device, progress)
     table = ResultTable(storage, study_name)
-    S = optuna.trial.TrialState
     try:
-        while True:
-            optuna.storages.fail_stale_trials(study)
-            missing = [r.index for r in plan.restarts if r.index not in table.finished()]
-            if not missing:
-                break
-            active = {t.user_attrs.get("restart") for t in study.get_trials(deepcopy=False, states=(S.WAITING, S.RUNNING))}
-            for k in missing:
-                if k not in active:  # its retries ran out, or its trial vanished: queue it again
-                    study.enqueue_trial({}, user_attrs={"restart": k})
-            if _waiting(study):
-                claim_loop(view, storage, study_name, out, resume, device, progress)
-            else:
-                time.sleep(min(HEARTBEAT_INTERVAL, 2))  # the last restarts run elsewhere
+        objective = _restart_objective(view, plan, table, LocalStore(out), resume, device, progress, [0])
+
+        def decide() -> str:
+            if not _requeue_missing(study, plan, table):
+                return "done"
+            return "run" if has_waiting(study) else "wait"  # else the last restarts run elsewhere
+
+        work(study, objective, decide, min(HEARTBEAT_INTERVAL, 2))
         loaded = table.load_all()
     finally:
         table.dispose()
@@ -165,4 +167,4 @@ def portfolio_worker(victim, *, storage: str, study_name: str | None = None, wor
     view = as_view(victim)
     study_name = study_name or DEFAULT_STUDY
     _open(storage, out, study_name, None)  # waits for the study and its plan
-    return work(view, storage, study_name, workers or default_workers(), out, False, device, progress)
+    return work_here(view, storage, study_name, workers or default_workers(), out, False, device, progress)

@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from exhume.errors import DivergenceError, ExhumeError
-from exhume.portfolio.variants import MAX_AUTO_RESTARTS, SECONDS_PER_RESTART
+from exhume.portfolio.variants import MAX_AUTO_RESTARTS, SECONDS_PER_RESTART, restart_plan
 
-MIN_ITERATIONS_PER_RESTART = 2000
+MIN_ITERATIONS_PER_RESTART = 2000  # for an attack whose restart plan does not say (measured with kkt)
 PROBE_SHARE = 0.03
 PROBE_SECONDS = (1.0, 5.0)
 # Iterations per second of one restart among parallel workers, over the same restart alone (the
@@ -127,14 +127,16 @@ def size(view, method: str, kwargs: dict[str, Any], budget: float, workers: int,
     rate = probe(view, method, kwargs, seconds=probe_seconds(budget), threads=threads, seed=seed, device=device)
     spent = time.perf_counter() - t0
     left = max(budget - spent, 0.5 * budget)
+    plan = restart_plan(method)
     if rate is None:
         from exhume.portfolio.variants import default_restarts
 
-        n = default_restarts(left, workers)
+        n = default_restarts(left, workers, plan.seconds_per_restart)
         return Sizing(n, workers, round(left, 3), None, threads, round(spent, 3), None,
                       "the probe run diverged or ran no iteration: restarts by time alone")
-    n, w, why = choose(left, rate, workers, fixed_workers=fixed_workers, min_iterations=MIN_ITERATIONS_PER_RESTART,
-                       seconds_per_restart=SECONDS_PER_RESTART, max_restarts=MAX_AUTO_RESTARTS, efficiency=PARALLEL_EFFICIENCY)
+    n, w, why = choose(left, rate, workers, fixed_workers=fixed_workers, min_iterations=plan.min_iterations or MIN_ITERATIONS_PER_RESTART,
+                       seconds_per_restart=plan.seconds_per_restart or SECONDS_PER_RESTART, max_restarts=MAX_AUTO_RESTARTS,
+                       efficiency=PARALLEL_EFFICIENCY)
     waves = math.ceil(n / w)
     eff = PARALLEL_EFFICIENCY if w > 1 else 1.0
     expected = round(left / waves * rate * eff) if w == workers else None  # the fallback's all-core rate was not probed

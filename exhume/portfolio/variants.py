@@ -1,56 +1,81 @@
-"""Which restarts a portfolio runs: the variant list per attack and the default number of restarts.
+"""Which restarts a portfolio runs: the variants each attack declares, and the default number of restarts.
 
-Restart ``k`` runs with seed ``seed + k`` and the overrides ``DEFAULT_VARIANTS[method][k % len]``
-on top of the caller's keyword arguments, so restart 0 is always the caller's own settings.
+Restart ``k`` runs with seed ``seed + k`` and the overrides ``variants[k % len]`` of the attack's
+:class:`~exhume.attacks.base.RestartPlan` on top of the caller's keyword arguments, so restart 0 is
+always the caller's own settings. An attack that declares no plan runs once by default, and its
+restarts, when asked for, differ by seed only.
 
 Default variants apply only to what the caller left unset: a parameter the caller passed keeps the
 caller's value on every restart (an explicit ``variants=`` list overrides as given).
-
-kkt's restarts alternate the learning rate of the multipliers, ``lr_lambda`` 1e-4 (kkt's default
-for classifiers, which restart 0 and a portfolio of one take) and 1e-2, each with kkt's other
-defaults (:mod:`exhume.attacks.kkt`; for regression both are 1e-2). Why: the equation of a
-homogeneous network does not fix the multipliers' scale; learned fast, it drifts on some victims
-and must move on others, so the alternation hedges. Variants of the λ scale and of α were measured
-and did not pay; the optimiser was not measured. Pass ``variants=`` to try others. Measurements:
-``benchmarks/README.md``, "How fast the multipliers learn: a portfolio variant" and "The
-multipliers' learning rate of a lone run".
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-DEFAULT_VARIANTS: dict[str, list[dict[str, Any]]] = {
-    "kkt": [{}, {"lr_lambda": 1e-2}],
-}
+from exhume.attacks import ATTACKS, RestartPlan
 
-# Seconds one restart should get before a further restart pays more than a longer run: the
-# issue's measurement on the demo victim (one kkt run plateaus after about 35-45 s on 2 cores).
+# Seconds one restart should get before a further restart pays more than a longer run, for an
+# attack whose plan does not say: measured with kkt on the demo victim (a run plateaus after about
+# 35-45 s on 2 cores; benchmarks/README.md).
 SECONDS_PER_RESTART = 45.0
 MAX_AUTO_RESTARTS = 64
 
 
+def restart_plan(method: str) -> RestartPlan:
+    """The restart plan ``method`` declares, or the plain one (restarts differ by seed only)."""
+    cls = ATTACKS.get(method)
+    plan = None if cls is None else cls.restart_plan
+    return plan if plan is not None else RestartPlan()
+
+
+def seconds_per_restart(method: str) -> float:
+    """What one restart of ``method`` should get (its plan's, else :data:`SECONDS_PER_RESTART`)."""
+    return restart_plan(method).seconds_per_restart or SECONDS_PER_RESTART
+
+
 def has_plan(method: str) -> bool:
-    """Whether ``exhume attack`` runs a portfolio for ``method`` by default."""
-    return method in DEFAULT_VARIANTS
+    """Whether ``exhume attack`` runs a portfolio for ``method`` by default (the attack declares a restart plan)."""
+    cls = ATTACKS.get(method)
+    return cls is not None and cls.restart_plan is not None
 
 
 def variants_for(method: str, fixed: Iterable[str] = ()) -> list[dict[str, Any]]:
     """``method``'s default variants, less every parameter in ``fixed`` (the ones the caller set)."""
     fixed = set(fixed)
-    return [{k: v for k, v in var.items() if k not in fixed} for var in DEFAULT_VARIANTS.get(method, [{}])]
+    return [{k: v for k, v in var.items() if k not in fixed} for var in restart_plan(method).variants]
 
 
-def default_restarts(budget_seconds: float | None, workers: int) -> int:
+class _DeclaredVariants(Mapping):
+    """``{method: variants}`` of every registered attack that declares a restart plan, read when asked."""
+
+    def _plans(self) -> dict[str, list[dict[str, Any]]]:
+        return {name: [dict(v) for v in cls.restart_plan.variants] for name, cls in ATTACKS.items() if cls.restart_plan}
+
+    def __getitem__(self, method: str) -> list[dict[str, Any]]:
+        return self._plans()[method]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._plans())
+
+    def __len__(self) -> int:
+        return len(self._plans())
+
+
+DEFAULT_VARIANTS: Mapping[str, list[dict[str, Any]]] = _DeclaredVariants()
+
+
+def default_restarts(budget_seconds: float | None, workers: int, seconds_per_restart: float | None = None) -> int:
     """How many restarts ``restarts="auto"`` runs: one wave per worker, more waves for longer budgets.
 
     Without a time budget (an iteration budget per restart), one restart per worker. With one, as
-    many waves as fit ``SECONDS_PER_RESTART`` each (at least one), times the number of workers.
+    many waves as fit ``seconds_per_restart`` (default :data:`SECONDS_PER_RESTART`) each (at least
+    one), times the number of workers.
     """
     workers = max(1, int(workers))
     if budget_seconds is None:
         return min(workers, MAX_AUTO_RESTARTS)
-    waves = max(1, math.floor(float(budget_seconds) / SECONDS_PER_RESTART))
+    waves = max(1, math.floor(float(budget_seconds) / (seconds_per_restart or SECONDS_PER_RESTART)))
     return max(1, min(workers * waves, MAX_AUTO_RESTARTS))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from exhume.errors import ExhumeError
+from exhume.files.runfolder import holding_output
 from exhume.files.schemas import read_reconstruction_meta
 
 BEST_PAIRS = ("best_pairs.png", "Best pairs",
@@ -326,6 +327,7 @@ def _portfolio_section(portfolio: dict[str, Any], attack: dict[str, Any], metric
     return "\n".join(out)
 
 
+@holding_output(lambda a: a["out"] or Path(a["run"]) / "report.html", file=True)  # the run folder's lock
 def write_report(run: str | Path, out: str | Path | None = None, against: str | Path | None = None,
                  pool_size: int = 1000) -> Path:
     """Write ``RUN/report.html`` (or ``out``); with ``against``, evaluate the run first if needed."""

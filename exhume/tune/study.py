@@ -1,19 +1,18 @@
-"""``exhume tune``: an Optuna search over the kkt attack's hyperparameters, scored attacker-side.
+"""``exhume tune``: an Optuna search over an attack's declared hyperparameters, scored attacker-side.
 
-Each trial runs the kkt attack for a fixed wall-clock budget with suggested values of the
-parameters that declare a search range (``Param.search`` in :mod:`exhume.attacks.kkt`: ``lr``,
-``lr_lambda``, ``lambda_min``, ``alpha`` and ``init_scale``, log-uniform around the measured
-defaults; collected in :data:`SEARCH_SPACE`), and is scored by :func:`exhume.tune.score.attacker_score` — the weights and
-the candidates only, never the training set (the objective receives an
-:class:`~exhume.victim.AttackerView`). The first trial of a new study is the default settings, so
-the selected run is never worse *by the attacker's score* than the defaults.
+Each trial runs the attack (``method``) for a fixed wall-clock budget with suggested values of the
+parameters that declare a search range (``Param.search``, collected by
+:meth:`~exhume.attacks.base.Attack.search_space`; for the default attack, :data:`SEARCH_SPACE`),
+and is scored by :func:`exhume.attacks.score.attacker_score`: the weights and the candidates only,
+never the training set (the objective receives an :class:`~exhume.victim.AttackerView`). The first
+trial of a new study is the attack's own settings (:meth:`~exhume.attacks.base.Attack.search_start`),
+so the selected run is never worse *by the attacker's score* than the defaults. An attack that
+declares no search space is refused in one line.
 
-Storage: an SQLite file ``OUT/tune.db`` by default; ``storage="postgresql://…"`` lets several
-workers (processes or machines) share one study. Every worker keeps a heartbeat; a trial whose
-worker died (no heartbeat for ``grace_period`` seconds) is marked FAIL and queued again with the
-same parameters (Optuna's ``RetryHeartbeatStaleTrialCallback``), so a killed worker loses only
-the work of its running trial. ``trials`` is the study's target number of finished
-(complete or pruned) trials; workers stop when it is reached.
+Storage, heartbeats and retried trials are the study layer's (:mod:`exhume.studies`): an SQLite
+file ``OUT/tune.db`` by default, ``storage="postgresql://…"`` for several workers (processes or
+machines) sharing one study; a killed worker loses only the work of its running trial. ``trials``
+is the study's target number of finished (complete or pruned) trials; workers stop when it is reached.
 
 Each trial's reconstruction is saved under ``OUT/trials/trial-NNNN`` on the worker that ran it;
 when the study is done, the best trial's folder is copied to ``OUT/best`` (if it is on this
@@ -27,92 +26,38 @@ import shutil
 import socket
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-from exhume.attacks import ATTACKS
-from exhume.attacks.formulation import form_for
-from exhume.attacks.kkt import LR_LAMBDA_MARGIN, resolve_lr_lambda
+from exhume.attacks import ATTACKS, attack_class, get_attack
 from exhume.errors import ConfigError, DivergenceError
+from exhume.studies import GRACE_PERIOD, HEARTBEAT_INTERVAL, counts, create_or_load, load_optuna, make_storage, open_study, redact, work
+
+__all__ = ["DEFAULTS", "GRACE_PERIOD", "HEARTBEAT_INTERVAL", "SEARCH_SPACE", "defaults_for", "load_study", "make_storage",
+           "search_space", "suggest", "trial_folder", "tune"]
+
+SCORE_NOTE = "attacker-side (weights and candidates only): (1 - relative stationarity residual) x plausible share"
 
 
 def search_space(method: str = "kkt") -> dict[str, tuple[float, float, bool]]:
     """``name: (low, high, log)`` for each parameter of ``method`` that declares a search range (``Param.search``)."""
-    return {name: (p.search[0], p.search[1], p.search[2] == "log") for name, p in ATTACKS[method].params.items() if p.search}
+    return attack_class(method).search_space()
 
 
-SEARCH_SPACE = search_space("kkt")
-#: the first trial of a study: kkt's defaults, ``lr_lambda="auto"`` as it resolves for a classifier (see :func:`defaults_for`)
-DEFAULTS = {name: ATTACKS["kkt"].params[name].default for name in SEARCH_SPACE} | {"lr_lambda": LR_LAMBDA_MARGIN}
-HEARTBEAT_INTERVAL = 5
-GRACE_PERIOD = 20
+def defaults_for(view, fixed: dict[str, Any], method: str = "kkt") -> dict[str, float]:
+    """The first trial of a study on ``view``: the attack's own values of the searched parameters, as they resolve there."""
+    return get_attack(method, **fixed).search_start(view)
 
 
-def defaults_for(view, fixed: dict[str, Any]) -> dict[str, float]:
-    """:data:`DEFAULTS` for this victim: ``lr_lambda`` as kkt's ``"auto"`` resolves it for the formulation it will use."""
-    form = form_for(view, fixed.get("formulation", "auto"), fixed.get("loss"))
-    return {**DEFAULTS, "lr_lambda": resolve_lr_lambda("auto", form)}
-
-
-def _optuna():
-    try:
-        import optuna
-    except ImportError:
-        raise ConfigError("exhume tune needs Optuna: pip install 'exhume[tune]'") from None
-    return optuna
-
-
-SCHEMA_RACE_RETRIES = 5
-
-
-def make_storage(storage: str | None, out: Path, heartbeat_interval: int = HEARTBEAT_INTERVAL,
-                 grace_period: int = GRACE_PERIOD):
-    """An Optuna RDB storage with heartbeats and retry of stale trials (SQLite in ``out`` by default)."""
-    optuna = _optuna()
-    if storage is None:
-        out.mkdir(parents=True, exist_ok=True)
-        url = f"sqlite:///{(out / 'tune.db').resolve()}"
-    else:
-        url = storage
-        if not any(url.startswith(p) for p in ("sqlite:///", "postgresql://", "postgresql+psycopg2://", "mysql://", "mysql+pymysql://")):
-            raise ConfigError(f"--storage must be an SQLAlchemy URL such as postgresql://user:pass@host/db or sqlite:///path.db, got {storage!r}")
-    if url.startswith("postgresql://"):
-        import importlib.util
-
-        if importlib.util.find_spec("psycopg") is None:  # SQLAlchemy 2.1 defaults to psycopg 3; the tune extra ships psycopg2
-            url = "postgresql+psycopg2://" + url[len("postgresql://"):]
-    import random
-    import warnings
-
-    for attempt in range(SCHEMA_RACE_RETRIES + 1):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # heartbeat arguments are marked experimental
-            try:
-                return optuna.storages.RDBStorage(
-                    url, heartbeat_interval=heartbeat_interval, grace_period=grace_period,
-                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3),
-                    engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
-                )
-            except ImportError as e:
-                raise ConfigError(f"the storage {url.split('://')[0]!r} needs a database driver ({e}); pip install 'exhume[tune]'") from None
-            except Exception as e:  # sqlalchemy's OperationalError and friends: a wrong URL, host or password
-                # Workers started together on an empty database race to create Optuna's tables; the
-                # loser sees a unique-constraint violation and only needs to open the storage again.
-                if _schema_race(e) and attempt < SCHEMA_RACE_RETRIES:
-                    time.sleep(0.2 + random.random())
-                    continue
-                raise ConfigError(f"cannot open the study storage {_redact(url)}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
-
-
-def _schema_race(e: Exception) -> bool:
-    """A worker lost the race to create Optuna's tables (unique violation or 'table ... already exists')."""
-    text = str(e).lower()
-    return type(e).__name__ == "IntegrityError" or "already exists" in text or "duplicate" in text
+SEARCH_SPACE = search_space()
+#: the first trial of a study of the default attack on a binary classifier (see :func:`defaults_for`)
+DEFAULTS = defaults_for(SimpleNamespace(task="binary", loss="logistic"), {})
 
 
 def _sampler(seed: int, number: int):
     """The sampler of trial ``number``: seeded by the study seed and the trial number, so every
     worker and every rerun draws fresh settings, reproducibly."""
-    optuna = _optuna()
+    optuna = load_optuna()
     return optuna.samplers.TPESampler(seed=(seed * 1_000_003 + number) % 2**32, n_startup_trials=6)
 
 
@@ -135,34 +80,14 @@ def _check_settings(study, settings: dict[str, Any], created: bool) -> None:
                           + "); use the same settings or another --study-name / output folder")
 
 
-def _redact(url: str) -> str:
-    if "@" in url and "://" in url:
-        scheme, rest = url.split("://", 1)
-        return f"{scheme}://***@{rest.split('@', 1)[1]}"
-    return url
+def suggest(trial, space: dict[str, tuple[float, float, bool]] | None = None) -> dict[str, float]:
+    """The trial's values of the searched parameters (default: :data:`SEARCH_SPACE`)."""
+    return {name: trial.suggest_float(name, lo, hi, log=log) for name, (lo, hi, log) in (space or SEARCH_SPACE).items()}
 
 
-def suggest(trial) -> dict[str, float]:
-    return {name: trial.suggest_float(name, lo, hi, log=log) for name, (lo, hi, log) in SEARCH_SPACE.items()}
-
-
-def _counts(study) -> dict[str, int]:
-    optuna = _optuna()
-    S = optuna.trial.TrialState
-    trials = study.get_trials(deepcopy=False)
-    return {s.name.lower(): sum(t.state == s for t in trials) for s in (S.COMPLETE, S.PRUNED, S.RUNNING, S.WAITING, S.FAIL)}
-
-
-def tune(view, trials: int, out: str | Path, trial_seconds: float = 60.0, storage: str | None = None,
-         study_name: str = "exhume-kkt", seed: int = 0, device: str = "cpu", prune: bool = True,
-         progress: bool = True, report_every: int = 500, victim_path: str | None = None,
-         heartbeat_interval: int = HEARTBEAT_INTERVAL, grace_period: int = GRACE_PERIOD,
-         fixed: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Search the kkt attack's hyperparameters on ``view`` (an :class:`~exhume.victim.AttackerView`).
-
-    Returns a summary: the best trial's number, score, parameters and folder, and the study's
-    counts. ``fixed``: further kkt keyword arguments shared by all trials (e.g. ``m``).
-    """
+def _searchable(view, trials: int, trial_seconds: float, fixed: dict[str, Any], method: str) -> dict[str, tuple[float, float, bool]]:
+    """The search space of ``method``, after refusing (one line each) what no trial could run or score."""
+    from exhume.attacks.score import check_scorable
     from exhume.victim import AttackerView
 
     if not isinstance(view, AttackerView):
@@ -171,59 +96,67 @@ def tune(view, trials: int, out: str | Path, trial_seconds: float = 60.0, storag
         raise ConfigError(f"--trials must be at least 1, got {trials}")
     if not trial_seconds > 0:
         raise ConfigError(f"--trial-seconds must be positive, got {trial_seconds}")
-    fixed = dict(fixed or {})
-    clash = sorted(set(fixed) & (set(SEARCH_SPACE) | {"iterations", "max_seconds"}))
+    cls = attack_class(method)
+    space = cls.search_space()
+    if not space:
+        searchable = sorted(name for name, c in ATTACKS.items() if c.search_space())
+        raise ConfigError(f"the {method!r} attack declares no search space (no parameter with a Param.search range), so "
+                          f"exhume tune has nothing to search; attacks that declare one: {', '.join(searchable) or 'none'}")
+    if not cls.multipliers:
+        raise ConfigError(f"exhume tune scores a run by the multipliers λ of its equation; the {method!r} attack returns none")
+    clash = sorted(set(fixed) & (set(space) | {cls.budget, "max_seconds"}))
     if clash:
-        raise ConfigError(f"-p {', '.join(clash)}: these are searched or set by the tuner; fix only other kkt parameters (e.g. m, dtype)")
-    optuna = _optuna()
-    from tqdm.auto import tqdm
-
-    from exhume.attacks import get_attack
-    from exhume.tune.score import attacker_score, check_scorable, score_reconstruction
-
+        raise ConfigError(f"-p {', '.join(clash)}: these are searched or set by the tuner; fix only other {method} parameters (e.g. m, dtype)")
     # unknown or invalid fixed parameters, and a victim the attack or the score cannot handle, fail
     # here with one line, before any study is touched
-    get_attack("kkt", **fixed).check(view)
+    get_attack(method, **fixed).check(view)
     check_scorable(view)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    import warnings
+    return space
 
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    rdb = make_storage(storage, out, heartbeat_interval, grace_period)
+
+def _open(view, out: Path, storage: str | None, study_name: str, prune: bool, report_every: int, heartbeat: tuple[int, int],
+          record: dict[str, Any]):
+    """Create or join the study; the creating worker records the settings and queues the default trial first."""
+    optuna = load_optuna()
+    rdb = make_storage(storage, out, *heartbeat)
     pruner = (optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=2 * report_every, interval_steps=report_every)
               if prune else optuna.pruners.NopPruner())
-    sampler = _sampler(seed, 0)  # replaced in each trial by the trial's own (see _sampler)
-    try:  # only the worker that creates the study seeds it (no race between workers starting together)
-        study = optuna.create_study(study_name=study_name, storage=rdb, direction="maximize", sampler=sampler, pruner=pruner)
-        created = True
-    except optuna.exceptions.DuplicatedStudyError:
-        study = optuna.load_study(study_name=study_name, storage=rdb, sampler=sampler, pruner=pruner)
-        created = False
-    from exhume.files.runfolder import fingerprint
-
-    _check_settings(study, {"trial_seconds": float(trial_seconds), "victim_fingerprint": fingerprint(view.model),
-                            "fixed": fixed, "seed": seed, "prune": prune}, created)
+    # the sampler is replaced in each trial by the trial's own (see _sampler)
+    study, created = create_or_load(study_name, rdb, sampler=_sampler(record["seed"], 0), pruner=pruner)
+    method = record["method"]
     if created:
-        study.set_user_attr("target_trials", trials)
-        study.set_user_attr("trial_seconds", trial_seconds)
-        study.set_user_attr("victim", victim_path)
+        study.set_user_attr("method", method)
+    _check_settings(study, record["settings"], created)
+    if study.user_attrs.get("method", method) != method:
+        raise ConfigError(f"study {study_name!r} searches the {study.user_attrs['method']!r} attack, not {method!r}; "
+                          "use another --study-name / output folder")
+    if created:
+        study.set_user_attr("target_trials", record["trials"])
+        study.set_user_attr("trial_seconds", record["trial_seconds"])
+        study.set_user_attr("victim", record["victim_path"])
         study.set_user_attr("score", "attacker-side: (1 - relative stationarity residual) x plausible-candidate share")
-        study.enqueue_trial(defaults_for(view, fixed), user_attrs={"is_default": True})
+        study.enqueue_trial(defaults_for(view, record["settings"]["fixed"], method), user_attrs={"is_default": True})
+    return study
+
+
+def _objective(view, study, method: str, fixed: dict[str, Any], space, out: Path, trial_seconds: float, seed: int,
+               device: str, report_every: int):
+    """One trial: the attack for ``trial_seconds`` with the suggested settings, pruned on its attacker-side score."""
+    from exhume.attacks.score import attacker_score, score_reconstruction
+
+    optuna = load_optuna()
     host = socket.gethostname()
 
     def objective(trial) -> float:
         study.sampler = _sampler(seed, trial.number)
-        params = suggest(trial)
+        params = suggest(trial, space)
         folder = out / "trials" / f"trial-{trial.number:04d}"
         trial.set_user_attr("host", host)
         trial.set_user_attr("pid", os.getpid())
         trial.set_user_attr("folder", str(folder.resolve()))
-        atk = get_attack("kkt", **{**fixed, **params, "iterations": 10_000_000, "max_seconds": float(trial_seconds)})
+        atk = get_attack(method, **{**fixed, **params, **attack_class(method).time_budget(trial_seconds)})
 
-        def on_step(it: int, seconds: float, candidates, multipliers=None) -> None:
-            labels = _labels(candidates.shape[0])
+        def on_step(it: int, seconds: float, candidates, multipliers=None, labels=None) -> None:
             value = attacker_score(view, candidates, labels, multipliers)["score"]
             trial.report(value, it)
             if trial.should_prune():
@@ -243,52 +176,84 @@ def tune(view, trials: int, out: str | Path, trial_seconds: float = 60.0, storag
         trial.set_user_attr("iterations", recon.summary["iterations"])
         return parts["score"]
 
-    def _labels(m: int):
-        import torch
+    return objective
 
-        from exhume.attacks.formulation import binary_labels
 
-        return binary_labels(m, torch.float32)
+def tune(view, trials: int, out: str | Path, trial_seconds: float = 60.0, storage: str | None = None,
+         study_name: str | None = None, seed: int = 0, device: str = "cpu", prune: bool = True,
+         progress: bool = True, report_every: int = 500, victim_path: str | None = None,
+         heartbeat_interval: int = HEARTBEAT_INTERVAL, grace_period: int = GRACE_PERIOD,
+         fixed: dict[str, Any] | None = None, method: str = "kkt") -> dict[str, Any]:
+    """Search the hyperparameters of the attack ``method`` on ``view`` (an :class:`~exhume.victim.AttackerView`).
 
+    Returns a summary: the best trial's number, score, parameters and folder, and the study's
+    counts. ``fixed``: further keyword arguments of the attack shared by all trials (e.g. ``m``);
+    ``study_name`` defaults to ``exhume-<method>``.
+    """
+    fixed = dict(fixed or {})
+    space = _searchable(view, trials, trial_seconds, fixed, method)
+    from exhume.files.runfolder import fingerprint
+
+    study_name = study_name or f"exhume-{method}"
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    record = {"method": method, "seed": seed, "trials": trials, "trial_seconds": trial_seconds, "victim_path": victim_path,
+              "settings": {"trial_seconds": float(trial_seconds), "victim_fingerprint": fingerprint(view.model),
+                           "fixed": fixed, "seed": seed, "prune": prune}}
+    study = _open(view, out, storage, study_name, prune, report_every, (heartbeat_interval, grace_period), record)
+    objective = _objective(view, study, method, fixed, space, out, trial_seconds, seed, device, report_every)
     t0 = time.perf_counter()
-    bar = tqdm(total=trials, desc=f"tune {study_name}", unit="trial", disable=not progress)
-    while True:
-        optuna.storages.fail_stale_trials(study)
-        c = _counts(study)
+    _run_trials(study, objective, trials, f"tune {study_name}", progress, min(heartbeat_interval, 2))
+    return _summary(study, study_name, storage, out, round(time.perf_counter() - t0, 1))
+
+
+def _run_trials(study, objective, trials: int, desc: str, progress: bool, poll_seconds: float) -> None:
+    """Work on the study until it holds ``trials`` finished trials, waiting at the end for those running elsewhere."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=trials, desc=desc, unit="trial", disable=not progress)
+
+    def decide() -> str:
+        c = counts(study)
         finished = c["complete"] + c["pruned"]
         bar.n = min(finished, trials)
         best = _best(study)
         bar.set_postfix({"best": f"{best.value:.4f}" if best else "-", "running": c["running"], "pruned": c["pruned"]}, refresh=True)
         if finished >= trials:
-            break
+            return "done"
         if finished + c["running"] + c["waiting"] >= trials and c["waiting"] == 0:
-            time.sleep(min(heartbeat_interval, 2))  # the last trials run elsewhere: wait for them or their heartbeat to lapse
-            continue
-        study.optimize(objective, n_trials=1, catch=())
+            return "wait"  # the last trials run elsewhere: wait for them or their heartbeat to lapse
+        return "run"
+
+    work(study, objective, decide, poll_seconds)
     bar.close()
+
+
+def _summary(study, study_name: str, storage: str | None, out: Path, seconds: float) -> dict[str, Any]:
+    """The study's counts and best trial; the best trial's folder copied to ``out/best`` when this worker holds it."""
     best = _best(study)
     summary: dict[str, Any] = {
         "study": study_name,
-        "storage": "sqlite: " + str(out / "tune.db") if storage is None else _redact(storage),
-        "counts": _counts(study),
-        "seconds": round(time.perf_counter() - t0, 1),
-        "score_note": "attacker-side (weights and candidates only): (1 - relative stationarity residual) x plausible share",
+        "storage": "sqlite: " + str(out / "tune.db") if storage is None else redact(storage),
+        "counts": counts(study),
+        "seconds": seconds,
+        "score_note": SCORE_NOTE,
     }
     if best is None:
         summary.update(best_trial=None, note="no trial finished without diverging: there is no best setting")
-    else:
-        summary.update(best_trial=best.number, best_score=best.value, best_params=best.params,
-                       best_is_default=bool(best.user_attrs.get("is_default")), best_folder=best.user_attrs.get("folder"),
-                       best_host=best.user_attrs.get("host"))
-        src = trial_folder(best, out)
-        if src is None:
-            summary["best_not_copied"] = f"its folder {best.user_attrs.get('folder')!r} is outside {out / 'trials'}"
-        elif best.user_attrs.get("host") == host and src.is_dir():
-            dst = out / "best"
-            if dst.exists():
-                shutil.rmtree(dst)
-            shutil.copytree(src, dst)
-            summary["best_copied_to"] = str(dst)
+        return summary
+    summary.update(best_trial=best.number, best_score=best.value, best_params=best.params,
+                   best_is_default=bool(best.user_attrs.get("is_default")), best_folder=best.user_attrs.get("folder"),
+                   best_host=best.user_attrs.get("host"))
+    src = trial_folder(best, out)
+    if src is None:
+        summary["best_not_copied"] = f"its folder {best.user_attrs.get('folder')!r} is outside {out / 'trials'}"
+    elif best.user_attrs.get("host") == socket.gethostname() and src.is_dir():
+        dst = out / "best"
+        if dst.exists():
+            shutil.rmtree(dst)
+        shutil.copytree(src, dst)
+        summary["best_copied_to"] = str(dst)
     return summary
 
 
@@ -303,7 +268,7 @@ def trial_folder(trial, out: str | Path) -> Path | None:
 
 
 def _best(study):
-    optuna = _optuna()
+    optuna = load_optuna()
     done = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
             if "diverged" not in t.user_attrs]  # a diverged trial scores 0 but is never "best"
     return max(done, key=lambda t: t.value) if done else None
@@ -311,13 +276,4 @@ def _best(study):
 
 def load_study(storage: str | None, out: str | Path, study_name: str = "exhume-kkt"):
     """Open an existing study (read-only use)."""
-    optuna = _optuna()
-    out = Path(out)
-    if storage is None and not (out / "tune.db").is_file():
-        raise ConfigError(f"{out / 'tune.db'} is missing; expected a folder written by 'exhume tune' (or pass --storage)")
-    rdb = make_storage(storage, out)
-    try:
-        return optuna.load_study(study_name=study_name, storage=rdb)
-    except KeyError:
-        names = [s.study_name for s in optuna.get_all_study_summaries(rdb)]
-        raise ConfigError(f"no study named {study_name!r} in the storage; found: {', '.join(names) or 'none'}") from None
+    return open_study(storage, out, study_name)

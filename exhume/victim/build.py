@@ -29,6 +29,7 @@ from exhume.data.tasks import (  # noqa: F401
     select_task,
 )
 from exhume.errors import ConfigError
+from exhume.files.fields import check_setting
 from exhume.losses import margin
 from exhume.models import build_model, parse_arch
 from exhume.victim.minibatch import MiniBatchConfig, train_minibatch
@@ -75,7 +76,7 @@ def make_victim(
     task_data = select_task(ds, task, n, seed=seed)
     kind = task_data.task
     train = train or TrainConfig(loss=DEFAULT_LOSS[kind])
-    _check_training(train, kind, checkpoint)
+    _check_training(train, kind, checkpoint, test_size)
     spec = parse_arch(arch) if isinstance(arch, str) else dict(arch)
     num_classes = num_classes_of(ds, task) if kind == "multiclass" else None
     torch.manual_seed(seed)
@@ -120,7 +121,11 @@ def make_minibatch_victim(data: str = "mnist", task: str = "multiclass", n: int 
                        progress=progress, exclude_from_test=exclude_from_test)
 
 
-def _check_training(train: TrainConfig | MiniBatchConfig, kind: str, checkpoint) -> None:
+def _check_training(train: TrainConfig | MiniBatchConfig, kind: str, checkpoint, test_size: int) -> None:
+    check_setting("test_size", test_size, integer=True, low=0)
+    if not isinstance(train, (TrainConfig, MiniBatchConfig)):
+        raise ConfigError(f"train must be a TrainConfig or a MiniBatchConfig, got {type(train).__name__}")
+    train.validate()  # again: a dataclass's fields can be changed after it was built
     check_task_loss(kind, train.loss)
     if isinstance(train, MiniBatchConfig) and checkpoint is not None:
         raise ConfigError("training checkpoints are written by full-batch training (TrainConfig), not mini-batch training")

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from exhume.errors import ConfigError, DivergenceError
+from exhume.errors import DivergenceError
+from exhume.files.fields import check_setting
 from exhume.losses import margin, per_sample_loss
 from exhume.progress import Progress
 from exhume.victim.train import check_training
@@ -40,11 +41,15 @@ class MiniBatchConfig:
     max_seconds: float | None = None
 
     def __post_init__(self) -> None:
-        check_training(self.loss, self.optimizer, MINIBATCH_OPTIMIZERS, self.lr, self.weight_decay, what="mini-batch optimizer")
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ConfigError(f"batch_size must be a positive integer, got {self.batch_size!r}")
-        if not isinstance(self.epochs, int) or self.epochs < 1:
-            raise ConfigError(f"epochs must be a positive integer, got {self.epochs!r}")
+        self.validate()
+
+    def validate(self) -> None:
+        """Refuse (one line) a setting that is not finite or out of range; run again by :func:`exhume.victim.make_victim`."""
+        check_training(self.loss, self.optimizer, MINIBATCH_OPTIMIZERS, self.lr, self.weight_decay, what="mini-batch optimizer",
+                       max_seconds=self.max_seconds)
+        check_setting("momentum", self.momentum, low=0.0, high=1.0)
+        check_setting("batch_size", self.batch_size, integer=True, low=1)
+        check_setting("epochs", self.epochs, integer=True, low=1)
 
     def to_dict(self) -> dict[str, Any]:
         return {"trainer": "minibatch", **asdict(self)}

@@ -13,23 +13,26 @@ import torch
 from torch import nn
 
 from exhume.errors import ConfigError, DivergenceError, ExhumeError
+from exhume.files.fields import check_setting
 from exhume.files.runfolder import tensors_digest
 from exhume.interrupts import whole_step
 from exhume.losses import check_loss, per_sample_loss
+from exhume.losses import relative_objective_gradient as stationarity_residual  # ‖∇ objective‖ / ‖w·θ‖
 from exhume.progress import Progress
 
 OPTIMIZERS = ("gd", "adam")
 
 
-def check_training(loss: str, optimizer: str, known: tuple[str, ...], lr: float, weight_decay: float, what: str = "optimizer") -> None:
-    """The checks every training configuration shares (full-batch and mini-batch)."""
+def check_training(loss: str, optimizer: str, known: tuple[str, ...], lr: float, weight_decay: float, what: str = "optimizer",
+                   max_seconds: float | None = None) -> None:
+    """The checks every training configuration shares (full-batch and mini-batch): the same field
+    checks as the files exhume reads (:func:`exhume.files.fields.check_setting`: finite, in range)."""
     check_loss(loss)
     if optimizer not in known:
         raise ConfigError(f"unknown {what} {optimizer!r}; known: {', '.join(known)}")
-    if not lr > 0:
-        raise ConfigError(f"lr must be > 0, got {lr}")
-    if weight_decay < 0:
-        raise ConfigError(f"weight_decay must be >= 0, got {weight_decay}")
+    check_setting("lr", lr, positive=True)
+    check_setting("weight_decay", weight_decay, low=0.0)
+    check_setting("max_seconds", max_seconds, positive=True, optional=True)
 
 
 @dataclass
@@ -54,22 +57,18 @@ class TrainConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        check_training(self.loss, self.optimizer, OPTIMIZERS, self.lr, self.weight_decay)
-        if self.max_epochs < 1:
-            raise ConfigError(f"max_epochs must be >= 1, got {self.max_epochs}")
+        self.validate()
+
+    def validate(self) -> None:
+        """Refuse (one line) a setting that is not finite or out of range; run again by :func:`exhume.victim.make_victim`."""
+        check_training(self.loss, self.optimizer, OPTIMIZERS, self.lr, self.weight_decay, max_seconds=self.max_seconds)
+        check_setting("max_epochs", self.max_epochs, integer=True, low=1)
+        check_setting("loss_threshold", self.loss_threshold, low=0.0, optional=True)
+        check_setting("residual_threshold", self.residual_threshold, low=0.0, optional=True)
+        check_setting("log_every", self.log_every, integer=True, low=1)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def stationarity_residual(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str, weight_decay: float) -> float:
-    """‖∇_θ objective‖ / ‖weight_decay · θ‖: 0 at a stationary point of the regularised objective."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    obj = per_sample_loss(loss, model(x), y).mean()
-    grads = torch.autograd.grad(obj, params)
-    num = sum(((g + weight_decay * p) ** 2).sum() for g, p in zip(grads, params)).sqrt()
-    den = sum(((weight_decay * p) ** 2).sum() for p in params).sqrt().clamp_min(1e-30)
-    return float((num / den).detach())
 
 
 CHECKPOINT_SECONDS = 60.0
@@ -91,10 +90,12 @@ def _save_training(path, model: nn.Module, opt: torch.optim.Optimizer, epoch: in
 
 def _load_training(path, model: nn.Module, opt: torch.optim.Optimizer, same: dict[str, Any]) -> tuple[int, float, list]:
     """Restore ``model`` and ``opt`` from a training checkpoint; returns ``(epoch, elapsed, history)``."""
-    from exhume.files.torchfile import load_torch
+    from exhume.files.torchfile import expected_limit, load_torch, state_bytes
 
     advice = "delete it to train from the start"
-    payload = load_torch(path, "cannot resume training", "exhume training checkpoint", advice)
+    weights = {k: v for k, v in model.state_dict().items()}
+    payload = load_torch(path, "cannot resume training", "exhume training checkpoint", advice,
+                         limit=expected_limit(state_bytes(weights, {"opt": opt})))
     try:
         epoch, elapsed, history, settings = int(payload["epoch"]), float(payload["elapsed"]), list(payload["history"]), payload["settings"]
         if not isinstance(settings, dict):

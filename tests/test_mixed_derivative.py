@@ -1,0 +1,243 @@
+"""The stationarity term's two derivative paths (double backward, jvp in θ then one reverse pass)
+and the one-node surrogate ReLU, each against its reference: equal losses, gradients in the
+candidates and the multipliers, margins, and candidates after a short kkt run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from exhume.attacks import get_attack, kkt, surrogate
+from exhume.attacks.stationarity import (
+    TracedResidual,
+    negative_loss_objective,
+    output_objective,
+    stationarity_residual_and_objective,
+    stationarity_residual_jvp,
+)
+from exhume.attacks.surrogate import soft_activations, soft_relu, soft_relu_composite, soft_relu_one_node
+from exhume.errors import ConfigError
+from exhume.losses import margin, soft_margin
+from exhume.models import CNN, MLP
+from exhume.victim import AttackerView
+
+ALPHA = 7.0
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: one thread is faster than several, and far faster on a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_the_one_node_soft_relu_has_the_composites_value_and_derivatives_to_second_order():
+    z = torch.linspace(-3, 3, 61, dtype=torch.float64).requires_grad_()
+    w = torch.randn(61, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    for fn in (soft_relu_one_node, soft_relu_composite):
+        assert torch.equal(fn(z, ALPHA).detach(), torch.relu(z.detach()))
+    firsts, seconds, jvps, mixed = [], [], [], []
+    for fn in (soft_relu_one_node, soft_relu_composite):
+        (g,) = torch.autograd.grad((w * fn(z, ALPHA)).sum(), z, create_graph=True)
+        firsts.append(g.detach())
+        seconds.append(torch.autograd.grad(g.sum(), z)[0])
+        _, tangent = torch.func.jvp(lambda v, fn=fn: fn(v, ALPHA), (z,), (w,))
+        jvps.append(tangent.detach())
+        mixed.append(torch.autograd.grad(tangent.sum(), z)[0])  # a reverse pass through the forward-mode derivative
+    s = torch.sigmoid(ALPHA * z.detach())
+    assert torch.allclose(firsts[0], w * s, rtol=1e-12)
+    assert torch.allclose(seconds[0], w * ALPHA * s * (1 - s), rtol=1e-12)
+    linear = ALPHA * z.detach() > 20  # where softplus turns linear, the composite's second derivative is 0
+    for ours, ref in (firsts, seconds, jvps, mixed):
+        assert torch.allclose(ours[~linear], ref[~linear], rtol=1e-10, atol=1e-14)
+        assert torch.allclose(ours[linear], ref[linear], rtol=0, atol=2.1e-9 * ALPHA * float(w.abs().max()))
+
+
+def test_the_soft_relu_works_under_vmap_and_in_the_mode_for_leaky_relu():
+    z = torch.randn(4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    per_row = torch.func.vmap(torch.func.grad(lambda v: soft_relu_one_node(v, ALPHA).sum()))(z)
+    assert torch.allclose(per_row, torch.sigmoid(ALPHA * z), rtol=1e-12)
+    big = torch.zeros(surrogate.ONE_NODE_MIN_ELEMENTS, requires_grad=True)
+    assert soft_relu(big, ALPHA).grad_fn is not None and "SoftReLU" in type(soft_relu(big, ALPHA).grad_fn).__name__
+    assert "SoftReLU" not in type(soft_relu(big[:-1], ALPHA).grad_fn).__name__
+    zr = z.clone().requires_grad_()
+    with soft_activations(ALPHA):
+        out = F.leaky_relu(zr, 0.2)
+    assert torch.allclose(out.detach(), F.leaky_relu(z, 0.2), rtol=1e-15)
+    (g,) = torch.autograd.grad(out.sum(), zr)
+    assert torch.allclose(g, 0.2 + 0.8 * torch.sigmoid(ALPHA * z), rtol=1e-12)
+
+
+def _victim(arch: str, classes: int):
+    torch.manual_seed(3)
+    out = 1 if classes == 2 else classes
+    if arch == "mlp":
+        return MLP(16, (12, 10), out_features=out, bias=True).double(), (1, 4, 4)
+    return CNN((2, 8, 8), (3, 4), fc=(6,), out_features=out, pool=arch, bias=True).double(), (2, 8, 8)
+
+
+def _objective(form: str, classes: int):
+    if form == "loss":
+        return negative_loss_objective("logistic" if classes == 2 else "cross-entropy")
+    return {"margin": margin, "soft-margin": soft_margin, "output": output_objective}[form]
+
+
+def _grads(residual, model, params, x0, y, lam0, objective, target, through_h=True):
+    """Loss value, its gradients in x and λ and the margins (``through_h``: a term in h added, the consistency term's route)."""
+    x, lam = x0.clone().requires_grad_(), lam0.clone().requires_grad_()
+    stat, h = residual(model, params, x, y, lam, ALPHA, objective, target)
+    (stat + 0.3 * (h**2).sum() if through_h else stat).backward()
+    return stat.detach(), x.grad, lam.grad, h.detach()
+
+
+CASES = [(a, c, f) for a in ("mlp", "max", "avg") for c in (2, 3) for f in ("margin", "soft-margin", "loss", "output")
+         if not (f == "output" and c == 3)]
+
+
+@pytest.mark.parametrize(("arch", "classes", "form"), CASES)
+@pytest.mark.parametrize(("with_target", "one_node"), [(False, False), (True, True)])
+def test_the_jvp_path_gives_the_double_backwards_loss_and_gradients(arch, classes, form, with_target, one_node, monkeypatch):
+    if one_node:  # every activation through the one-node surrogate (these are below its size threshold)
+        monkeypatch.setattr(surrogate, "ONE_NODE_MIN_ELEMENTS", 0)
+    model, shape = _victim(arch, classes)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    gen = torch.Generator().manual_seed(4)
+    m = 6
+    x0 = torch.randn(m, *shape, dtype=torch.float64, generator=gen)
+    lam0 = torch.rand(m, dtype=torch.float64, generator=gen) + 0.1
+    y = torch.tensor([1.0, -1.0] * (m // 2), dtype=torch.float64) if classes == 2 else torch.arange(m) % classes
+    target = {k: 0.5 * v + 0.01 * torch.randn(v.shape, dtype=v.dtype, generator=gen) for k, v in params.items()} if with_target else None
+    obj = _objective(form, classes)
+    ref = _grads(stationarity_residual_and_objective, model, params, x0, y, lam0, obj, target)
+    ours = _grads(stationarity_residual_jvp, model, params, x0, y, lam0, obj, target)
+    assert float(ours[0]) == float(ref[0])  # the same first pass: the value is not a rounding apart
+    assert ref[1].abs().sum() > 0 and ref[2].abs().sum() > 0
+    for a, b in zip(ours, ref):
+        assert torch.allclose(a, b, rtol=1e-9, atol=1e-12 * float(b.abs().max()))
+
+
+def test_the_jvp_path_in_float32_and_without_a_graph():
+    model, shape = _victim("max", 2)
+    model = model.float()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    gen = torch.Generator().manual_seed(5)
+    x0, lam0 = torch.randn(8, *shape, generator=gen), torch.rand(8, generator=gen)
+    y = torch.tensor([1.0, -1.0] * 4)
+    ref = _grads(stationarity_residual_and_objective, model, params, x0, y, lam0, margin, None)
+    ours = _grads(stationarity_residual_jvp, model, params, x0, y, lam0, margin, None)
+    for a, b in zip(ours, ref):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6 * float(b.abs().max()))
+    with torch.no_grad():
+        value, h = stationarity_residual_jvp(model, params, x0, y, lam0, ALPHA)
+    assert float(value) == float(ours[0]) and torch.equal(h, ours[3])
+
+
+class TwoConvNet(nn.Module):
+    """A CNN exhume did not build: functional ReLUs, max and average pooling, biases."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(1, 3, 3, padding=1), nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4 * 2 * 2, 1)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.c1(x)), 2)
+        x = F.avg_pool2d(torch.relu(self.c2(x)), 2)
+        return self.fc(x.flatten(1)).squeeze(-1)
+
+
+def test_a_short_kkt_run_finds_the_same_candidates_on_both_paths(monkeypatch):
+    monkeypatch.setattr(surrogate, "ONE_NODE_MIN_ELEMENTS", 0)
+    torch.manual_seed(0)
+    view = AttackerView(model=TwoConvNet(), task="binary", input_shape=(1, 8, 8), mean=torch.full((1, 8, 8), 0.2),
+                        weight_decay=1e-3, loss="logistic", n_train_hint=4)
+    runs = {}
+    for path in ("double-backward", "jvp"):
+        attack = get_attack("kkt", iterations=40, dtype="float64", log_every=10, tv_weight=1e-4, consistency_weight=0.1,
+                            snapshot_every=15, mixed_derivative=path)
+        runs[path] = attack.run(view, progress=False)
+    a, b = runs["double-backward"], runs["jvp"]
+    assert torch.allclose(a.candidates, b.candidates, rtol=0, atol=1e-7)
+    assert torch.allclose(a.scores, b.scores, rtol=1e-6)
+    assert [h["loss"] for h in a.loss_history] == pytest.approx([h["loss"] for h in b.loss_history], rel=1e-9)
+    assert a.loss_history[-1]["stationarity"] < a.loss_history[0]["stationarity"]
+
+
+def test_an_unknown_mixed_derivative_is_refused():
+    with pytest.raises(ConfigError, match="mixed_derivative"):
+        get_attack("kkt", mixed_derivative="finite-differences")
+
+
+@pytest.mark.parametrize(("arch", "classes", "form"), [("mlp", 2, "margin"), ("max", 3, "soft-margin"), ("avg", 2, "loss"),
+                                                       ("avg", 3, "margin")])
+def test_the_traced_replay_gives_the_eager_loss_and_gradients_step_after_step(arch, classes, form):
+    model, shape = _victim(arch, classes)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    gen = torch.Generator().manual_seed(6)
+    y = torch.tensor([1.0, -1.0] * 3, dtype=torch.float64) if classes == 2 else torch.arange(6) % classes
+    target = {k: 0.5 * v for k, v in params.items()}
+    obj, traced = _objective(form, classes), TracedResidual()
+    for _ in range(2):  # traced on the first call, replayed on the second with other candidates and multipliers
+        x0, lam0 = torch.randn(6, *shape, dtype=torch.float64, generator=gen), torch.rand(6, dtype=torch.float64, generator=gen)
+        ref = _grads(stationarity_residual_and_objective, model, params, x0, y, lam0, obj, target, through_h=False)
+        ours = _grads(traced, model, params, x0, y, lam0, obj, target, through_h=False)  # h comes back without a graph
+        assert traced.info["residual_traced"]
+        for a, b in zip(ours, ref):
+            assert torch.allclose(a, b, rtol=1e-10, atol=1e-14 * float(b.abs().max()))
+
+
+def test_a_diverged_first_step_comes_back_non_finite_from_the_replay():
+    model, shape = _victim("avg", 2)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    x = torch.randn(4, *shape, dtype=torch.float64, requires_grad=True)
+    lam = torch.full((4,), 1e300, dtype=torch.float64, requires_grad=True)  # ‖θ − g‖² overflows
+    traced = TracedResidual()
+    stat, _ = traced(model, params, x, torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=torch.float64), lam, ALPHA)
+    assert not torch.isfinite(stat) and traced.info["residual_traced"]
+
+
+class ValueDependentNet(nn.Module):
+    """Control flow on a tensor's value: no graph of tensor operations can stand for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 6), nn.Linear(6, 1)
+
+    def forward(self, x):
+        z = torch.relu(self.a(x))
+        return self.b(z if z.sum() > 0 else -z).squeeze(-1)
+
+
+def test_a_module_that_cannot_be_traced_is_left_to_the_eager_path():
+    torch.manual_seed(0)
+    model = ValueDependentNet().double()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    x0, lam0 = torch.randn(5, 4, dtype=torch.float64), torch.rand(5, dtype=torch.float64)
+    y = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0], dtype=torch.float64)
+    traced = TracedResidual()
+    ours = _grads(traced, model, params, x0, y, lam0, margin, None, through_h=False)
+    ref = _grads(stationarity_residual_and_objective, model, params, x0, y, lam0, margin, None, through_h=False)
+    assert not traced.info["residual_traced"] and "cannot be traced" in traced.info["residual_trace_note"]
+    for a, b in zip(ours, ref):
+        assert torch.equal(a, b)
+
+
+def test_kkt_replays_the_traced_step_and_finds_what_the_eager_steps_find(monkeypatch):
+    short = get_attack("kkt", iterations=3).run(AttackerView(model=TwoConvNet(), task="binary", input_shape=(1, 8, 8),
+                                                             mean=0.2, n_train_hint=2), progress=False)
+    assert not short.config["residual_traced"] and "ended before" in short.config["residual_trace_note"]
+    monkeypatch.setattr(kkt, "TRACE_AFTER_SECONDS", 0.0)  # from the first step
+    torch.manual_seed(0)
+    view = AttackerView(model=TwoConvNet(), task="binary", input_shape=(1, 8, 8), mean=torch.full((1, 8, 8), 0.2),
+                        weight_decay=1e-3, loss="logistic", n_train_hint=4)
+    runs = {t: get_attack("kkt", iterations=40, dtype="float64", tv_weight=1e-4, snapshot_every=15, trace=t).run(view, progress=False)
+            for t in ("auto", "off")}
+    assert runs["auto"].config["residual_traced"] and not runs["off"].config["residual_traced"]
+    assert "'trace' is 'off'" in runs["off"].config["residual_trace_note"]
+    assert torch.allclose(runs["auto"].candidates, runs["off"].candidates, rtol=0, atol=1e-7)
+    jvp = get_attack("kkt", iterations=2, mixed_derivative="jvp").run(view, progress=False)
+    assert not jvp.config["residual_traced"] and "jvp" in jvp.config["residual_trace_note"]

@@ -1,0 +1,244 @@
+"""The protocol between the attacks and the rooms above them, and the audit's one configuration.
+
+Every registered attack declares what the audit, the evaluation, the portfolio and tune read from it;
+no room above names an attack; the audit's settings read the same from a TOML file, flags and Python.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+import exhume
+from exhume.attacks import ATTACKS, Attack, Equation, RestartPlan, Stationarity, get_attack, register
+from exhume.attacks.kkt import KKTAttack
+from exhume.audit.config import FILE_SETTINGS, SETTINGS, AuditConfig, from_command, from_options
+from exhume.cli import build_parser, main
+from exhume.errors import ConfigError
+from exhume.evaluation.assumptions import equation_of
+from exhume.evaluation.run import victim_failures
+from exhume.portfolio import DEFAULT_VARIANTS, has_plan, make_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_every_registered_attack_declares_the_protocol(name):
+    cls = ATTACKS[name]
+    declared = next(c for c in cls.__mro__ if "equation" in vars(c))
+    assert declared is not Attack and isinstance(cls.equation, Equation)  # chosen by the attack, not inherited from the base
+    assert cls.budget in cls.params and isinstance(cls.multipliers, bool)
+    atk = get_attack(name, **cls.time_budget(5.0))  # a run bounded by time alone is a valid setting
+    assert atk.config["max_seconds"] == 5.0
+    for pname, (lo, hi, _) in cls.search_space().items():
+        assert cls.params[pname].validate(pname, lo) == lo and cls.params[pname].validate(pname, hi) == hi
+    count = atk.candidate_count(50)
+    assert count is None or (isinstance(count, int) and count >= 1)
+    assert cls.restart_plan is None or isinstance(cls.restart_plan, RestartPlan)
+    assert has_plan(name) == (cls.restart_plan is not None) == (name in DEFAULT_VARIANTS)
+    for variant in (cls.restart_plan or RestartPlan()).variants:
+        get_attack(name, **variant)  # every variant is a valid setting of the attack
+
+
+def test_the_declarations_say_what_the_rooms_used_to_hard_code():
+    kkt, bilevel = ATTACKS["kkt"], ATTACKS["bilevel"]
+    assert get_attack("kkt").candidate_count(30) == 60 and get_attack("kkt", m=7).candidate_count(30) == 7
+    assert get_attack("kkt", candidates_per_point=1.5, n_guess=10).candidate_count(30) == 15
+    assert get_attack("bilevel").candidate_count(30) == 30 and get_attack("bilevel", n_guess=12).candidate_count(30) == 12
+    assert kkt.equation.multiplier_scale and not bilevel.equation.multiplier_scale
+    assert type(ATTACKS["tldr"].equation) is Equation  # model inversion inverts no equation of weights and data
+    assert kkt.search_space() and not bilevel.search_space()
+    assert [dict(v) for v in kkt.restart_plan.variants] == [{}, {"lr_lambda": 1e-2}]
+
+
+class _Unmodelled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(4, 3), nn.Dropout(0.5), nn.Tanh(), nn.Linear(3, 1))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def test_the_evaluation_checks_what_the_attacks_equation_assumes():
+    victim = SimpleNamespace(model=_Unmodelled(), metrics={"stationarity_residual": 3.0})
+    train = SimpleNamespace(centred=torch.zeros(2, 1, 2, 2))
+    stationarity = victim_failures(victim, train, equation_of("kkt"))
+    assert len(stationarity) == 3 and "dropout" in stationarity[0] and "tanh" in stationarity[1] and "3 > 0.5" in stationarity[2]
+    assert victim_failures(victim, train, equation_of("inversion")) == []  # it assumes none of it
+    assert equation_of("an-attack-this-process-never-registered") == Stationarity()  # unknown: every check
+
+
+def test_a_new_attack_plugs_into_the_rooms_by_declaring_it(tmp_path):
+    """A subclass declaring a plan, an equation and no search space: the portfolio, evaluation and tune follow."""
+
+    class Plugged(KKTAttack):
+        name = "plugged-kkt"
+        equation = Equation()
+        restart_plan = RestartPlan(variants=({}, {"alpha": 10.0}, {"alpha": 30.0}))
+        params = {k: dataclasses.replace(p, search=None) for k, p in KKTAttack.params.items()}
+
+    register(Plugged)
+    try:
+        assert has_plan("plugged-kkt") and DEFAULT_VARIANTS["plugged-kkt"][2] == {"alpha": 30.0}
+        plan = make_plan("plugged-kkt", 3, attack_kwargs={"iterations": 5})
+        assert [r.overrides for r in plan.restarts] == [{}, {"alpha": 10.0}, {"alpha": 30.0}]
+        assert equation_of("plugged-kkt") == Equation()
+        from exhume.tune.study import _searchable
+        from exhume.victim import AttackerView
+
+        view = AttackerView(model=nn.Linear(4, 1), task="binary", input_shape=(4,), mean=torch.zeros(4), loss="logistic")
+        with pytest.raises(ConfigError, match="'plugged-kkt' attack declares no search space.*declare one: kkt"):
+            _searchable(view, 2, 1.0, {}, "plugged-kkt")
+    finally:
+        ATTACKS.pop("plugged-kkt")
+
+
+def test_tune_on_an_attack_without_a_search_space_refuses_in_one_line(tmp_path, capsys):
+    from exhume.victim import TrainConfig, make_victim
+
+    cfg = TrainConfig(loss="logistic", optimizer="gd", lr=0.2, weight_decay=5e-3, max_epochs=5, max_seconds=5)
+    make_victim("mnist", "odd-even", 8, "mlp:8;bias=none", cfg, seed=0, progress=False, test_size=0).save(tmp_path / "v")
+    assert main(["tune", str(tmp_path / "v"), "--method", "bilevel", "--trials", "2", "-o", str(tmp_path / "t"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'bilevel' attack declares no search space" in err[0]
+    assert not (tmp_path / "t" / "tune.db").exists()
+
+
+# -- no room above the attacks names one -------------------------------------------------------------------
+
+def _name_uses(path: Path, names: set[str]):
+    """``(line, context)`` of every string constant in ``path`` that equals an attack's name (docstrings aside)."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            child.parent = node  # type: ignore[attr-defined]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and node.value in names:
+            yield node.lineno, _context(node)
+
+
+def _context(node) -> str:
+    parent = node.parent
+    holder = parent.parent if isinstance(parent, (ast.Tuple, ast.List, ast.Set)) else parent
+    if isinstance(holder, ast.Compare) or isinstance(parent, ast.match_case) or isinstance(holder, ast.MatchValue):
+        return "compared"
+    if isinstance(parent, ast.Dict) and node in parent.keys:
+        return "dict key"
+    if isinstance(parent, ast.Subscript) and parent.slice is node:
+        return "looked up"
+    if isinstance(parent, ast.arguments):
+        return "default"
+    if isinstance(parent, ast.keyword) and parent.arg in ("default", "method"):
+        return "default"
+    if isinstance(parent, ast.Call) and getattr(parent.func, "id", None) in ("setting", "field"):
+        return "default"  # a settings field's default
+    if isinstance(parent, ast.Call):
+        return "call argument"
+    if isinstance(holder, ast.Assign) and isinstance(holder.parent, ast.Module):
+        return "module constant"
+    return type(parent).__name__
+
+
+def test_no_room_above_the_attacks_compares_against_or_branches_on_an_attacks_name():
+    """Outside exhume/attacks/ an attack's name appears only as a default choice. The experiments, which reproduce
+    a paper's experiment on named attacks, may also pass one to the attack they run or list theirs in a constant."""
+    names = set(ATTACKS)
+    found = []
+    for path in sorted((ROOT / "exhume").rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        if rel.parts[1] == "attacks":
+            continue
+        allowed = {"default"} | ({"call argument", "module constant"} if rel.parts[1] == "experiments" else set())
+        found += [f"{rel}:{line} ({how})" for line, how in _name_uses(path, names) if how not in allowed]
+    assert found == []
+
+
+def test_the_name_test_sees_a_comparison_a_lookup_and_a_table(tmp_path):
+    code = 'def f(method, table):\n    if method == "kkt" or method in ("bilevel", "x"):\n        return table["kkt"]\n    return {"tldr": 1}\n'
+    (tmp_path / "m.py").write_text(code)
+    assert sorted(_name_uses(tmp_path / "m.py", set(ATTACKS))) == [(2, "compared"), (2, "compared"), (3, "looked up"), (4, "dict key")]
+
+
+# -- the audit's one configuration ---------------------------------------------------------------------------
+
+TOML = '''model = "model.py:Net"
+weights = "net.safetensors"
+train = "train.npz"
+unseen = "unseen.npz"
+normalize = "0.3,0.4"
+loss = "bce"
+weight_decay = 5e-3
+max_seconds = 20
+seed = 3
+alpha = 0.01
+[attack_args]
+iterations = 200
+'''
+
+
+def test_the_audit_config_is_the_same_from_toml_flags_and_python(tmp_path):
+    (tmp_path / "audit.toml").write_text(TOML)
+    parser = build_parser()
+    from_toml = from_command(parser.parse_args(["audit", "--config", str(tmp_path / "audit.toml")]), str(tmp_path / "audit.toml"))
+    flags = ["audit", "--model", str(tmp_path / "model.py:Net"), "--weights", str(tmp_path / "net.safetensors"),
+             "--train", str(tmp_path / "train.npz"), "--unseen", str(tmp_path / "unseen.npz"), "--normalize", "0.3,0.4",
+             "--loss", "bce", "--weight-decay", "5e-3", "--max-seconds", "20", "--seed", "3", "--alpha", "0.01", "-p", "iterations=200"]
+    from_flags = from_command(parser.parse_args(flags))
+    assert from_toml == from_flags  # relative paths in the file are the file's folder's
+    assert from_toml.loss == "logistic" and from_toml.weight_decay == 5e-3 and from_toml.attack_args == {"iterations": 200}
+    python = from_options(loss="bce", weight_decay=0.005, normalize="0.3,0.4", max_seconds=20, seed=3, alpha=0.01,
+                          attack_args={"iterations": 200}, out=from_toml.out)
+    assert python == dataclasses.replace(from_toml, **{k: None for k in FILE_SETTINGS})
+    assert python.mean_std() == ([0.3], [0.4]) and from_options(loss="ce", weight_decay=0, normalize=(0.3, 0.4)).mean_std() == ([0.3], [0.4])
+    # a flag given on the command line wins over the file; -p adds to the file's attack_args
+    over = from_command(parser.parse_args(["audit", "--config", str(tmp_path / "audit.toml"), "--seed", "7", "-p", "lr=0.1"]),
+                        str(tmp_path / "audit.toml"))
+    assert over.seed == 7 and over.attack_args == {"iterations": 200, "lr": 0.1}
+    assert set(SETTINGS) == {f.name for f in dataclasses.fields(AuditConfig)}
+
+
+@pytest.mark.parametrize("key, toml_value, flag_value, message", [
+    ("weight_decay", "-1", "-1", "weight_decay: expected a number in"),
+    ("alpha", "2.0", "2.0", "alpha"),
+    ("max_seconds", "0", "0", "expected a number > 0, got 0.0"),
+    ("loss", '"hinge"', "hinge", "unknown loss 'hinge'"),
+    ("method", '"nope"', "nope", "unknown attack method 'nope'"),
+    ("normalize", '"1,2,3"', "1,2,3", "--normalize '1,2,3': expected an even count"),
+    ("device", '"tpu:9"', "tpu:9", "device 'tpu:9'"),
+])
+def test_a_bad_audit_setting_is_one_line_naming_it(tmp_path, capsys, key, toml_value, flag_value, message):
+    base = {"model": '"m.py:Net"', "weights": '"w.safetensors"', "train": '"t.npz"', "unseen": '"u.npz"', "normalize": '"0.5,0.5"',
+            "loss": '"logistic"', "weight_decay": "0"}
+    toml = tmp_path / "audit.toml"
+    toml.write_text("".join(f"{k} = {v}\n" for k, v in {**base, key: toml_value}.items()))
+    assert main(["audit", "--config", str(toml)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    toml.write_text("".join(f"{k} = {v}\n" for k, v in base.items()))
+    assert main(["audit", "--config", str(toml), f"--{key.replace('_', '-')}", flag_value]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    python = {"normalize": (0.5, 0.5), "loss": "logistic", "weight_decay": 0, key: toml_value.strip('"')}
+    if key in ("weight_decay", "alpha", "max_seconds"):
+        python[key] = float(toml_value)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.").split(":")[0]):
+        exhume.audit(nn.Linear(4, 1), (torch.zeros(2, 1, 2, 2), [0, 1]), torch.zeros(4, 1, 2, 2), **python)
+
+
+def test_an_unknown_audit_setting_names_it(tmp_path, capsys):
+    toml = tmp_path / "audit.toml"
+    toml.write_text('model = "m.py:Net"\nbatch = 3\n')
+    assert main(["audit", "--config", str(toml)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown key(s) batch" in err[0]
+    with pytest.raises(ConfigError, match="audit\\(\\) has no setting batch"):
+        from_options(batch=3)
+    with pytest.raises(ConfigError, match="weights: a file setting of 'exhume audit'"):
+        from_options(weights="w.safetensors", loss="logistic", weight_decay=0, normalize="none")
