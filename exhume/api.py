@@ -49,6 +49,8 @@ def attack(victim: Victim | AttackerView, method: str = "kkt", seed: int = 0, ou
     if start is not None or training is not None:
         _uses_start(method)
     victim_view = view_with_start(victim, start, training, start_partial)
+    if getattr(victim_view, "start", None) is not None:
+        _uses_start(method)  # a view that carries a start too
     default_plan = restarts is None and has_plan(method) and init is None and mix is None
     if storage is not None or (restarts != 1 and (restarts is not None or default_plan)):
         if init is not None or mix is not None:

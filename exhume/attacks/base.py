@@ -98,7 +98,9 @@ class Attack:
       ``run(callback_multipliers=True)`` passes them (and the labels) to the callback, as the
       attacker-side score (:mod:`exhume.attacks.score`) needs;
     - :meth:`search_space` (from ``Param.search``) and :meth:`search_start`, for ``exhume tune``;
-    - :meth:`candidate_count`: how many candidates one run makes for ``n`` training points.
+    - :meth:`candidate_count`: how many candidates one run makes for ``n`` training points;
+    - ``uses_start``: it uses the starting weights when the view has them (the known-start threat
+      model), and :meth:`equation_on` names the equation it then inverts.
     """
 
     name: ClassVar[str] = ""
@@ -108,6 +110,7 @@ class Attack:
     restart_plan: ClassVar[RestartPlan | None] = None
     budget: ClassVar[str] = "iterations"
     multipliers: ClassVar[bool] = False
+    uses_start: ClassVar[bool] = False  # a start in the view changes what it solves (exhume.attack refuses one otherwise)
 
     def __init__(self, **kwargs: Any) -> None:
         unknown = sorted(set(kwargs) - set(self.params))
@@ -164,6 +167,10 @@ class Attack:
         An attack whose default of a searched parameter is not a number (e.g. ``"auto"``) resolves it here.
         """
         return {name: self.config[name] for name in self.search_space()}
+
+    def equation_on(self, view) -> Equation:
+        """The equation a run on ``view`` inverts (the class's :attr:`equation` unless the view changes it, e.g. a known start)."""
+        return self.equation
 
     def candidate_count(self, n: int) -> int | None:
         """How many candidates one run makes when the training set has ``n`` points (None: not fixed by ``n``)."""

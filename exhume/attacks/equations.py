@@ -5,6 +5,9 @@ holds the training set, asks it which of the attack's assumptions fail for the m
 
 - :class:`Equation`: the attack inverts no equation of the weights and the training data (model
   inversion): nothing to check;
+- :class:`KnownStart`: with the starting weights known, what training added is a sum of the
+  training points' gradients (:mod:`exhume.attacks.trajectory`); its residual on the training
+  data is the check;
 - :class:`Stationarity`: ``θ = Σ_i λ_i ∇_θ h(Φ(θ; x_i), y_i)``, which holds when training ended at
   (or near) a stationary point of ``mean_i ℓ_i + (w/2)‖θ‖²`` (without weight decay, near the
   max-margin KKT point) and the network is what the attack differentiates (piecewise-linear
@@ -94,6 +97,46 @@ class Stationarity(Equation):
 
     def run_failures(self, recon, margins, weight_decay: float) -> list[str]:
         return scale_failure(recon, margins, weight_decay) if self.multiplier_scale else []
+
+
+@dataclass(frozen=True)
+class KnownStart(Equation):
+    """What training added from a known start, ``θ_T − c·θ_0 = Σ_i Σ_k λ_ik ∇_θ h(θ^(k); x_i)`` (gradients at the final
+    weights, and with ``kind="endpoints"`` at the start too; :mod:`exhume.attacks.trajectory`).
+
+    ``view``: the attacker's view holding the start (None: the start is not at hand, e.g. ``exhume evaluate`` of
+    such a run, and the check cannot be made); ``decay``, ``preconditioner``: the attack's settings of ``c`` and
+    Adam's ``P``. Its residual is :func:`~exhume.attacks.trajectory.known_start_residual` on the training data.
+    """
+
+    text: str = "θ_T − c·θ_0 = Σ_i Σ_k λ_ik ∇_θ h(θ^(k); x_i): what training added to the known starting weights"
+    view: Any = None
+    kind: str = "endpoints"
+    decay: Any = "auto"
+    preconditioner: str = "auto"
+    limit: float = STATIONARITY_LIMIT
+
+    def layer_failures(self, model: nn.Module, sample: torch.Tensor) -> list[str]:
+        return unmodelled_layers(model, sample)
+
+    def residual(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str, weight_decay: float) -> dict[str, Any]:
+        if self.view is None or getattr(self.view, "start", None) is None:
+            return {"value": None, "definition": f"{self.text} (the starting weights are not at hand here)", "limit": self.limit}
+        from exhume.attacks.trajectory import known_start_residual
+
+        got = known_start_residual(self.view, x, y, self.kind, self.decay, self.preconditioner)
+        return {"value": got["value"], "definition": got["definition"], "limit": self.limit}
+
+    def residual_failures(self, measured: dict[str, Any]) -> list[str]:
+        value, limit = measured["value"], measured["limit"]
+        if value is None:
+            return ["the known-start equation could not be checked on the training data (the starting weights are not at "
+                    "hand), so whether the attack's equation holds is unknown"]
+        if value <= limit:
+            return []
+        return [f"even with the starting weights known, the training images' gradients explain little of what training added "
+                f"(relative residual {value:.3g} > {limit:g}): the start, the weight decay or the optimiser differ from what was "
+                "stated (Adam without its state is preconditioned differently), or the model was trained on other data"]
 
 
 _SMOOTH = {F.gelu: "GELU", torch.tanh: "tanh", F.tanh: "tanh", torch.Tensor.tanh: "tanh", torch.sigmoid: "sigmoid",

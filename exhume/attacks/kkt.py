@@ -40,7 +40,7 @@ import torch
 
 from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, RestartPlan, attack_model, init_record, initial_candidates, register
 from exhume.attacks.checkpoint import BUDGET_SETTINGS, resumable_settings
-from exhume.attacks.equations import Stationarity
+from exhume.attacks.equations import Equation, KnownStart, Stationarity
 from exhume.attacks.formulation import FORMULATIONS, MARGIN_FORMS, Formulation, form_for, resolve
 from exhume.attacks.loop import CANDIDATE_PARAMS, attack_loop, budget_params, make_optimizer, open_run
 from exhume.attacks.priors import background_level, dark_floor, range_penalty, tv_term
@@ -268,6 +268,14 @@ class KKTAttack(Attack):
         """The equation a run on ``view`` solves: 'stationary', or with a start 'trajectory' / 'endpoints'
         (:mod:`exhume.attacks.trajectory`, whose :func:`~exhume.attacks.trajectory.known_start_residual` is its check)."""
         return equation_for(self.config["start_equation"], view)
+
+    def equation_on(self, view) -> Equation:
+        """Stationarity, or with ``start_equation`` other than 'stationary' the known-start equation (its check)."""
+        used = self.equation_used(view)
+        if used == "stationary":
+            return self.equation
+        return KnownStart(view=view if getattr(view, "start", None) is not None else None, kind=used,
+                          decay=self.config["start_decay"], preconditioner=self.config["preconditioner"])
 
     memory_knobs = {"m": "count", "dtype": "dtype"}
 

@@ -29,6 +29,7 @@ from torch.func import functional_call, grad
 
 from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_model, init_record, initial_candidates, register
 from exhume.attacks.checkpoint import resumable_settings
+from exhume.attacks.equations import Equation, KnownStart
 from exhume.attacks.formulation import candidate_labels
 from exhume.attacks.loop import CANDIDATE_PARAMS, attack_loop, budget_params, make_optimizer, open_run
 from exhume.attacks.priors import background_level, dark_floor, range_penalty, tv_term
@@ -107,6 +108,11 @@ class SimulateAttack(Attack):
         """The equation a run solves: training simulated from the start (its check: the known-start
         residual, :func:`exhume.attacks.trajectory.known_start_residual`)."""
         return "simulated training"
+
+    def equation_on(self, view) -> Equation:
+        """The known-start equation on gradients at the start and the final weights: what the simulation approximates."""
+        return KnownStart(view=view if getattr(view, "start", None) is not None else None, kind="endpoints",
+                          decay=self.config["start_decay"], preconditioner=self.config["preconditioner"])
 
     def candidate_count(self, n: int) -> int:
         """How many candidates one run makes for ``n`` training points."""

@@ -70,6 +70,16 @@ class AuditConfig:
     seed: int = setting(0, "attack seed (default 0); the unseen images are split into pool and control with seed 1, as in "
                         "exhume evaluate", type=int)
     device: str = setting("cpu", "torch device, e.g. cpu or cuda (default cpu)")
+    start: Any = setting(None, "the known-start threat model: the weights training started from (the public checkpoint a model "
+                         "was fine-tuned from, or the owner's initial weights): .safetensors or a .pt/.pth state dict (never "
+                         "a pickled model); in Python also a dict of tensors", flags=("--start-weights",), path=True, metavar="FILE")
+    start_partial: bool = setting(False, "the start covers only some parameters (e.g. a public backbone without the new head)",
+                                  action="store_true")
+    training: dict[str, Any] = setting({}, "how training ran from the start, as far as it is known (optional): a JSON object / "
+                                       "TOML table with optimizer (sgd, adam, adamw), lr, momentum, betas, weight_decay, steps "
+                                       "or epochs and batch_size", metavar="JSON")
+    optimizer_state: str | None = setting(None, "Adam's final state: tensors exp_avg_sq.<parameter> (+ step), or "
+                                          "torch.save(optimizer.state_dict()); with --start-weights", path=True, metavar="FILE")
 
     def __post_init__(self) -> None:
         for name, value in _validated(self).items():
@@ -111,7 +121,24 @@ def _validated(cfg: AuditConfig) -> dict[str, Any]:
     if cfg.model_args is not None and not isinstance(cfg.model_args, dict):
         raise ConfigError("model_args must be a JSON object / TOML table of keyword arguments")
     out["device"] = check_device(cfg.device)
+    out.update(_start_settings(cfg))
     return out
+
+
+def _start_settings(cfg: AuditConfig) -> dict[str, Any]:
+    """The known-start settings checked (the start's tensors are checked against the model when the audit runs)."""
+    from exhume.victim.start import training_settings
+
+    if cfg.start is not None and not isinstance(cfg.start, (str, Path, dict)):
+        raise ConfigError(f"start must be a weights file or a dict of parameter names to tensors, got {type(cfg.start).__name__}")
+    training = {} if cfg.training is None else cfg.training
+    if not isinstance(training, dict):
+        raise ConfigError(f"training must be a TOML table / JSON object of training settings, got {training!r}")
+    if cfg.start is None and (training or cfg.optimizer_state is not None or cfg.start_partial):
+        raise ConfigError("training, optimizer_state and start_partial describe training from a start: give the starting weights "
+                          "too (start, --start-weights FILE)")
+    training_settings(dict(training) or None)  # unknown keys, non-finite or out-of-range values: one line naming the setting
+    return {"training": dict(training), "start_partial": bool(cfg.start_partial)}
 
 
 def _loss(loss: Any) -> str:
@@ -223,8 +250,8 @@ def from_command(args, config_file: str | None = None) -> AuditConfig:
         value = getattr(args, name, None)
         if value is None:
             continue
-        if name == "model_args":
-            value = _json_object(value)
+        if name in ("model_args", "training"):
+            value = _json_object(value, f"--{name.replace('_', '-')}")
         if name == "attack_args":  # -p KEY=VALUE, each over the file's table
             value = {**cfg.get("attack_args", {}), **parse_params(value)} if value else None
             if value is None:
@@ -236,11 +263,12 @@ def from_command(args, config_file: str | None = None) -> AuditConfig:
     return AuditConfig(**{"out": DEFAULT_OUT, **cfg})
 
 
-def _json_object(text: str) -> Any:
+def _json_object(text: str, flag: str = "--model-args") -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise ConfigError(f"--model-args is not valid JSON ({e}); expected e.g. '{{\"hidden\": 300}}'") from None
+        example = '{"optimizer": "sgd", "lr": 0.01, "epochs": 50, "batch_size": 64}' if flag == "--training" else '{"hidden": 300}'
+        raise ConfigError(f"{flag} is not valid JSON ({e}); expected e.g. '{example}'") from None
 
 
 def from_options(config: AuditConfig | None = None, **options: Any) -> AuditConfig:
@@ -252,7 +280,7 @@ def from_options(config: AuditConfig | None = None, **options: Any) -> AuditConf
     if files:
         raise ConfigError(f"{', '.join(files)}: a file setting of 'exhume audit'; exhume.audit(model, train, unseen) takes "
                           "the model and the arrays themselves")
-    options = {k: ({} if v is None else v) if k == "attack_args" else v for k, v in options.items()}
+    options = {k: ({} if v is None else v) if k in ("attack_args", "training") else v for k, v in options.items()}
     if config is None:
         return AuditConfig(**options)
     return replace(config, **options) if options else config

@@ -174,6 +174,7 @@ class _Audited:
     info: dict[str, Any]
     failures: list[str]
     measured: dict[str, Any]
+    equation: Any
 
 
 def _audited(model: nn.Module, train, unseen, cfg: AuditConfig) -> _Audited:
@@ -199,15 +200,42 @@ def _audited(model: nn.Module, train, unseen, cfg: AuditConfig) -> _Audited:
     wrapped = Audited(user, std, head, positive=1 if pos is None or head != "two-logit" else pos).eval()
     loss = "logistic" if head == "two-logit" else cfg.loss  # cross-entropy over two logits is the logistic loss of their difference
     centred = x - mean
-    equation = equation_of(cfg.method)
+    view = AttackerView(model=wrapped, task=task, input_shape=input_shape, mean=mean, loss=loss,
+                        weight_decay=cfg.weight_decay, num_classes=k if task == "multiclass" else None, n_train_hint=len(x))
+    view = _with_start(view, cfg)
+    equation = equation_of(cfg.method, view, cfg.attack_args)  # a known start changes the equation, and so its check
     failures = equation.layer_failures(wrapped, centred[:2])
     measured = equation.residual(wrapped, centred, y, loss, cfg.weight_decay)
     failures += equation.residual_failures(measured)
-    view = AttackerView(model=wrapped, task=task, input_shape=input_shape, mean=mean, loss=loss,
-                        weight_decay=cfg.weight_decay, num_classes=k if task == "multiclass" else None, n_train_hint=len(x))
     info = {"model": type(user).__name__, "task": task, "outputs": k, "positive_class": pos, "loss": loss,
-            "weight_decay": cfg.weight_decay, "normalisation": norm_text, "n_train": len(x), "n_unseen": len(unseen_x)}
-    return _Audited(user, wrapped, view, x, centred, y, unseen_x, loss, info, failures, measured)
+            "weight_decay": cfg.weight_decay, "normalisation": norm_text, "n_train": len(x), "n_unseen": len(unseen_x),
+            "threat_model": view.threat_model}
+    return _Audited(user, wrapped, view, x, centred, y, unseen_x, loss, info, failures, measured, equation)
+
+
+def _with_start(view, cfg: AuditConfig):
+    """``view`` with the known start and training settings of ``cfg`` (the known-start threat model); as is without a start."""
+    if cfg.start is None:
+        return view
+    from exhume.victim.start import load_second_moment, view_with_start
+
+    training = dict(cfg.training)
+    if cfg.optimizer_state is not None:
+        training["second_moment"], step = load_second_moment(cfg.optimizer_state, view.model)
+        if step is not None:
+            training.setdefault("adam_step", step)
+    return view_with_start(view, cfg.start, training or None, cfg.start_partial)
+
+
+def _start_record(view, cfg: AuditConfig) -> dict[str, Any]:
+    """What metrics.json's ``audit`` records of the known start (nothing without one)."""
+    if view.start is None:
+        return {}
+    from exhume.victim.start import start_digest
+
+    given = str(cfg.start) if isinstance(cfg.start, (str, Path)) else f"given in Python ({len(view.start)} tensors)"
+    return {"start": given, "start_digest": start_digest(view.start), "start_partial": cfg.start_partial,
+            "training": None if view.training is None else view.training.record()}
 
 
 def _attack(data: _Audited, cfg: AuditConfig, progress: bool, force: bool, resume: bool):
@@ -223,13 +251,12 @@ def _attack(data: _Audited, cfg: AuditConfig, progress: bool, force: bool, resum
 
 def _judge(data: _Audited, recon, cfg: AuditConfig, settings: dict[str, Any] | None, t0: float) -> AuditResult:
     """Evaluate the reconstruction against the training images (the unseen ones are pool and control), with the verdict."""
-    from exhume.evaluation.assumptions import equation_of
     from exhume.evaluation.run import evaluate, margins_of
     from exhume.report import write_report
 
     out = None if cfg.out is None else Path(cfg.out)
     margins, support_margins = margins_of(data.wrapped, data.centred, data.y, data.info["task"], data.loss)
-    equation = equation_of(cfg.method)
+    equation = data.equation
     failures = data.failures + equation.fit_failures(margins, cfg.weight_decay) + equation.run_failures(recon, margins, cfg.weight_decay)
     result = evaluate(recon, train=(data.x, None), unseen=data.unseen, margins=margins, support_margins=support_margins,
                       assumptions=failures, alpha=cfg.alpha, out=None if out is None else out / "evaluation")
@@ -238,7 +265,7 @@ def _judge(data: _Audited, recon, cfg: AuditConfig, settings: dict[str, Any] | N
                    "stationarity_limit": data.measured["limit"],
                    "train_accuracy": float((torch.as_tensor(margins) > 0).double().mean())}
     m["audit"] = {**(settings or {}), "method": cfg.method, "max_seconds": cfg.max_seconds, "seed": cfg.seed,
-                  "wall_seconds": round(time.perf_counter() - t0, 1)}
+                  "wall_seconds": round(time.perf_counter() - t0, 1), **_start_record(data.view, cfg)}
     if out is not None:
         result.save(out / "evaluation")
         write_report(out)

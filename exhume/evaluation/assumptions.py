@@ -46,12 +46,24 @@ from exhume.attacks.equations import (  # noqa: F401
 ATTACK_RESIDUAL_LIMIT = 0.5
 
 
-def equation_of(method: str) -> Equation:
+def equation_of(method: str, view=None, attack_args: dict | None = None, recon=None) -> Equation:
     """The equation the attack ``method`` declares; for an attack not registered here, every check of
-    the stationarity equation (a judgement never loosened by not knowing the attack)."""
-    from exhume.attacks import ATTACKS, Attack
+    the stationarity equation (a judgement never loosened by not knowing the attack).
 
-    return ATTACKS[method].equation if method in ATTACKS else Attack.equation
+    ``view`` (with ``attack_args``): the one a run of the attack with those settings inverts on that
+    attacker's view (a known start changes it). ``recon``: the one a finished run recorded; a run
+    on the known-start equation is checked by that equation, which needs the start (``view``)."""
+    from exhume.attacks import ATTACKS, Attack
+    from exhume.attacks.equations import KnownStart
+
+    if method not in ATTACKS:
+        return Attack.equation
+    if view is not None:
+        return ATTACKS[method](**(attack_args or {})).equation_on(view)
+    used = ((recon.config or {}).get("equation_used") if recon is not None else None) or "stationary"
+    if used != "stationary":
+        return KnownStart(kind="endpoints" if used == "simulated training" else used)
+    return ATTACKS[method].equation
 
 
 def attack_failures(recon) -> list[str]:

@@ -86,7 +86,7 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
     """
     t0 = time.perf_counter()
     alpha = check_alpha(alpha)
-    equation = equation_of(recon.method)  # which assumptions of the attack to check
+    equation = equation_of(recon.method, recon=recon)  # which assumptions of the attack to check
     given = _inputs(recon, victim, train, unseen, margins, support_margins, assumptions, pool_size, pool_seed, equation)
     candidates = recon.candidates.float().clamp(0, 1)
     if tuple(candidates.shape[1:]) != tuple(given.train_x.shape[1:]):
@@ -100,6 +100,7 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
     failures = given.failures + attack_failures(recon)
     if victim is not None:
         failures += equation.run_failures(recon, given.margins, float(victim.weight_decay or 0.0))
+    result.metrics.threat_model = (recon.config or {}).get("threat_model") or "weights only"
     result.metrics.set_verdict(decide(result.metrics, failures, alpha))
     result.metrics.evaluation_seconds = round(time.perf_counter() - t0, 3)
     if out is not None:

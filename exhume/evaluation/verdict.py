@@ -97,7 +97,11 @@ def decide(metrics: Mapping[str, Any], failures: list[str] | None = None, alpha:
         word = "leaks"
     else:
         word = "inconclusive" if failures else "no evidence"
-    return Verdict(word, _reason(word, counts, p, alpha, failures), p, alpha, counts, failures)
+    reason = _reason(word, counts, p, alpha, failures)
+    threat = metrics.get("threat_model")
+    if threat:  # the promise is about one threat model: name it
+        reason += f" Threat model audited: {threat}."
+    return Verdict(word, reason, p, alpha, counts, failures)
 
 
 def _reason(word: str, counts: Counts, p: float | None, alpha: float, failures: list[str]) -> str:

@@ -197,6 +197,11 @@ def _first_screen(metrics, attack: dict[str, Any], ev: Path) -> str:
     box += (f"<p class=\"reason\">{_e(reason)}</p>" if reason else "") + "</div>"
     left = [f"<div id=\"verdict\">{box}<p class=\"explain\">{_e(text)}</p></div>", _glossary(metrics)]
     cfg = attack.get("config") or {}
+    threat = metrics.get("threat_model") or cfg.get("threat_model")
+    if threat:
+        left.insert(1, f"<p class=\"threat\" id=\"threat-model\"><b>Threat model audited</b>: {_e(threat)}"
+                    + ("" if threat == "weights only" else " (an attacker who has them; without them the verdict may differ)")
+                    + ".</p>")
     if cfg.get("oracle_init"):
         left.append(f"<p class=\"verdict\">This run started from an oracle initialisation ({_e(cfg.get('init'))}) built from real "
                     "data: its numbers do not describe an attacker who has the weights only.</p>")
