@@ -4,7 +4,6 @@ fallback to one run for a slow victim, and a resume that reuses the stored decis
 from __future__ import annotations
 
 import pytest
-import test_portfolio
 import torch
 
 import exhume
@@ -12,8 +11,7 @@ import exhume.portfolio.run as prun
 from exhume.portfolio import run_portfolio, sizing
 from exhume.portfolio.report import summary_lines
 
-one_thread = test_portfolio.one_thread  # the portfolio tests' fixtures: one torch thread, their tiny victim
-victim_dir = test_portfolio.victim_dir
+pytestmark = pytest.mark.usefixtures("one_thread")  # one torch thread; victim_dir: the tiny victim of conftest.py
 
 
 @pytest.mark.parametrize("budget, rate, workers, fixed, expect", [
