@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from exhume.errors import ConfigError, VictimError
 from exhume.models import MLP, build_model, parse_arch
-from exhume.victim import AttackerView, TrainConfig, load_victim
+from exhume.victim import AttackerView, TrainConfig, load_victim, make_victim
 
 
 @pytest.fixture(scope="module")
