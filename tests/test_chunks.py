@@ -90,13 +90,13 @@ def _run(out, resume: bool):
     from exhume.experiments.kkt_study import _run_all
 
     args = SimpleNamespace(seed=0, device="cpu", resume=resume)
-    rows, arrays = _run_all(_cases(), args, 2500, 1500, out, progress=False)
+    rows, arrays = _run_all(_cases(), args, 1000, 500, out, progress=False)
     return [{k: v for k, v in r.items() if not k.endswith("seconds")} for r in rows], arrays
 
 
 def test_kkt_cases_in_chunks_end_with_the_uninterrupted_table(tmp_path):
     """Training, attack and finished cases all resume: short chunks give the rows of one long run. (Each
-    chunk is half a second longer than the last, so that a loaded machine still gets through the
+    chunk is a quarter of a second longer than the last, so that a loaded machine still gets through the
     steps that are not checkpointed: loading the data, evaluating a case.)"""
     from exhume.experiments.registry import ChunkEnd, chunk_deadline
 
@@ -106,7 +106,7 @@ def test_kkt_cases_in_chunks_end_with_the_uninterrupted_table(tmp_path):
         chunks += 1
         assert chunks < 40
         try:
-            with chunk_deadline(1.0 + 0.5 * chunks):
+            with chunk_deadline(0.5 + 0.25 * chunks):
                 rows, arrays = _run(tmp_path / "chunked", resume=chunks > 1)
             break
         except ChunkEnd:

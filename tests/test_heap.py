@@ -13,6 +13,7 @@ PROBE = """
 import importlib.util, resource, sys
 import torch
 
+torch.set_num_threads(1)
 spec = importlib.util.spec_from_file_location("heap", sys.argv[1])  # the module alone, not the whole package
 heap = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(heap)
@@ -29,7 +30,7 @@ faults(1)
 default, again = faults(), faults()  # glibc's own settings, which adapt to the block size after the first frees
 with heap.retained_heap():
     faults(1)
-    inside = faults()
+    inside = min(faults() for _ in range(3))  # the least of three: a loaded machine once faulted 4 blocks in one
 print(default, again, inside)
 """
 

@@ -9,13 +9,12 @@ import torch
 from exhume.errors import ConfigError
 from exhume.evaluation.inits import build_init
 from exhume.evaluation.membership import auc_mann_whitney, membership_uncertainty
-from exhume.victim import TrainConfig, make_victim
+from exhume.victim import load_victim
 
 
 @pytest.fixture(scope="module")
-def victim():
-    return make_victim("mnist", "odd-even", 10, "affine", TrainConfig(lr=0.5, weight_decay=5e-3, max_epochs=50),
-                       seed=0, progress=False, test_size=0)
+def victim(make_tiny_victim):
+    return load_victim(make_tiny_victim(arch="affine", epochs=50, lr=0.5, test_size=0))
 
 
 def test_init_builders_shapes_order_oracle_and_disjoint_partition(victim):

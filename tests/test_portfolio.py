@@ -24,31 +24,13 @@ from exhume.evaluation.matching import ncc_matrix
 from exhume.evaluation.ssim import ssim_pairs
 from exhume.portfolio import make_plan, pool, run_portfolio, starved
 from exhume.portfolio.report import summary_lines
-from exhume.victim import AttackerView, TrainConfig, make_victim
+from exhume.victim import AttackerView
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = {"iterations": 40, "lr": 0.5, "checkpoint_every": 10}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread here, like each forked worker: fast on a busy machine, and comparable bit for bit."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def victim_dir(tmp_path_factory):
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("portfolio") / "victim"
-    cfg = TrainConfig(loss="logistic", optimizer="gd", lr=0.2, weight_decay=5e-3, max_epochs=300, max_seconds=10)
-    make_victim("mnist", "odd-even", 10, "mlp:32;bias=none;init=1e-3", cfg, seed=0, progress=False, test_size=50).save(folder)
-    torch.set_num_threads(before)
-    return folder
+pytestmark = pytest.mark.usefixtures("one_thread")  # one torch thread, like each forked worker (conftest.py)
 
 
 # -- pooling on hand-made candidates -------------------------------------------------------------

@@ -45,13 +45,13 @@ def test_tiny_victim_files_complete_and_consistent(tmp_path):
                  (split["train_indices"], split["unseen_indices"])):
         assert not set(a) & set(b)
     cfg = settings(__import__("argparse").Namespace(config=str(folder / "audit.toml"), param=[], **{k: None for k in KEYS}))
-    model = load_weights(load_model_class(cfg["model"], cfg["model_args"]), cfg["weights"])
-    x, y = load_images(cfg["train"], need_labels=True)
-    assert len(x) == spec.n and len(load_images(cfg["unseen"], need_labels=False)[0]) == 30
+    model = load_weights(load_model_class(cfg.model, cfg.model_args), cfg.weights)
+    x, y = load_images(cfg.train, need_labels=True)
+    assert len(x) == spec.n and len(load_images(cfg.unseen, need_labels=False)[0]) == 30
     with torch.no_grad():
         pred = (model((torch.from_numpy(x) - 0.1307) / 0.3081).squeeze(1) > 0).long().numpy()
     assert float((pred == y).mean()) == info["train_accuracy"]
-    assert cfg["loss"] == "logistic" and cfg["weight_decay"] == spec.weight_decay and cfg["normalize"] == "0.1307,0.3081"
+    assert cfg.loss == "logistic" and cfg.weight_decay == spec.weight_decay and cfg.normalize == "0.1307,0.3081"
     build.build_victim(spec, tmp_path / "again")  # seeded: the same weights byte for byte
     assert (folder / "weights.safetensors").read_bytes() == (tmp_path / "again" / "tiny" / "weights.safetensors").read_bytes()
 

@@ -18,7 +18,7 @@ from exhume.errors import ExhumeError
 from exhume.evaluation.run import evaluate
 from exhume.report import render, verdict, write_report
 from exhume.report.html import _fmt
-from exhume.victim import TrainConfig, make_victim
+from exhume.victim import load_victim
 
 
 def _need(tool: str, path: str | None) -> str:
@@ -32,13 +32,12 @@ def _need(tool: str, path: str | None) -> str:
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
+def run_dir(tmp_path_factory, leaky_victim_dir):
     """A real tiny run: victim on 20 MNIST digits, 150 kkt iterations, evaluated with a pool of 200."""
     torch.manual_seed(0)
     root = tmp_path_factory.mktemp("report")
-    cfg = TrainConfig(loss="logistic", optimizer="gd", lr=0.2, weight_decay=5e-3, max_epochs=400, max_seconds=10)
-    victim = make_victim("mnist", "odd-even", 20, "mlp:32;bias=none;init=1e-3", cfg, seed=0, progress=False, test_size=100)
-    victim.save(root / "victim")
+    shutil.copytree(leaky_victim_dir, root / "victim")
+    victim = load_victim(root / "victim")
     recon = get_attack("kkt", iterations=150, m=40).run(victim.attacker_view(), progress=False)
     recon.save(root / "run")
     evaluate(recon, victim, pool_size=200, out=root / "run" / "evaluation")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,15 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def victims(tmp_path_factory):
-    from exhume.victim import TrainConfig, make_victim
-
+def victims(tmp_path_factory, make_tiny_victim):
+    """Two tiny victims (seeds 0 and 1: other training digits, other weights), copies of conftest.py's."""
     root = tmp_path_factory.mktemp("runfolder")
-    cfg = TrainConfig(loss="logistic", optimizer="gd", lr=0.2, weight_decay=5e-3, max_epochs=30, max_seconds=10)
     for seed in (0, 1):
-        torch.manual_seed(seed)
-        make_victim("mnist", "odd-even", 10, "mlp:16;bias=none;init=1e-3", cfg, seed=seed, progress=False,
-                    test_size=20).save(root / f"victim{seed}")
+        shutil.copytree(make_tiny_victim(arch="mlp:16;bias=none;init=1e-3", epochs=30, seed=seed, test_size=20), root / f"victim{seed}")
     return root
 
 

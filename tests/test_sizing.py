@@ -4,7 +4,6 @@ fallback to one run for a slow victim, and a resume that reuses the stored decis
 from __future__ import annotations
 
 import pytest
-import test_portfolio
 import torch
 
 import exhume
@@ -12,8 +11,7 @@ import exhume.portfolio.run as prun
 from exhume.portfolio import run_portfolio, sizing
 from exhume.portfolio.report import summary_lines
 
-one_thread = test_portfolio.one_thread  # the portfolio tests' fixtures: one torch thread, their tiny victim
-victim_dir = test_portfolio.victim_dir
+pytestmark = pytest.mark.usefixtures("one_thread")  # one torch thread; victim_dir: the tiny victim of conftest.py
 
 
 @pytest.mark.parametrize("budget, rate, workers, fixed, expect", [
@@ -40,11 +38,13 @@ def test_choose(budget, rate, workers, fixed, expect):
 def test_auto_portfolio_probes_and_splits_what_is_left(victim_dir, monkeypatch, tmp_path):
     monkeypatch.setattr(sizing, "SECONDS_PER_RESTART", 1.0)  # the tiny victim runs thousands of iterations per second
     monkeypatch.setattr(sizing, "PROBE_SECONDS", (0.3, 0.3))
-    monkeypatch.setattr(sizing, "MIN_ITERATIONS_PER_RESTART", 50)
+    # the restarts are bounded by time, not by iterations, at any rate above ~10 it/s (2.7 s x rate / 10 >= 2.5): the
+    # probe measured 39 and 57 it/s on a 2-core machine under a load of 14-16 (the second under coverage), thousands idle
+    monkeypatch.setattr(sizing, "MIN_ITERATIONS_PER_RESTART", 10)
     victim = exhume.load_victim(victim_dir)
     r = run_portfolio(victim, max_seconds=3.0, workers=1, out=tmp_path / "run", progress=False, iterations=10_000_000)
     s = r.config["portfolio"]["sizing"]
-    assert s["rate"] > 100 and s["threads"] == 1 and s["workers"] == 1
+    assert s["rate"] > 20 and s["threads"] == 1 and s["workers"] == 1
     assert 0.3 <= s["probe_seconds"] < 3.0 and s["seconds"] == pytest.approx(3.0 - s["probe_seconds"], abs=1e-3)
     assert s["restarts"] == r.summary["restarts"] == round(s["seconds"] / 1.0), "restarts of about 1 s fill what the probe left"
     assert r.config["portfolio"]["max_seconds"] == s["seconds"]

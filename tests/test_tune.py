@@ -25,15 +25,6 @@ from exhume.victim import TrainConfig, Victim, make_victim  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def victim_dir(tmp_path_factory):
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("tune") / "victim"
-    cfg = TrainConfig(loss="logistic", optimizer="gd", lr=0.2, weight_decay=5e-3, max_epochs=300, max_seconds=10)
-    make_victim("mnist", "odd-even", 16, "mlp:32;bias=none;init=1e-3", cfg, seed=0, progress=False, test_size=50).save(folder)
-    return folder
-
-
 def _view(victim_dir):
     from exhume.victim import load_victim
 

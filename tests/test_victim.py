@@ -17,12 +17,9 @@ from exhume.victim import AttackerView, TrainConfig, load_victim, make_victim
 
 
 @pytest.fixture(scope="module")
-def victim_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("victim")
-    v = make_victim("mnist", "odd-even", 20, "mlp:32,32;bias=first;init=1e-4",
-                    TrainConfig(lr=0.2, weight_decay=5e-3, max_epochs=300), seed=1, progress=False, test_size=100)
-    v.save(folder)
-    return folder
+def victim_dir(make_tiny_victim):
+    """make_victim(...).save(folder) by conftest.py: 20 digits, lr 0.2, weight decay 5e-3, 300 epochs, seed 1."""
+    return make_tiny_victim(n=20, arch="mlp:32,32;bias=first;init=1e-4", seed=1, test_size=100)
 
 
 def test_victim_trains_to_fit_its_data_and_round_trips(victim_dir):

@@ -61,7 +61,7 @@ def method_kwargs(method: str, folder: Path, training: dict) -> dict[str, Any]:
     raise SystemExit(f"unknown method {method!r}; known: {', '.join(METHODS)}, audit:{{json}}, kkt:{{json}}")
 
 
-def audit_settings(config: Path) -> dict[str, Any]:
+def audit_settings(config: Path):
     """The victim's ``audit.toml`` read exactly as ``exhume audit --config`` reads it (paths resolved)."""
     from exhume.audit.command import KEYS, settings
 
@@ -77,12 +77,12 @@ def run_audit(folder: Path, method: str, seconds: float, seed: int, out: Path):
     cfg = audit_settings(folder / "audit.toml")
     training = json.loads((folder / "training.json").read_text())
     extra = method_kwargs(method, folder, training)
-    attack_args = {**(cfg.get("attack_args") or {}), **extra.pop("attack_args", {})}
-    model = load_weights(load_model_class(cfg["model"], cfg.get("model_args")), cfg["weights"])
-    x, y = load_images(cfg["train"], need_labels=True)
-    unseen, _ = load_images(cfg["unseen"], need_labels=False)
-    return exhume.audit(model, (x, y), unseen, loss=cfg["loss"], weight_decay=cfg["weight_decay"],
-                        normalize=parse_normalize(cfg["normalize"]), max_seconds=seconds, attack_args=attack_args,
+    attack_args = {**(cfg.attack_args or {}), **extra.pop("attack_args", {})}
+    model = load_weights(load_model_class(cfg.model, cfg.model_args), cfg.weights)
+    x, y = load_images(cfg.train, need_labels=True)
+    unseen, _ = load_images(cfg.unseen, need_labels=False)
+    return exhume.audit(model, (x, y), unseen, loss=cfg.loss, weight_decay=cfg.weight_decay,
+                        normalize=parse_normalize(cfg.normalize), max_seconds=seconds, attack_args=attack_args,
                         out=out, seed=seed, progress=False, force=True, **extra)
 
 
