@@ -74,6 +74,7 @@ class SimulateAttack(Attack):
 
     name = "simulate"
     uses_start = True  # it trains from the start
+    equation = KnownStart()  # what the simulation approximates; equation_on(view) holds the start for its check
     params = {
         "m": Param(None, int, "number of candidates (default: candidates_per_point × n)", low=1, allow_none=True),
         "candidates_per_point": Param(1.0, float, "m = round(this × n) when m is not given", low=1e-3),

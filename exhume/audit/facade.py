@@ -259,7 +259,8 @@ def _judge(data: _Audited, recon, cfg: AuditConfig, settings: dict[str, Any] | N
     equation = data.equation
     failures = data.failures + equation.fit_failures(margins, cfg.weight_decay) + equation.run_failures(recon, margins, cfg.weight_decay)
     result = evaluate(recon, train=(data.x, None), unseen=data.unseen, margins=margins, support_margins=support_margins,
-                      assumptions=failures, alpha=cfg.alpha, out=None if out is None else out / "evaluation")
+                      assumptions=failures, alpha=cfg.alpha, out=None if out is None else out / "evaluation",
+                      threat_model=data.view.threat_model)
     m = result.metrics
     m["victim"] = {**data.info, "stationarity_residual": data.measured["value"], "stationarity_definition": data.measured["definition"],
                    "stationarity_limit": data.measured["limit"],

@@ -59,7 +59,8 @@ def equation_of(method: str, view=None, attack_args: dict | None = None, recon=N
     if method not in ATTACKS:
         return Attack.equation
     if view is not None:
-        return ATTACKS[method](**(attack_args or {})).equation_on(view)
+        cls = ATTACKS[method]  # the attack's own settings among attack_args (others, e.g. restarts, are exhume.attack's)
+        return cls(**{k: v for k, v in (attack_args or {}).items() if k in cls.params}).equation_on(view)
     used = ((recon.config or {}).get("equation_used") if recon is not None else None) or "stationary"
     if used != "stationary":
         return KnownStart(kind="endpoints" if used == "simulated training" else used)

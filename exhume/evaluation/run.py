@@ -55,7 +55,7 @@ def margins_of(model, centred, y, task: str, loss: str | None) -> tuple[np.ndarr
 @holding_output(lambda a: a["out"])  # the run folder's lock (RUN/evaluation) or out's own, while it evaluates and writes
 def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assumptions: list[str] | None = None,
              alpha: float = ALPHA, pool_size: int = 1000, match: str = "ssim", out: str | Path | None = None,
-             pool_seed: int = 1, figures: bool = True, support_margins=None) -> EvalResult:
+             pool_seed: int = 1, figures: bool = True, support_margins=None, threat_model: str | None = None) -> EvalResult:
     """Judge ``recon`` (its candidates in display space) against a training set; return metrics with a verdict.
 
     Two forms:
@@ -82,7 +82,8 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
     ``p < alpha``); else *inconclusive* when an assumption of the attack failed (``assumptions``:
     reasons in plain words, plus the attack's own final residual and, for a victim, its
     stationarity and layers), else *no evidence*. With ``out``, writes ``metrics.json``,
-    ``arrays.npz`` and the figures there.
+    ``arrays.npz`` and the figures there. ``threat_model``: what the attacker knew, in words (default:
+    what the run recorded, e.g. ``"weights only"``); metrics.json and the verdict's reason state it.
     """
     t0 = time.perf_counter()
     alpha = check_alpha(alpha)
@@ -100,7 +101,8 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
     failures = given.failures + attack_failures(recon)
     if victim is not None:
         failures += equation.run_failures(recon, given.margins, float(victim.weight_decay or 0.0))
-    result.metrics.threat_model = (recon.config or {}).get("threat_model") or "weights only"
+    # what the attacker knew, as the caller (the audit) states it or the run recorded it; the verdict's reason names it
+    result.metrics.threat_model = threat_model or (recon.config or {}).get("threat_model")
     result.metrics.set_verdict(decide(result.metrics, failures, alpha))
     result.metrics.evaluation_seconds = round(time.perf_counter() - t0, 3)
     if out is not None:

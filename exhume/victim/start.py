@@ -49,21 +49,26 @@ def check_start(start: Any, model: nn.Module, source: str = "the start", partial
     buffers = {k for k, _ in model.named_buffers()}
     prefix = "model." if hasattr(model, "positive") and hasattr(model, "head") else ""  # exhume.victim.wrap.Audited
     start = _aligned(start, set(params) | buffers, prefix)
+
+    def name(k: str) -> str:  # the user's names, without the wrapper's prefix, in what is said
+        return k[len(prefix):] if prefix and k.startswith(prefix) else k
+
+    owner = type(getattr(model, "model", model)).__name__ if prefix else type(model).__name__
     known = [k for k in start if k in params]
     if start and not known and not set(start) & buffers:
-        raise VictimError(f"{source} is for another model: none of its {len(start)} names (e.g. {sorted(start)[0]!r}) is a "
-                          f"parameter of {type(model).__name__} (e.g. {next(iter(params), '-')!r})")
+        raise VictimError(f"{source} is for another model: none of its {len(start)} names (e.g. {name(sorted(start)[0])!r}) is a "
+                          f"parameter of {owner} (e.g. {name(next(iter(params), '-'))!r})")
     for k in start:
         if k not in params and k not in buffers:
-            raise VictimError(f"{source}: {k!r} is not a parameter of {type(model).__name__}; expected a state dict of this model")
+            raise VictimError(f"{source}: {name(k)!r} is not a parameter of {owner}; expected a state dict of this model")
     for k in known:
         if tuple(start[k].shape) != tuple(params[k].shape):
-            raise VictimError(f"{source}: {k} has shape {tuple(start[k].shape)}, the model's is {tuple(params[k].shape)}")
+            raise VictimError(f"{source}: {name(k)} has shape {tuple(start[k].shape)}, the model's is {tuple(params[k].shape)}")
         if not torch.isfinite(start[k]).all():
-            raise VictimError(f"{source}: {k} holds {int((~torch.isfinite(start[k])).sum())} NaN/inf values; expected finite weights")
+            raise VictimError(f"{source}: {name(k)} holds {int((~torch.isfinite(start[k])).sum())} NaN/inf values; expected finite weights")
     missing = [k for k in params if k not in start]
     if missing and not partial:
-        raise VictimError(f"{source} lacks parameter {missing[0]!r} ({len(missing)} of {len(params)} missing); expected a state "
+        raise VictimError(f"{source} lacks parameter {name(missing[0])!r} ({len(missing)} of {len(params)} missing); expected a state "
                           "dict of this model, or pass a partial start (--start-partial) if it covers only some parameters")
     if not known:
         raise VictimError(f"{source} holds none of the model's parameters; expected a state dict of this model")
