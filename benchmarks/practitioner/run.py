@@ -31,10 +31,36 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parents[1]), str(HERE.parent)]  # the repository root, benchmarks/
 
-#: name -> (victim folder, its training.json) -> extra keyword arguments of exhume.audit. When the
-#: audit accepts the known start, e.g. ``"start": lambda f, t: {"start": f / "start.safetensors", ...}``.
+def owner_training(training: dict) -> dict[str, Any]:
+    """The training settings an owner knows, from the victim's training.json (exhume.audit's ``training``)."""
+    opt = training["optimizer"]
+    out = {"optimizer": opt["name"], "lr": opt["lr"], "weight_decay": opt["weight_decay"], "steps": training["steps"]}
+    if "momentum" in opt:
+        out["momentum"] = opt["momentum"]
+    if "betas" in opt:
+        out["betas"] = tuple(opt["betas"])
+    return out
+
+
+def known_start(folder: Path, training: dict) -> dict[str, Any]:
+    """The owner's known-start audit: the start, the training settings and (Adam) the optimiser's final state."""
+    kw: dict[str, Any] = {"start": folder / "start.safetensors", "training": owner_training(training)}
+    if (folder / "optimizer_state.safetensors").is_file():
+        kw["optimizer_state"] = folder / "optimizer_state.safetensors"
+    return kw
+
+
+#: Loo et al. (2024)'s known-initialisation formulation, written here as kkt settings: loss gradients at the start and
+#: the final weights with signed multipliers on θ_T − θ_0 (no decay, no span, no preconditioner), m = 2n
+LOO = {"start_equation": "endpoints", "formulation": "loss", "start_decay": 1.0, "subspace": "off", "preconditioner": "none",
+       "start_multipliers": "signed", "candidates_per_point": 2.0}
+
+#: name -> (victim folder, its training.json) -> extra keyword arguments of exhume.audit
 METHODS = {
-    "default": lambda folder, training: {},  # weights only: today's default attack
+    "default": lambda folder, training: {},  # weights only: the default attack
+    "start": known_start,  # the owner's audit: start, training settings, optimiser state (Adam)
+    "start-only": lambda folder, training: {"start": folder / "start.safetensors"},  # an attacker with the public start
+    "loo": lambda folder, training: {"start": folder / "start.safetensors", "attack_args": dict(LOO)},  # the reference
 }
 ROW_KEYS = ("victim", "method", "seed", "budget_s", "wall_s", "attack_s", "iterations", "restarts", "memorised", "n_train",
             "control", "control_size", "control_oracle", "one_to_one", "one_to_one_control", "verdict", "p_value",
