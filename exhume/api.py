@@ -46,11 +46,9 @@ def attack(victim: Victim | AttackerView, method: str = "kkt", seed: int = 0, ou
     from exhume.portfolio import has_plan
     from exhume.victim.start import view_with_start
 
-    if start is not None or training is not None:
-        _uses_start(method)
     victim_view = view_with_start(victim, start, training, start_partial)
     if getattr(victim_view, "start", None) is not None:
-        _uses_start(method)  # a view that carries a start too
+        _uses_start(method)  # given here, or carried by the view
     default_plan = restarts is None and has_plan(method) and init is None and mix is None
     if storage is not None or (restarts != 1 and (restarts is not None or default_plan)):
         if init is not None or mix is not None:
@@ -64,6 +62,12 @@ def attack(victim: Victim | AttackerView, method: str = "kkt", seed: int = 0, ou
     atk.check(view)  # an unsupported victim fails here, before any initialisation is built
     check_memory(atk, view, device)  # so does a run the memory available cannot hold (one line, with settings that fit)
     init_kw = _init_kwargs(victim, atk, method, init, init_name, mix, init_seed)
+    return _run_once(atk, view, victim, init_kw, seed=seed, out=out, resume=resume, device=device, progress=progress, force=force)
+
+
+def _run_once(atk, view, victim, init_kw: dict[str, Any], *, seed: int, out, resume: bool, device: str, progress: bool,
+              force: bool) -> Reconstruction:
+    """One run of ``atk`` on ``view``: in ``out`` (locked, owned by the victim's fingerprint, saved there) when given."""
     from exhume.attacks.checkpoint import run_owner
     from exhume.files.runfolder import fingerprint, own_run_folder
 

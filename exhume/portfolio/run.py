@@ -43,6 +43,7 @@ def run_portfolio(victim, method: str = "kkt", *, max_seconds: float | None = No
     """
     from exhume.device import check_device
     from exhume.victim.start import view_with_start
+
     check_device(device)
     if not 0.0 <= merge_threshold <= 1.0:
         raise ConfigError(f"merge_threshold must be in [0, 1] (1 = never merge), got {merge_threshold!r}")
@@ -64,10 +65,15 @@ def run_portfolio(victim, method: str = "kkt", *, max_seconds: float | None = No
 
         plan, results, rows = run_shared(view, plan, storage, study_name or DEFAULT_STUDY, out, resume, device, progress)
     recon = pool(view, plan, results, rows, merge_threshold)
+    return _pooled(recon, victim, view, t0, None if storage is None else study_name or DEFAULT_STUDY, sizing, out)
+
+
+def _pooled(recon: Reconstruction, victim, view, t0: float, study: str | None, sizing, out) -> Reconstruction:
+    """The pooled result with the portfolio's records (whole wall time, study, sizing, victim), saved in ``out``."""
     recon.summary["restart_seconds_total"] = recon.summary["seconds"]
     recon.summary["seconds"] = round(time.perf_counter() - t0, 3)
-    if storage is not None:
-        recon.config["portfolio"]["study"] = study_name or DEFAULT_STUDY
+    if study is not None:
+        recon.config["portfolio"]["study"] = study
     if sizing is not None:
         recon.config["portfolio"]["sizing"] = sizing.record()
     victim_path = getattr(victim, "path", None)

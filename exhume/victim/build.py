@@ -48,6 +48,18 @@ def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, kind: str
         return float((margin(out, y) > 0).float().mean())
 
 
+def _test_accuracy(model, ds, task: str, task_data, test_size: int, exclude, seed: int, label_dtype) -> dict[str, Any]:
+    """Accuracy on ``test_size`` images disjoint from the training set (and from ``exclude``)."""
+    p = next(model.parameters())
+    excl = np.asarray(task_data.indices)
+    if exclude is not None:
+        excl = np.union1d(excl, np.asarray(exclude))
+    test = select_pool(ds, task, test_size, exclude=excl, seed=seed + 12345)
+    acc = accuracy(model, (test.x - task_data.mean).to(device=p.device, dtype=p.dtype), test.y.to(device=p.device, dtype=label_dtype),
+                   task_data.task)
+    return {"test_accuracy": acc, "test_size": len(test)}
+
+
 def make_victim(
     data: str = "mnist",
     task: str = "odd-even",
@@ -87,13 +99,7 @@ def make_victim(
     start = time.perf_counter()
     metrics = fit(model, x, y, kind, train, seed, progress, checkpoint=checkpoint, resume=resume)
     if test_size > 0:
-        excl = np.asarray(task_data.indices)
-        if exclude_from_test is not None:
-            excl = np.union1d(excl, np.asarray(exclude_from_test))
-        test = select_pool(ds, task, test_size, exclude=excl, seed=seed + 12345)
-        metrics["test_accuracy"] = accuracy(model, (test.x - task_data.mean).to(device=device, dtype=dtype),
-                                            test.y.to(device=device, dtype=y.dtype), kind)
-        metrics["test_size"] = len(test)
+        metrics.update(_test_accuracy(model, ds, task, task_data, test_size, exclude_from_test, seed, y.dtype))
     metrics["wall_seconds"] = round(time.perf_counter() - start, 3)
     return Victim(
         model=model.cpu().float().eval(),
