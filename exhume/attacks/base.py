@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -12,6 +11,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from exhume.attacks.equations import Equation, Stationarity
+from exhume.attacks.workcopy import attack_model  # noqa: F401  (re-exported: every attack takes it from here)
 from exhume.errors import ConfigError, ExhumeError
 from exhume.files.jsonio import write_json
 from exhume.files.schemas import check_reconstruction_tensors, read_reconstruction_meta
@@ -186,15 +186,6 @@ ORACLE_INITS = ("ground-truth", "partition", "mix")
 
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-
-def attack_model(model: torch.nn.Module, device: str | torch.device, dtype: torch.dtype) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
-    """A copy of the victim's module on ``device`` in ``dtype`` (eval mode) and its detached parameters.
-
-    Every attack works on this copy, so the caller's module keeps its device, dtype and hooks.
-    """
-    work = copy.deepcopy(model).to(device=torch.device(device), dtype=dtype).eval()
-    return work, {k: v.detach() for k, v in work.named_parameters()}
 
 
 def initial_candidates(init: torch.Tensor | None, m: int | None, input_shape: tuple[int, ...], mean: torch.Tensor,

@@ -65,7 +65,7 @@ from exhume.attacks.trajectory import (
 from exhume.errors import ConfigError, DivergenceError
 from exhume.files.runfolder import tensors_digest
 from exhume.losses import LOSSES
-from exhume.victim.start import start_digest
+from exhume.starts import start_digest
 
 #: lr_lambda="auto": the multipliers' learning rate for the margin formulations (binary, multiclass), where the
 #: equation of a homogeneous network leaves their scale free and a fast rate lets it drift (module docstring) ...

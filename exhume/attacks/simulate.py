@@ -37,7 +37,7 @@ from exhume.attacks.subspace import Subspace, data_subspace
 from exhume.attacks.surrogate import soft_activations
 from exhume.attacks.trajectory import PRECONDITIONERS, StartEquation, added_inputs_layer, build_equation, per_sample, probe_images
 from exhume.errors import ConfigError, DivergenceError
-from exhume.victim.start import start_digest
+from exhume.starts import start_digest
 
 
 @dataclass

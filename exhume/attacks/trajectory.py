@@ -42,7 +42,7 @@ from torch.func import functional_call, grad
 from exhume.attacks.stationarity import Objective
 from exhume.attacks.surrogate import soft_activations
 from exhume.errors import ConfigError
-from exhume.victim.start import frozen_names
+from exhume.starts import frozen_names
 
 EQUATIONS = ("trajectory", "endpoints")
 PRECONDITIONERS = ("auto", "none", "state")
@@ -312,8 +312,8 @@ def known_start_residual(view, x: torch.Tensor, y: torch.Tensor, equation: str =
     training added with the training points as the candidates (float64, λ ≥ 0 with a classifier's
     margin unless ``nonnegative=False``). To judge it, compare the same for as many unseen points.
     """
-    from exhume.attacks.base import attack_model
     from exhume.attacks.formulation import form_for, resolve
+    from exhume.attacks.workcopy import attack_model
 
     model, params = attack_model(view.model, "cpu", torch.float64)
     eq = build_equation(view, model, params, equation, len(x), decay, preconditioner)
@@ -335,8 +335,8 @@ def estimate_second_moment(view, images: torch.Tensor, labels: torch.Tensor | No
     ``images``: display space ``(N, *input_shape)``; ``labels``: exhume's (±1 or class ids), default
     the model's own predictions. Pass the result as ``training={"second_moment": ...}``.
     """
-    from exhume.attacks.base import attack_model
     from exhume.attacks.formulation import resolve
+    from exhume.attacks.workcopy import attack_model
 
     model, params = attack_model(view.model, "cpu", torch.float64)
     x = torch.as_tensor(images).double() - view.mean.double()

@@ -30,6 +30,7 @@ from torch import nn
 
 from exhume.errors import ConfigError, VictimError
 from exhume.files.weights import read_tensors
+from exhume.starts import frozen_names, start_digest  # noqa: F401  (the victim room's names for them)
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 
@@ -78,24 +79,6 @@ def check_start(start: Any, model: nn.Module, source: str = "the start", partial
 def load_start(path: str | Path, model: nn.Module, partial: bool = False) -> dict[str, torch.Tensor]:
     """The start in file ``path`` (safetensors or a torch state dict, never unpickled), checked against ``model``."""
     return check_start(read_tensors(path, "start weights file"), model, f"start weights file {path}", partial)
-
-
-def frozen_names(model: nn.Module, start: dict[str, torch.Tensor]) -> list[str]:
-    """Parameters exactly equal to their start: not trained (e.g. a frozen feature extractor)."""
-    params = dict(model.named_parameters())
-    return [k for k, v in start.items() if torch.equal(v.to(params[k].device, params[k].dtype), params[k].detach())]
-
-
-def start_digest(start: dict[str, torch.Tensor] | None) -> str | None:
-    """sha256 (16 hex digits) of a start's names and tensors: a run resumed with another start is refused."""
-    if start is None:
-        return None
-    import hashlib
-
-    from exhume.files.runfolder import tensors_digest
-
-    names = hashlib.sha256("\n".join(sorted(start)).encode()).hexdigest()
-    return hashlib.sha256((names + tensors_digest(*(start[k] for k in sorted(start)))).encode()).hexdigest()[:16]
 
 
 @dataclass
