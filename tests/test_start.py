@@ -595,3 +595,15 @@ def test_a_known_start_run_judged_without_its_start_is_checked_as_unknown_not_as
     measured = eq.residual(None, None, None, "logistic", 0.0)
     assert measured["value"] is None and "could not be checked" in eq.residual_failures(measured)[0]
     assert isinstance(equation_of("kkt", recon=SimpleNamespace(config={"equation_used": "stationary"})), Stationarity)
+
+
+def test_the_known_start_check_leaves_batchnorm_to_its_residual_and_still_names_smooth_layers():
+    """Eval-mode BatchNorm is modelled by the known-start equation (the residual measures whether it holds);
+    the stationarity check still names it, and a smooth activation is named by both."""
+    from exhume.attacks.equations import KnownStart, Stationarity
+
+    bn = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.ReLU(), nn.Flatten(), nn.Linear(8, 1)).eval()
+    smooth = nn.Sequential(nn.Flatten(), nn.Linear(16, 4), nn.Tanh(), nn.Linear(4, 1))
+    x = torch.rand(2, 1, 4, 4)
+    assert KnownStart().layer_failures(bn, x) == [] and "BatchNorm2d" in Stationarity().layer_failures(bn, x)[0]
+    assert "tanh" in KnownStart().layer_failures(smooth, x)[0]
