@@ -42,7 +42,7 @@ from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, RestartPl
 from exhume.attacks.checkpoint import BUDGET_SETTINGS, resumable_settings
 from exhume.attacks.equations import Equation, KnownStart, Stationarity
 from exhume.attacks.formulation import FORMULATIONS, MARGIN_FORMS, Formulation, form_for, resolve
-from exhume.attacks.loop import CANDIDATE_PARAMS, attack_loop, budget_params, make_optimizer, open_run
+from exhume.attacks.loop import CANDIDATE_PARAMS, attack_loop, budget_params, descend, make_optimizer, open_run
 from exhume.attacks.priors import background_level, dark_floor, range_penalty, tv_term
 from exhume.attacks.snapshots import IterateTracker
 from exhume.attacks.stationarity import (
@@ -540,14 +540,7 @@ class KKTAttack(Attack):
             loss, stat, dual, prior = self.terms(p, p.x, p.u, replay)
             if not torch.isfinite(loss):
                 raise DivergenceError(f"kkt attack diverged at iteration {it} (loss {float(loss.detach())}); lower lr (now {cfg['lr']})")
-            for opt in opts:
-                opt.zero_grad(set_to_none=True)
-            loss.backward()
-            for opt in opts:
-                opt.step()
-            if p.span.basis is not None:
-                with torch.no_grad():
-                    p.x.copy_(p.span.project(p.x))
+            descend(loss, opts, p.span, p.x)
             tracker.update({"x": p.x, "u": p.u})
             if it % cfg["snapshot_every"] == 0:
                 tracker.consider(it, score)

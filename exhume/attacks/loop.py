@@ -164,3 +164,15 @@ def run_loop(desc: str, total: int, max_seconds: float | None, start: int, elaps
     if done != last_saved:  # the last periodic checkpoint may already be the final one
         save(done, clock())
     return LoopEnd(done=done, elapsed=clock())
+
+
+def descend(loss: torch.Tensor, opts, span=None, x: torch.Tensor | None = None) -> None:
+    """One step of every optimiser in ``opts`` on ``loss``; then the candidates ``x`` projected onto ``span``'s basis (if any)."""
+    for opt in opts:
+        opt.zero_grad(set_to_none=True)
+    loss.backward()
+    for opt in opts:
+        opt.step()
+    if span is not None and span.basis is not None:
+        with torch.no_grad():
+            x.copy_(span.project(x))

@@ -31,7 +31,7 @@ from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_mo
 from exhume.attacks.checkpoint import resumable_settings
 from exhume.attacks.equations import Equation, KnownStart
 from exhume.attacks.formulation import candidate_labels
-from exhume.attacks.loop import CANDIDATE_PARAMS, attack_loop, budget_params, make_optimizer, open_run
+from exhume.attacks.loop import CANDIDATE_PARAMS, attack_loop, budget_params, descend, make_optimizer, open_run
 from exhume.attacks.priors import background_level, dark_floor, range_penalty, tv_term
 from exhume.attacks.subspace import Subspace, data_subspace
 from exhume.attacks.surrogate import soft_activations
@@ -246,14 +246,7 @@ class SimulateAttack(Attack):
             loss, unexplained, prior = self.terms(p)
             if not torch.isfinite(loss):
                 raise DivergenceError(f"simulate attack diverged at iteration {it}; lower lr or step_scale")
-            for opt in opts:
-                opt.zero_grad(set_to_none=True)
-            loss.backward()
-            for opt in opts:
-                opt.step()
-            if p.span.basis is not None:
-                with torch.no_grad():
-                    p.x.copy_(p.span.project(p.x))
+            descend(loss, opts, p.span, p.x)
             if not log:
                 return None
             history.append({"iteration": it, "loss": float(loss.detach()), "unexplained": float(unexplained.detach()),
