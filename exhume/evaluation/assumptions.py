@@ -82,5 +82,7 @@ def attack_failures(recon) -> list[str]:
             value, what = min(per), f"the best final relative residual of its {len(per)} restarts"
     if value is None or value <= ATTACK_RESIDUAL_LIMIT:
         return []
-    return [f"the attack did not find candidates that satisfy the stationarity equation ({what} "
+    used = (getattr(recon, "config", None) or {}).get("equation_used") or "stationary"
+    equation = "the stationarity equation" if used == "stationary" else "the known-start equation"
+    return [f"the attack did not find candidates that satisfy {equation} ({what} "
             f"{value:.3g} > {ATTACK_RESIDUAL_LIMIT:g}); a longer budget or other settings may"]
