@@ -1,7 +1,7 @@
 """Known start: which equation explains what training added, and which attack recovers the training images.
 
 Victims: folders in the practitioner zoo's layout (``benchmarks/known_start_victims.py`` writes
-prototypes; ``/work/scratch/pzoo`` holds the zoo): ``audit.toml`` (model, normalisation, loss,
+prototypes; ``runs/pzoo`` holds the zoo): ``audit.toml`` (model, normalisation, loss,
 weight decay), ``weights.safetensors``, ``start.safetensors``, ``train.npz``, ``unseen.npz``,
 ``training.json`` and, for Adam, ``optimizer_state.safetensors``.
 

@@ -7,7 +7,7 @@ Each victim is a folder in the practitioner zoo's layout: ``model.py`` (the clas
 Plain PyTorch loops: default initialisation with biases, mini-batches, a fixed number of epochs,
 inputs normalised by MNIST's (0.1307, 0.3081).
 
-    python benchmarks/known_start_victims.py /work/scratch/start [--only NAME ...]
+    python benchmarks/known_start_victims.py runs/known-start [--only NAME ...]
 """
 
 from __future__ import annotations

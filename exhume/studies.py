@@ -142,6 +142,11 @@ def work(study, objective: Callable, decide: Callable[[], str], poll_seconds: fl
         if what == "done":
             return
         if what == "run":
-            study.optimize(objective, n_trials=1, catch=())
+            try:
+                study.optimize(objective, n_trials=1, catch=())
+            except ValueError as e:  # SQLite does not lock a claimed trial: two workers can pop the same waiting one
+                if "Cannot tell a COMPLETE trial" not in str(e):
+                    raise
+                # the other worker ran the same trial (same seed and settings: the same result) and told it first
         else:
             time.sleep(poll_seconds)

@@ -368,3 +368,28 @@ def test_blocked_merge_equals_the_dense_correlation_rule(monkeypatch):
     kept, owner = pool_mod.near_duplicates(cands, labels, order, mean=mean, ssim_threshold=None)
     assert torch.equal(owner, owner_ref) and kept.tolist() == [a for a in order.tolist() if owner_ref[a] == a]
     assert pool_mod.flagged_pairs(flat[:0], labels[:0], 0.95)[0].numel() == 0
+
+
+def test_a_trial_another_worker_told_first_is_not_an_error_and_other_errors_are(monkeypatch):
+    """SQLite does not lock a claimed trial, so two workers can run the same waiting restart (same seed: the same
+    result); the one that tells it second goes on. Any other error of a trial still stops the worker."""
+    import optuna
+
+    from exhume.studies import work
+
+    class Study:
+        def __init__(self, error):
+            self.error, self.runs = error, 0
+
+        def optimize(self, objective, n_trials, catch):
+            self.runs += 1
+            if self.runs == 1:
+                raise self.error
+
+    monkeypatch.setattr(optuna.storages, "fail_stale_trials", lambda study: None)
+    told = Study(ValueError("Cannot tell a COMPLETE trial."))
+    work(told, None, lambda: "run" if told.runs < 2 else "done")
+    assert told.runs == 2
+    other = Study(ValueError("a real failure"))
+    with pytest.raises(ValueError, match="a real failure"):
+        work(other, None, lambda: "run")

@@ -156,6 +156,7 @@ class Attack:
     def effective(self, view, name: str) -> Any:
         """The value setting ``name`` takes on ``view`` (a count left at None resolved as the run would)."""
         return self.config.get(name)
+
     @classmethod
     def search_space(cls) -> dict[str, tuple[float, float, bool]]:
         """``name: (low, high, log)`` for each parameter that declares a search range (``Param.search``)."""

@@ -105,6 +105,20 @@ class SimulateAttack(Attack):
         if not (b == "auto" or (isinstance(b, (int, float)) and not isinstance(b, bool) and 0.0 <= b <= 0.5)):
             raise ConfigError(f"background must be 'auto' or a number in [0, 0.5], got {b!r}")
 
+    memory_knobs = {"m": "count", "dtype": "dtype"}
+
+    def effective(self, view, name: str) -> Any:
+        if name == "m":
+            return self.config["m"] or max(1, round(self.config["candidates_per_point"] * (view.n_train_hint or 100)))
+        return super().effective(view, name)
+
+    def peak_memory_bytes(self, view) -> int:
+        """A rough bound, not fitted (no measured coefficients yet): the simulated steps keep their graph, so
+        :func:`~exhume.attacks.memory.generic_peak` of the ``m`` candidates, times the steps plus one."""
+        from exhume.attacks import memory as mem
+
+        return int(mem.BASE_BYTES + (self.config["steps"] + 1) * mem.generic_peak(self, view))
+
     def equation_used(self, view) -> str:
         """The equation a run solves: training simulated from the start (its check: the known-start
         residual, :func:`exhume.attacks.trajectory.known_start_residual`)."""
