@@ -147,7 +147,10 @@ def audit(model: nn.Module, train, unseen, *, config: AuditConfig | None = None,
     ``mean loss + (w/2)‖θ‖²``, i.e. the ``weight_decay`` of ``torch.optim.SGD``/``Adam`` (0 for
     none); ``normalize``: ``(mean, std)`` (scalars, per channel, or images) the model's inputs were
     normalised with, or ``"none"``; and ``task``, ``positive_class``, ``max_seconds``, ``method``,
-    ``attack_args``, ``alpha``, ``out``, ``seed``, ``device``. ``settings``: recorded as given.
+    ``attack_args``, ``alpha``, ``out``, ``seed``, ``device``; for the known-start threat model,
+    ``start`` (the starting weights: a file or a dict of tensors), ``start_partial``, ``training``
+    (a dict of training settings) and ``optimizer_state`` (Adam's final state, a file): the attack
+    and the assumption check then use the known-start equation. ``settings``: recorded as given.
     ``force=True`` replaces an earlier audit's attack run in ``out``; ``resume=True`` continues an
     interrupted one (same model, data and settings) and judges it.
     """
