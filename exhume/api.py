@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from exhume.attacks import ATTACKS, Reconstruction, get_attack
+from exhume.attacks import Reconstruction, get_attack
+from exhume.attacks.base import check_uses_start
 from exhume.attacks.memory import check_memory
 from exhume.device import check_device
 from exhume.errors import ConfigError
@@ -48,7 +49,7 @@ def attack(victim: Victim | AttackerView, method: str = "kkt", seed: int = 0, ou
 
     victim_view = view_with_start(victim, start, training, start_partial)
     if getattr(victim_view, "start", None) is not None:
-        _uses_start(method)  # given here, or carried by the view
+        check_uses_start(method)  # given here, or carried by the view
     default_plan = restarts is None and has_plan(method) and init is None and mix is None
     if storage is not None or (restarts != 1 and (restarts is not None or default_plan)):
         if init is not None or mix is not None:
@@ -79,13 +80,6 @@ def _run_once(atk, view, victim, init_kw: dict[str, Any], *, seed: int, out, res
         result = _finish(atk.run(view, out=out, seed=seed, device=device, resume=resume, progress=progress, **init_kw), victim, fp)
         result.save(out)
     return result
-
-
-def _uses_start(method: str) -> None:
-    """Refuse a start for an attack that would ignore it (its result would claim a threat model it did not use)."""
-    if method in ATTACKS and not getattr(ATTACKS[method], "uses_start", False):
-        known = ", ".join(sorted(k for k, cls in ATTACKS.items() if getattr(cls, "uses_start", False)))
-        raise ConfigError(f"the {method!r} attack does not use the starting weights; attacks that do: {known}")
 
 
 def _portfolio(source, victim_view, method: str, kwargs: dict[str, Any], *, seed: int, out, resume: bool, device: str,

@@ -193,6 +193,37 @@ def table(args) -> None:
     print(text)
 
 
+PIVOT_METHODS = {"default": "weights only: default", "start": "known start (owner: start, settings, Adam state)",
+                 "start-only": "known start (public start alone)", "loo": "Loo et al. reference (start known)"}
+
+
+def pivot_cell(r: dict | None) -> str:
+    """memorised / control · one-to-one ≥ 0.4 · verdict, p · the residual the audit checked."""
+    if r is None:
+        return "—"
+    verdict = {"leaks": "**leaks**", "no evidence": "no evidence", "inconclusive": "inconcl."}[r["verdict"]]
+    p = "" if r["p_value"] is None else f", p {r['p_value']:.2g}"
+    stat = "–" if r["stationarity_residual"] is None else f"{r['stationarity_residual']:.2f}"
+    return f"{r['memorised']} / {r['control']} · {r['one_to_one']} · {verdict}{p} · {stat}"
+
+
+def pivot(args) -> None:
+    """One row per victim, one column per method (benchmarks/README.md's known-start table), and the totals."""
+    rows = [json.loads(p.read_text()) for p in sorted((Path(args.out) / "results").glob("*.json"))]
+    by = {(r["victim"], r["method"]): r for r in rows}
+    names = list(dict.fromkeys(r["victim"] for r in rows))
+    methods = [m for m in PIVOT_METHODS if any(k[1] == m for k in by)]
+    lines = ["| victim (n) | " + " | ".join(PIVOT_METHODS[m] for m in methods) + " |", "|---|" + "---|" * len(methods)]
+    for v in names:
+        n = next(r["n_train"] for (name, _), r in by.items() if name == v)
+        lines.append(f"| {v} ({n}) | " + " | ".join(pivot_cell(by.get((v, m))) for m in methods) + " |")
+    for m in methods:
+        got = [r for (_, mm), r in by.items() if mm == m]
+        lines.append(f"\n{m}: memorised {sum(r['memorised'] for r in got)}, control {sum(r['control'] for r in got)}, "
+                     f"leaks {sum(r['verdict'] == 'leaks' for r in got)} of {len(got)}")
+    print("\n".join(lines))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -212,10 +243,10 @@ def main(argv=None) -> int:
     j.add_argument("--seconds", type=float, required=True)
     j.add_argument("--seed", type=int, default=0)
     j.add_argument("--threads", type=int, default=1)
-    t = sub.add_parser("table")
-    t.add_argument("--out", default="runs/practitioner")
+    for name in ("table", "pivot"):
+        sub.add_parser(name).add_argument("--out", default="runs/practitioner")
     args = ap.parse_args(argv)
-    {"all": run_all, "job": job, "table": table}[args.cmd](args)
+    {"all": run_all, "job": job, "table": table, "pivot": pivot}[args.cmd](args)
     return 0
 
 

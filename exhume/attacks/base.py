@@ -234,6 +234,13 @@ def attack_class(name: str) -> type[Attack]:
     return ATTACKS[name]
 
 
+def check_uses_start(name: str) -> None:
+    """Refuse a start for the attack ``name`` if it would ignore it (its result would claim a threat model it did not use)."""
+    if not attack_class(name).uses_start:
+        known = ", ".join(sorted(k for k, cls in ATTACKS.items() if cls.uses_start))
+        raise ConfigError(f"the {name!r} attack does not use the starting weights; attacks that do: {known}")
+
+
 def get_attack(name: str, **kwargs: Any) -> Attack:
     return attack_class(name)(**kwargs)
 

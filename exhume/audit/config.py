@@ -127,7 +127,7 @@ def _validated(cfg: AuditConfig) -> dict[str, Any]:
 
 def _start_settings(cfg: AuditConfig) -> dict[str, Any]:
     """The known-start settings checked (the start's tensors are checked against the model when the audit runs)."""
-    from exhume.attacks import ATTACKS, attack_class
+    from exhume.attacks.base import check_uses_start
     from exhume.victim.start import training_settings
 
     if cfg.start is not None and not isinstance(cfg.start, (str, Path, dict)):
@@ -139,9 +139,8 @@ def _start_settings(cfg: AuditConfig) -> dict[str, Any]:
         raise ConfigError("training, optimizer_state and start_partial describe training from a start: give the starting weights "
                           "too (start, --start-weights FILE)")
     training_settings(dict(training) or None)  # unknown keys, non-finite or out-of-range values: one line naming the setting
-    if cfg.start is not None and not attack_class(cfg.method).uses_start:
-        known = ", ".join(sorted(name for name, cls in ATTACKS.items() if cls.uses_start))
-        raise ConfigError(f"the {cfg.method!r} attack does not use the starting weights; attacks that do: {known}")
+    if cfg.start is not None:
+        check_uses_start(cfg.method)
     return {"training": dict(training), "start_partial": bool(cfg.start_partial)}
 
 
