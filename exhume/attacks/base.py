@@ -169,6 +169,12 @@ class Attack:
         """
         return {name: self.config[name] for name in self.search_space()}
 
+    @classmethod
+    def of_settings(cls, settings: dict[str, Any] | None) -> Attack:
+        """This attack with its own parameters among ``settings`` (others, e.g. a portfolio's ``restarts``, are
+        :func:`exhume.attack`'s), validated."""
+        return cls(**{k: v for k, v in (settings or {}).items() if k in cls.params})
+
     def equation_on(self, view) -> Equation:
         """The equation a run on ``view`` inverts (the class's :attr:`equation` unless the view changes it, e.g. a known start)."""
         return self.equation

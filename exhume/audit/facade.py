@@ -124,7 +124,7 @@ def _check_matching_size(n: int, method: str, attack_args: dict[str, Any]) -> No
 
     cls = attack_class(method)
     try:
-        m = cls(**{k: v for k, v in attack_args.items() if k in cls.params}).candidate_count(n)
+        m = cls.of_settings(attack_args).candidate_count(n)
     except ConfigError:  # a malformed setting: the attack's own validation names it when it runs
         return
     cap = limits.LIMITS.one_to_one_entries

@@ -59,8 +59,7 @@ def equation_of(method: str, view=None, attack_args: dict | None = None, recon=N
     if method not in ATTACKS:
         return Attack.equation
     if view is not None:
-        cls = ATTACKS[method]  # the attack's own settings among attack_args (others, e.g. restarts, are exhume.attack's)
-        return cls(**{k: v for k, v in (attack_args or {}).items() if k in cls.params}).equation_on(view)
+        return ATTACKS[method].of_settings(attack_args).equation_on(view)
     used = ((recon.config or {}).get("equation_used") if recon is not None else None) or "stationary"
     if used != "stationary":
         return KnownStart(kind="endpoints" if used == "simulated training" else used)
