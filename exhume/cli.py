@@ -202,7 +202,7 @@ def add_start_arguments(p: argparse.ArgumentParser) -> None:
 
 def start_arguments(args: argparse.Namespace, model) -> dict[str, Any]:
     """``start``, ``training`` and ``start_partial`` for :func:`exhume.attack` from the known-start flags (empty without them)."""
-    from exhume.victim.start import load_second_moment
+    from exhume.victim.start import with_optimizer_state
 
     training: dict[str, Any] = {}
     for key in ("optimizer", "lr", "momentum", "weight_decay", "steps", "epochs", "batch_size"):
@@ -214,10 +214,7 @@ def start_arguments(args: argparse.Namespace, model) -> dict[str, Any]:
             training["betas"] = tuple(float(b) for b in args.train_betas.split(","))
         except ValueError:
             raise ConfigError(f"--train-betas expects two numbers B1,B2, got {args.train_betas!r}") from None
-    if args.optimizer_state is not None:
-        training["second_moment"], step = load_second_moment(args.optimizer_state, model)
-        if step is not None:
-            training["adam_step"] = step
+    training = with_optimizer_state(training, args.optimizer_state, model)
     if args.start_weights is None:
         if training or args.start_partial:
             raise ConfigError("the training settings (--train-*, --optimizer-state, --start-partial) describe training from a "

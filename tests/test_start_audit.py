@@ -143,3 +143,17 @@ def test_the_known_start_check_leaves_batchnorm_to_its_residual_and_still_names_
     x = torch.rand(2, 1, 4, 4)
     assert KnownStart().layer_failures(bn, x) == [] and "BatchNorm2d" in Stationarity().layer_failures(bn, x)[0]
     assert "tanh" in KnownStart().layer_failures(smooth, x)[0]
+
+
+def test_the_audit_reads_adam_s_state_by_the_user_s_parameter_names(tmp_path):
+    """--optimizer-state / optimizer_state=: exp_avg_sq keyed by the user's names (and step) reach the training settings."""
+    import exhume
+
+    model, start, train, unseen = _audit_data()
+    moment = {f"exp_avg_sq.{k}": torch.full_like(v, 1e-4) for k, v in model.named_parameters()}
+    save_file({**moment, "step": torch.tensor([50])}, str(tmp_path / "adam.safetensors"))
+    got = exhume.audit(model, train, unseen, start=start, training={"optimizer": "adam", "lr": 1e-3, "steps": 50},
+                       optimizer_state=str(tmp_path / "adam.safetensors"), out=tmp_path / "a",
+                       **{**AUDIT, "attack_args": {"restarts": 1, "iterations": 20}})
+    record = got.metrics["audit"]["training"]
+    assert record["second_moment"] == "4 parameter tensors" and record["adam_step"] == 50 and record["optimizer"] == "adam"

@@ -220,13 +220,9 @@ def _with_start(view, cfg: AuditConfig):
     """``view`` with the known start and training settings of ``cfg`` (the known-start threat model); as is without a start."""
     if cfg.start is None:
         return view
-    from exhume.victim.start import load_second_moment, view_with_start
+    from exhume.victim.start import view_with_start, with_optimizer_state
 
-    training = dict(cfg.training)
-    if cfg.optimizer_state is not None:
-        training["second_moment"], step = load_second_moment(cfg.optimizer_state, view.model)
-        if step is not None:
-            training.setdefault("adam_step", step)
+    training = with_optimizer_state(dict(cfg.training), cfg.optimizer_state, view.model)
     return view_with_start(view, cfg.start, training or None, cfg.start_partial)
 
 

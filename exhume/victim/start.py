@@ -238,6 +238,14 @@ def _from_state_dict(raw: dict, model: nn.Module, path: Path) -> tuple[dict[str,
     return check_start(moment, model, f"optimizer state file {path}", partial=True), step
 
 
+def with_optimizer_state(training: dict[str, Any], path: str | Path | None, model: nn.Module) -> dict[str, Any]:
+    """``training`` with Adam's second moment (and its step count, unless given) read from ``path`` (None: as is)."""
+    if path is None:
+        return training
+    moment, step = load_second_moment(path, model)
+    return {**training, "second_moment": moment, **({"adam_step": step} if step is not None and "adam_step" not in training else {})}
+
+
 def view_with_start(victim, start=None, training=None, partial: bool = False):
     """The attacker's view of ``victim`` (a Victim or an AttackerView) with the start and training settings added.
 
