@@ -25,3 +25,18 @@ def fine_tuned(seed: int = 0):
             nn.functional.softplus(-y * model(x - 0.5)).mean().backward()
             opt.step()
     return model, start, train
+
+
+def forgotten(seed: int = 0):
+    """A 16-64-1 MLP trained with Adam and strong (coupled) weight decay on 4 images until 7 % of its start is left."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1), nn.Flatten(0))
+    start = state(model)
+    gen = torch.Generator().manual_seed(seed)
+    x, y = torch.rand(4, 1, 4, 4, generator=gen), torch.tensor([1.0, -1, 1, -1])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2, weight_decay=0.1)
+    for _ in range(1000):
+        opt.zero_grad()
+        nn.functional.softplus(-y * model(x - 0.5)).mean().backward()
+        opt.step()
+    return model, start, x

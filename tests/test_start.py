@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from _start_cases import fine_tuned as _fine_tuned
+from _start_cases import forgotten
 from _start_cases import state
 from safetensors.torch import save_file
 from torch import nn
@@ -435,6 +436,26 @@ def test_with_a_start_the_candidates_default_to_one_per_point_unless_given():
     assert get_attack("kkt", iterations=1).run(_view(model, start), progress=False).candidates.shape[0] == 4
     assert get_attack("kkt", iterations=1, candidates_per_point=2.0).run(_view(model, start), progress=False).candidates.shape[0] == 8
     assert get_attack("kkt", iterations=1).run(_view(model), progress=False).candidates.shape[0] == 8
+
+
+def test_a_start_that_training_forgot_is_left_out_and_the_stationary_equation_solved():
+    """Adam with strong weight decay: 7 % of the start left, so 'auto' solves what weights only would, to the bit, and says
+    why; a start that survives, or one with a frozen parameter, keeps the known-start equation."""
+    from exhume.attacks import get_attack
+    from exhume.attacks.kkt import equation_for
+    from exhume.attacks.trajectory import start_survival
+
+    model, start, _ = forgotten()
+    assert start_survival({k: v.detach() for k, v in model.named_parameters()}, start, list(start)) < 0.1
+    with_start = get_attack("kkt", iterations=20).run(_view(model, start), progress=False)
+    weights_only = get_attack("kkt", iterations=20).run(_view(model), progress=False)
+    assert with_start.config["equation_used"] == "stationary"
+    assert with_start.config["threat_model"] == "the attacker knows the starting weights"
+    assert "training forgot it" in with_start.config["start_unused"] and "start_unused" not in weights_only.config
+    assert torch.equal(with_start.candidates, weights_only.candidates) and with_start.candidates.shape[0] == 8
+    one_frozen = {**start, "1.weight": model[1].weight.detach().clone()}
+    assert equation_for("auto", _view(model, one_frozen)) == "endpoints"
+    assert equation_for("auto", _view(*_fine_tuned()[:2])) == "endpoints"
 
 
 def test_a_start_for_an_attack_that_ignores_it_is_refused():

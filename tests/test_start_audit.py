@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from _start_cases import fine_tuned as _fine_tuned
+from _start_cases import forgotten
 from _start_cases import state
 from safetensors.torch import save_file
 from torch import nn
@@ -43,6 +44,19 @@ def test_the_audit_with_the_start_finds_what_weights_only_cannot_and_names_its_t
     assert Metrics.read(tmp_path / "known" / "evaluation" / "metrics.json")["threat_model"] == m["threat_model"]
     report = (tmp_path / "known" / "report.html").read_text()
     assert "Threat model audited</b>: the attacker knows the starting weights" in report
+
+
+def test_an_audit_whose_start_training_forgot_says_it_solved_the_stationary_equation(tmp_path):
+    """The threat model stays the known start; the report and the reason say that the start was not used, and why."""
+    import exhume
+
+    model, start, x = forgotten()
+    unseen = torch.rand(60, 1, 4, 4, generator=torch.Generator().manual_seed(5))
+    got = exhume.audit(model, (x, torch.tensor([1, 0, 1, 0])), unseen, start=start, out=tmp_path, **AUDIT)
+    threat = got.metrics["threat_model"]
+    assert threat.startswith("the attacker knows the starting weights; solved the stationary equation: only 0.0")
+    assert "training forgot it" in threat and got.reason.endswith(f"Threat model audited: {threat}.")
+    assert "θ_0" not in got.metrics["victim"]["stationarity_definition"]  # the stationarity check, as weights only
 
 
 NET = """

@@ -59,6 +59,7 @@ from exhume.attacks.trajectory import (
     StartEquation,
     added_inputs_layer,
     build_equation,
+    forgotten_start,
     multiplier_scale,
     start_residual,
 )
@@ -84,9 +85,11 @@ START_CANDIDATES_PER_POINT = 1.0
 
 
 def equation_for(value: str, view) -> str:
-    """``start_equation`` as used on ``view``: 'auto' is the known-start default when the view has a start, else 'stationary'."""
+    """``start_equation`` as used on ``view``: 'auto' is the known-start default when the view has a start that training
+    did not forget (:func:`~exhume.attacks.trajectory.forgotten_start`), else 'stationary'."""
     if value == "auto":
-        return DEFAULT_START_EQUATION if getattr(view, "start", None) is not None else "stationary"
+        start = getattr(view, "start", None)
+        return DEFAULT_START_EQUATION if start is not None and forgotten_start(view.model, start) is None else "stationary"
     if value == "endpoints" and getattr(view, "start", None) is None:
         raise ConfigError(f"start_equation {value!r} needs the starting weights (start=..., --start-weights FILE); "
                           "this view has none")
@@ -392,6 +395,8 @@ class KKTAttack(Attack):
             rec.update({f"start_{k}" if not k.startswith("start_") else k: v for k, v in p.eq.info.items() if k != "equation"})
             rec["start_digest"] = start_digest(view.start)
             rec["training_settings"] = None if view.training is None else view.training.record()
+        elif getattr(view, "start", None) is not None:
+            rec["start_unused"] = forgotten_start(view.model, view.start) or "the stationary equation (start_equation='stationary' was given)"
         return rec
 
     def residual(self, p: Problem, x: torch.Tensor, u: torch.Tensor, alpha: float | None) -> tuple[torch.Tensor, torch.Tensor]:

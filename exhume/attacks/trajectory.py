@@ -80,9 +80,29 @@ MIN_START_SURVIVAL = 0.5
 def start_survival(params: dict[str, torch.Tensor], start: dict[str, torch.Tensor], names) -> float:
     """``⟨θ_T, θ_0⟩ / ‖θ_0‖²`` over the trained parameters with a known start: how much of the start is left."""
     known = [k for k in names if k in start]
-    num = sum(float((params[k].double() * start[k].double()).sum()) for k in known)
+    num = sum(float((params[k].double() * start[k].to(params[k].device).double()).sum()) for k in known)
     den = sum(float((start[k].double() ** 2).sum()) for k in known)
     return num / den if den > 0 else 0.0
+
+
+#: start_equation="auto" solves the stationary equation where less than this share of the start survives in θ_T
+FORGOTTEN_START = 0.1
+
+
+def forgotten_start(model: nn.Module, start: dict[str, torch.Tensor]) -> str | None:
+    """Why a known start is not used: training forgot it (``⟨θ_T, θ_0⟩/‖θ_0‖² < FORGOTTEN_START``; Adam's coupled
+    weight decay at equilibrium), so θ_T depends on the data alone and the stationary equation, the ``T → ∞``
+    limit, is the one to solve. None where the start survives or some parameter is frozen at it (the stationary
+    equation would take a frozen extractor for trained). Measured: ``benchmarks/README.md``, "A start that
+    training forgot"."""
+    if frozen_names(model, start):
+        return None
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    survival = start_survival(params, start, [k for k in params if k in start])
+    if survival >= FORGOTTEN_START:
+        return None
+    return (f"the stationary equation: only {survival:.3f} of the start survives in the weights (< {FORGOTTEN_START:g}: training "
+            "forgot it), so the weights depend on the data alone")
 
 
 def _preconditioner(view, names, params, kind: str, survival: float) -> tuple[dict[str, torch.Tensor] | None, str]:

@@ -102,7 +102,9 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
     if victim is not None:
         failures += equation.run_failures(recon, given.margins, float(victim.weight_decay or 0.0))
     # what the attacker knew, as the caller (the audit) states it or the run recorded it; the verdict's reason names it
-    result.metrics.threat_model = threat_model or (recon.config or {}).get("threat_model")
+    threat = threat_model or (recon.config or {}).get("threat_model")
+    unused = (recon.config or {}).get("start_unused")  # a known start the attack left out, and why
+    result.metrics.threat_model = f"{threat}; solved {unused}" if threat and unused else threat
     result.metrics.set_verdict(decide(result.metrics, failures, alpha))
     result.metrics.evaluation_seconds = round(time.perf_counter() - t0, 3)
     if out is not None:
