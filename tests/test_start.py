@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from _start_cases import fine_tuned as _fine_tuned
-from _start_cases import forgotten
-from _start_cases import state
+from _start_cases import forgotten, state
 from safetensors.torch import save_file
 from torch import nn
 
