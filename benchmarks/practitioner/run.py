@@ -61,6 +61,7 @@ METHODS = {
     "start": known_start,  # the owner's audit: start, training settings, optimiser state (Adam)
     "start-only": lambda folder, training: {"start": folder / "start.safetensors"},  # an attacker with the public start
     "loo": lambda folder, training: {"start": folder / "start.safetensors", "attack_args": dict(LOO)},  # the reference
+    "simulate": lambda folder, training: {**known_start(folder, training), "method": "simulate"},  # SimuDy's idea, owner's knowledge
 }
 ROW_KEYS = ("victim", "method", "seed", "budget_s", "wall_s", "attack_s", "iterations", "restarts", "memorised", "n_train",
             "control", "control_size", "control_oracle", "one_to_one", "one_to_one_control", "verdict", "p_value",
@@ -194,7 +195,8 @@ def table(args) -> None:
 
 
 PIVOT_METHODS = {"default": "weights only: default", "start": "known start (owner: start, settings, Adam state)",
-                 "start-only": "known start (public start alone)", "loo": "Loo et al. reference (start known)"}
+                 "start-only": "known start (public start alone)", "loo": "Loo et al. reference (start known)",
+                 "simulate": "known start, simulated training (owner)"}
 
 
 def pivot_cell(r: dict | None) -> str:
