@@ -14,7 +14,7 @@ then ``RUNS/results.csv`` and ``RUNS/table.md``; each audit's folder in ``RUNS/a
 A method is a name and a function ``(victim folder, training.json) -> extra keyword arguments of
 exhume.audit`` (``attack_args`` merged into the config's), so a new threat model is one entry of
 :data:`METHODS`; on the command line ``audit:{json}`` passes those keyword arguments directly and
-``kkt:{json}`` attack arguments.
+``kkt:{json}`` attack arguments (weights only), ``start:{json}`` attack arguments with the owner's known start.
 """
 
 from __future__ import annotations
@@ -85,7 +85,9 @@ def method_kwargs(method: str, folder: Path, training: dict) -> dict[str, Any]:
         return json.loads(body)
     if sep and kind == "kkt":
         return {"attack_args": json.loads(body)}
-    raise SystemExit(f"unknown method {method!r}; known: {', '.join(METHODS)}, audit:{{json}}, kkt:{{json}}")
+    if sep and kind == "start":  # the owner's known start with these attack arguments
+        return {**known_start(folder, training), "attack_args": json.loads(body)}
+    raise SystemExit(f"unknown method {method!r}; known: {', '.join(METHODS)}, audit:{{json}}, kkt:{{json}}, start:{{json}}")
 
 
 def audit_settings(config: Path):
@@ -226,6 +228,33 @@ def pivot(args) -> None:
     print("\n".join(lines))
 
 
+def fits(args) -> None:
+    """The equation at the truth against the attack's fit (EVALUATOR-SIDE: the first reads the training images).
+
+    Per audit: the residual the audit checked (the equation solved by least squares with the training images as
+    the candidates, the attack's own settings of ``c``, ``P`` and the multipliers' sign) beside the best final
+    residual of the attack's restarts (the same relative quantity, with its candidates). Where the attack's
+    candidates explain the weights better than the training images do, more descent on this equation cannot
+    find them: other points satisfy it better.
+    """
+    lines = ["| victim | method | residual at the training images | attack's best residual | attack / truth | memorised |",
+             "|---|---|---:|---:|---:|---|"]
+    for result in sorted((Path(args.out) / "results").glob("*.json")):
+        r = json.loads(result.read_text())
+        recon = Path(args.out) / "audits" / result.stem / "reconstruction.json"
+        if not recon.is_file() or r["stationarity_residual"] is None:
+            continue
+        summary = json.loads(recon.read_text()).get("summary", {})
+        got = summary.get("final_relative_stationarity_per_restart") or [summary.get("final_relative_stationarity")]
+        got = [g for g in got if g is not None]
+        if not got:
+            continue
+        truth, best = r["stationarity_residual"], min(got)
+        lines.append(f"| {r['victim']} | {r['method']} | {truth:.3f} | {best:.3f} | {best / truth:.2f} | "
+                     f"{r['memorised']} / {r['n_train']} |")
+    print("\n".join(lines))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -245,10 +274,10 @@ def main(argv=None) -> int:
     j.add_argument("--seconds", type=float, required=True)
     j.add_argument("--seed", type=int, default=0)
     j.add_argument("--threads", type=int, default=1)
-    for name in ("table", "pivot"):
+    for name in ("table", "pivot", "fits"):
         sub.add_parser(name).add_argument("--out", default="runs/practitioner")
     args = ap.parse_args(argv)
-    {"all": run_all, "job": job, "table": table, "pivot": pivot}[args.cmd](args)
+    {"all": run_all, "job": job, "table": table, "pivot": pivot, "fits": fits}[args.cmd](args)
     return 0
 
 
