@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -80,3 +81,29 @@ def test_explain_fit_exact_for_linear_model_trained_from_known_start():
     expected = explain.decay_coefficient({"optimizer": {"name": "sgd", "lr": 0.5, "weight_decay": 1e-2}, "steps": 40})
     assert abs(expected - ((1 - 0.5 * 1e-2) ** 40 - 1)) < 1e-12
     assert abs(res["margin"]["train"]["start_coefficient"] - expected) < 1e-6
+
+
+def test_the_head_of_a_frozen_extractor_is_the_model_with_its_features_given(tmp_path):
+    """oracle_features.py's head view: the extractor found, the model's output reproduced from the features, the
+    known-start equation's residual at the true features equal to the audit's at the images, and the inversion
+    moving the mean image's features towards a training image's."""
+    from practitioner import oracle_features as of
+
+    from exhume.attacks.trajectory import known_start_residual
+
+    build.build_victim(tiny_frozen_head_adam(), tmp_path)
+    data, x, y, unseen = of.audited(tmp_path / "tiny")
+    view = data.view
+    ext = of.find_extractor(view.model, view.start)
+    assert ext is not None and ext.endswith("trunk.0")
+    head = of.head_view(view, ext)
+    feats = of.features(view.model, ext, data.centred)
+    with torch.no_grad():
+        assert torch.allclose(head.model(feats - head.mean), view.model(data.centred), atol=1e-5)
+    in_images = known_start_residual(view, data.centred, data.y)["value"]
+    in_features = known_start_residual(head, (feats - head.mean).detach(), data.y)["value"]
+    assert in_images == pytest.approx(in_features, rel=1e-6)
+    target = feats[:2].detach()
+    _, err0 = of.invert(view.model, ext, target, view.mean, 1)  # the error before the first step
+    _, err = of.invert(view.model, ext, target, view.mean, 200)
+    assert err < 0.5 * err0
