@@ -136,11 +136,10 @@ def invert(model: nn.Module, extractor: str, target: torch.Tensor, mean: torch.T
 
 def audited(folder: Path):
     """The victim as the owner's known-start audit sees it (``run.py``'s settings, the facade's view)."""
-    from practitioner.run import audit_settings, known_start
-
     from exhume.audit import facade, load_images, load_model_class, load_weights
     from exhume.audit.command import parse_normalize
     from exhume.audit.config import AuditConfig
+    from practitioner.run import audit_settings, known_start
 
     cfg = audit_settings(folder / "audit.toml")
     extra = known_start(folder, json.loads((folder / "training.json").read_text()))
