@@ -233,7 +233,7 @@ def fits(args) -> None:
 
     Per audit: the residual the audit checked (the equation solved by least squares with the training images as
     the candidates, the attack's own settings of ``c``, ``P`` and the multipliers' sign) beside the best final
-    residual of the attack's restarts (the same relative quantity, with its candidates). Where the attack's
+    residual of the attack's restarts (the same relative quantity, with its candidates; kkt runs only). Where the attack's
     candidates explain the weights better than the training images do, more descent on this equation cannot
     find them: other points satisfy it better.
     """
@@ -244,7 +244,10 @@ def fits(args) -> None:
         recon = Path(args.out) / "audits" / result.stem / "reconstruction.json"
         if not recon.is_file() or r["stationarity_residual"] is None:
             continue
-        summary = json.loads(recon.read_text()).get("summary", {})
+        saved = json.loads(recon.read_text())
+        if saved.get("method") != "kkt":  # simulate's loss is 1 − cos, not this residual
+            continue
+        summary = saved.get("summary", {})
         got = summary.get("final_relative_stationarity_per_restart") or [summary.get("final_relative_stationarity")]
         got = [g for g in got if g is not None]
         if not got:
