@@ -89,16 +89,20 @@ def features(model: nn.Module, extractor: str, x: torch.Tensor) -> torch.Tensor:
     return caught[0]
 
 
-def head_view(view, extractor: str):
-    """The attacker's view of the head: inputs are the extractor's features, centred on the features of the data mean
-    (the model's inputs are centred images, so the data mean is the zero input)."""
+def head_view(view, extractor: str, centred: bool = False):
+    """The attacker's view of the head: inputs are the extractor's features, raw (the default: the head's first layer
+    then sees exactly the attack's unknowns, so the span of the training features is read from what training added to
+    it) or, with ``centred``, centred on the features of the data mean (the model's inputs are centred images, so the
+    data mean is the zero input)."""
     model = view.model
     zero = torch.zeros((1, *view.input_shape), dtype=next(model.parameters()).dtype)
     with torch.no_grad():
         centre = features(model, extractor, zero)[0]
+    if not centred:
+        centre = torch.zeros_like(centre)
     head = HeadOf(model, extractor, tuple(view.input_shape), centre)
     with torch.no_grad():
-        probe = head(torch.zeros_like(centre).unsqueeze(0))
+        probe = head(features(model, extractor, zero) - centre)
         direct = model(zero)
     if not torch.allclose(probe, direct, rtol=1e-5, atol=1e-6):
         raise ConfigError(f"replacing extractor {extractor!r}'s output does not reproduce the model's output; "
@@ -166,6 +170,7 @@ def main(argv=None) -> int:
     ap.add_argument("--noise", type=float, nargs="+", default=[0.0, 0.1, 0.3])
     ap.add_argument("--steps", type=int, default=2000, help="inversion steps")
     ap.add_argument("--seconds", type=float, default=60.0, help="head: the feature-space attack's budget")
+    ap.add_argument("--centred", action="store_true", help="head: features centred on the mean image's (no span then)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     torch.manual_seed(args.seed)
@@ -190,7 +195,7 @@ def main(argv=None) -> int:
     from exhume.attacks import get_attack
     from exhume.attacks.trajectory import known_start_residual
 
-    head = head_view(view, ext)
+    head = head_view(view, ext, args.centred)
     t0 = time.perf_counter()
     rec = get_attack("kkt", max_seconds=args.seconds, iterations=10**7, prior_weight=0.0, background=0.0).run(head, progress=False)
     found = rec.candidates.to(true.dtype)
@@ -198,6 +203,8 @@ def main(argv=None) -> int:
     images, err = invert(view.model, ext, found, view.mean, args.steps, seed=args.seed)
     truth = known_start_residual(head, (true - head.mean).to(torch.float32), data.y)["value"]
     print(json.dumps({**row, "attack_seconds": args.seconds, "iterations": rec.summary.get("iterations"),
+                      "subspace": rec.config.get("subspace_used"), "subspace_rank": rec.config.get("subspace_rank"),
+                      "subspace_reason": rec.config.get("subspace_reason"),
                       "attack_residual": rec.summary.get("final_relative_stationarity"), "residual_at_true_features_ORACLE": truth,
                       "feature_error_median_best_ORACLE": round(float(dist.min(1).values.median()), 3),
                       "feature_error_below_0.3_ORACLE": int((dist.min(1).values < 0.3).sum()),
