@@ -110,7 +110,8 @@ class Metrics(Record):
     alpha: float | None = entry(group="verdict", low=0.0, high=1.0)
     verdict_test: str | None = entry(group="verdict")
     assumption_failures: list[str] | None = entry(group="verdict")
-    threat_model: str | None = entry(group="verdict", omit_none=True)  # what the attacker knew: "weights only", or the start
+    # what the attacker knew: "weights only", or the start (and, where the attack left the start out, why)
+    threat_model: str | None = entry(group="verdict", omit_none=True)
     evaluation_seconds: float | None = entry(omit_none=True, low=0.0)
     audit: dict[str, Any] | None = entry(omit_none=True)  # the audit's settings (exhume.audit)
     demo_wall_seconds: float | None = entry(omit_none=True, low=0.0)
