@@ -1,9 +1,19 @@
-"""Small known-start cases shared by the known-start tests (test_start.py, test_start_audit.py)."""
+"""Small known-start cases shared by the known-start tests (test_start.py, test_start_files.py, test_start_audit.py)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+
+class Tiny(nn.Module):
+    def __init__(self, d: int = 6, h: int = 8, out: int = 1) -> None:
+        super().__init__()
+        self.a = nn.Linear(d, h)
+        self.b = nn.Linear(h, out)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x.flatten(1)))).squeeze(-1)
 
 
 def state(model: nn.Module) -> dict[str, torch.Tensor]:
