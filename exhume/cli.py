@@ -40,6 +40,7 @@ def _add_demo(sub) -> None:
     p.add_argument("--train-seconds", type=float, default=None, help="victim training budget (default: the demo's)")
     p.add_argument("--attack-seconds", type=float, default=None, help="attack budget (default: the demo's)")
     p.add_argument("--resume", action="store_true", help="reuse the victim and continue the attack from its checkpoint")
+    p.add_argument("--force", action="store_true", help="replace a demo already in --out")
 
 
 def _add_train(sub) -> None:
@@ -64,6 +65,7 @@ def _add_train(sub) -> None:
     p.add_argument("--residual-threshold", type=float, default=None,
                    help="stop once the relative stationarity residual is below this (with weight decay)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="training precision (default float32)")
+    p.add_argument("--force", action="store_true", help="replace a victim (or a run) already in --out")
 
 
 def _add_attack(sub) -> None:
@@ -108,6 +110,7 @@ def _add_evaluate(sub) -> None:
     p.add_argument("--pool-size", type=int, default=1000, help="unseen images for the memorisation count (default 1000)")
     p.add_argument("--match", default="ssim", choices=("ssim", "l2", "ncc"),
                    help="rule that picks each image's best candidate: ssim (default), l2 or ncc (see exhume/evaluation/matching.py)")
+    p.add_argument("--force", action="store_true", help="replace an evaluation already in --out")
 
 
 def _add_tune(sub) -> None:
@@ -133,6 +136,7 @@ def _add_report(sub) -> None:
     p.add_argument("run", help="attack run folder (with an evaluation/ subfolder from 'exhume evaluate')")
     p.add_argument("-o", "--out", default=None, help="HTML file to write (default: RUN/report.html)")
     p.add_argument("--against", default=None, help="victim folder: evaluate the run first if RUN/evaluation is missing")
+    p.add_argument("--force", action="store_true", help="replace a report already at --out")
 
 
 def _add_experiment(sub) -> None:
@@ -146,6 +150,7 @@ def _add_experiment(sub) -> None:
         q = exp_sub.add_parser(name, help=text, description=text)
         _common(q, f"runs/experiment-{name}")
         q.add_argument("--full", action="store_true", help="the paper's scale (for a GPU), instead of the CPU budget")
+        q.add_argument("--force", action="store_true", help="run again in an --out that holds an earlier run of it, replacing its results")
         if exp.add_arguments is not None:
             exp.add_arguments(q)
 
@@ -154,7 +159,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from exhume.demo import run_demo
 
     run_demo(out=args.out, seed=args.seed, device=args.device, dtype=args.dtype, train_seconds=args.train_seconds,
-             attack_seconds=args.attack_seconds, resume=args.resume, progress=not args.no_progress)
+             attack_seconds=args.attack_seconds, resume=args.resume, progress=not args.no_progress, force=args.force)
     return 0
 
 
@@ -168,9 +173,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
     cfg = TrainConfig(loss=loss, optimizer=args.optimizer, lr=args.lr, weight_decay=args.wd, max_epochs=args.epochs,
                       max_seconds=args.seconds, loss_threshold=args.loss_threshold, residual_threshold=args.residual_threshold)
     from exhume.device import check_device
-    from exhume.files.runfolder import own_run_folder
+    from exhume.files.runfolder import RUN_FILES, own_run_folder
+    from exhume.victim.victim import VICTIM_FILES
 
-    with own_run_folder(args.out, run_files=(), can_force=False):  # locked while training and saving, as an attack's folder
+    # locked while training and saving, as an attack's folder; a victim (or a run) already there is replaced only with
+    # --force: the attack runs written for it would be orphaned
+    with own_run_folder(args.out, force=args.force, run_files=(*VICTIM_FILES, *RUN_FILES, "restarts"), holds="a victim or a run",
+                        can_resume=False):
         victim = make_victim(args.data, args.task, args.n, args.arch, cfg, seed=args.seed, root=args.root,
                              progress=not args.no_progress, dtype=getattr(torch, args.dtype), device=check_device(args.device))
         victim.save(args.out)
@@ -275,15 +284,22 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     return 0
 
 
+#: the files that mean an evaluation is already in a folder (``exhume evaluate`` replaces them only with --force)
+EVALUATION_FILES = ("metrics.json", "arrays.npz")
+
+
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     import exhume
     from exhume.evaluation.run import format_table, summary_rows
 
     if args.pool_size < 1:
         raise ConfigError(f"--pool-size must be at least 1 (the memorisation count compares with unseen images), got {args.pool_size}")
+    from exhume.files.runfolder import refuse_existing
+
+    out = Path(args.out) if args.out else Path(args.run) / "evaluation"
+    refuse_existing(out, EVALUATION_FILES, args.force, "an evaluation")
     recon = exhume.load_reconstruction(args.run)
     victim = exhume.load_victim(args.against)
-    out = Path(args.out) if args.out else Path(args.run) / "evaluation"
     try:
         result = exhume.evaluate(recon, victim, pool_size=args.pool_size, match=args.match, out=out)
     except VictimError as e:  # e.g. the run was attacked from another victim: name the run folder too
@@ -315,8 +331,12 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from exhume.files.runfolder import RunFolderError
     from exhume.report import write_report
 
+    target = Path(args.out) if args.out else Path(args.run) / "report.html"
+    if target.exists() and not args.force:
+        raise RunFolderError(f"{target} already exists (a report); pass --force to replace it, or choose another -o")
     path = write_report(args.run, out=args.out, against=args.against)
     print(f"report written to {path}")
     return 0
@@ -334,7 +354,12 @@ CHUNK_ENDED = 3
 def _cmd_experiment(args: argparse.Namespace) -> int:
     from exhume.experiments import get_experiment
     from exhume.experiments.registry import ChunkEnd, chunk_deadline
+    from exhume.files.runfolder import LOCK_NAME, refuse_existing
 
+    out = Path(args.out)
+    if out.is_dir():  # an earlier run's results are reused only with --resume, replaced only with --force
+        earlier = tuple(sorted(p.name for p in out.iterdir() if not p.name.startswith(LOCK_NAME)))
+        refuse_existing(out, earlier, args.force or getattr(args, "resume", False), "an earlier run", can_resume=True)
     try:
         with chunk_deadline(getattr(args, "chunk_seconds", None)):
             result = get_experiment(args.experiment).run(args)

@@ -27,11 +27,15 @@ DEMO_TRAIN = {"loss": "logistic", **PAPER_TRAIN, "max_epochs": 6000, "max_second
 # pooled, because restarts with other seeds find other digits. 360 s keeps the whole demo under 10
 # minutes on an idle 2-core machine (benchmarks/README.md, "The demo, run by run").
 DEMO_ATTACK: dict[str, Any] = {"iterations": 1_000_000, "max_seconds": 360.0}
+#: what a demo writes into its folder: its victim and its attack run (evaluation and report inside)
+DEMO_FILES = ("victim", "attack")
 
 
 def run_demo(out: str | Path = "runs/demo", seed: int = 0, device: str = "cpu", dtype: str = "float32",
              train_seconds: float | None = None, attack_seconds: float | None = None, resume: bool = False,
-             progress: bool = True) -> dict[str, Any]:
+             progress: bool = True, force: bool = False) -> dict[str, Any]:
+    """Train, attack, evaluate and report into ``out``; an earlier demo there is continued only with
+    ``resume=True`` (its victim reused, its attack continued) and replaced only with ``force=True``."""
     from exhume.device import check_device
     from exhume.files.runfolder import own_run_folder
 
@@ -39,7 +43,7 @@ def run_demo(out: str | Path = "runs/demo", seed: int = 0, device: str = "cpu", 
     out = Path(out)
     # the whole demo folder is locked: a second demo on it (which would retrain OUT/victim under a running
     # attack and replace OUT/attack) is refused while this one runs, --resume or not
-    with own_run_folder(out, run_files=()):
+    with own_run_folder(out, resume=resume, force=force, run_files=DEMO_FILES, resume_from=None, holds="a demo"):
         return _demo(out, seed, device, dtype, train_seconds, attack_seconds, resume, progress)
 
 

@@ -6,7 +6,8 @@ How a page's fenced blocks are treated (docs/DESIGN.md, "Docs that stay true"):
 - ``bash`` and ``python`` blocks run, in the page's order, in one working folder per page that
   starts with a tiny victim at ``runs/victim`` (trained once per session). ``exhume ...`` lines
   run in this process through ``exhume.cli.main`` and must exit 0; ``python FILE`` runs a file
-  the page wrote; Python blocks of one page share one namespace.
+  the page wrote; Python blocks of one page share one namespace. A page's own
+  ``exhume train -o runs/victim`` replaces the starting victim (``train`` refuses to overwrite one).
 - HTML comments on the lines just before a block change that:
   ``<!-- not run: REASON -->`` skips it; ``<!-- parse only: REASON -->`` checks each command
   without running it (exhume's own argparse parser and each ``-p`` name against the attack's
@@ -41,6 +42,7 @@ BUDGETS = [(r"--max-seconds \d+(\.\d+)?", "--max-seconds 2"), (r"max_seconds=\d+
            (r"--trial-seconds \d+(\.\d+)?", "--trial-seconds 2")]
 MARKER = re.compile(r"<!--\s*(not run|parse only|file|sub):\s*(.*?)\s*-->")
 FENCE = re.compile(r"^```(\S*)\s*$")
+SEEDED = ".seeded-by-the-doc-test"  # marks the page's starting victim, which a page's own 'exhume train -o runs/victim' replaces
 
 
 @dataclass
@@ -151,12 +153,21 @@ def parse_command(cmd: str, where: str, folder: Path) -> None:
 # ---------------------------------------------------------------- running a page
 
 
+def _out(argv: list[str]) -> str | None:
+    for flag in ("-o", "--out"):
+        if flag in argv[:-1]:
+            return argv[argv.index(flag) + 1]
+    return None
+
+
 def run_bash(b: Block, code: str, folder: Path) -> None:
     from exhume.cli import main
 
     for cmd in commands(code):
         argv = shlex.split(cmd)
         if argv[0] == "exhume":
+            if argv[1] == "train" and (folder / "runs" / "victim" / SEEDED).exists() and _out(argv) == "runs/victim":
+                shutil.rmtree(folder / "runs" / "victim")  # the page trains its own victim where the seeded one was
             assert main(argv[1:]) == 0, f"{b.where()}: {cmd!r} failed (see the captured output)"
         elif argv[:2] == ["python", "-c"]:
             try:
@@ -187,6 +198,7 @@ def tiny_victim(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_code_blocks_run(page, tiny_victim, tmp_path, monkeypatch):
     shutil.copytree(tiny_victim, tmp_path / "runs" / "victim")
+    (tmp_path / "runs" / "victim" / SEEDED).touch()
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     before = set(sys.modules)

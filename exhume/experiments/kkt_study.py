@@ -77,8 +77,9 @@ def run_case(case: Case, iterations: int, seed: int, out: Path, device: str, pro
     if resume and (attack_dir / "reconstruction.json").is_file():
         recon = exhume.load_reconstruction(attack_dir)
     else:
+        again = resume and (attack_dir / "checkpoint.pt").is_file()  # else an earlier run there is replaced (--force)
         recon = exhume.attack(victim, "kkt", seed=seed, restarts=1, out=attack_dir, device=device, progress=progress,
-                              iterations=iterations, resume=resume and (attack_dir / "checkpoint.pt").is_file(), **dict(case.attack))
+                              iterations=iterations, resume=again, force=not again, **dict(case.attack))
     result = exhume.evaluate(recon, victim, out=folder / "evaluation", figures=figures)
     row = _row(case, victim, recon, result.metrics, time.perf_counter() - t0)
     arrays = {"ssim": result.arrays["ssim"], "margin": result.arrays.get("margin"), "memorised": result.arrays.get("memorised")}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--study-name", default="exhume-kkt", help="study name in the storage (default exhume-kkt)")
     p.add_argument("--against", default=None, help="victim folder (default: the one recorded in the study)")
     p.add_argument("--pool-size", type=int, default=1000, help="unseen images for the memorisation count (default 1000)")
+    p.add_argument("--resume", action="store_true", help="without --study-dir: reuse the victim in --out and continue its study")
 
 
 def _spearman(a: list[float], b: list[float]) -> float | None:
@@ -130,9 +132,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from exhume.victim import TrainConfig, make_victim
 
         victim_dir = out / "victim"
-        if (victim_dir / "victim.json").is_file():
+        if args.resume and (victim_dir / "victim.json").is_file():
             victim = exhume.load_victim(victim_dir)
         else:
+            shutil.rmtree(out / "tune", ignore_errors=True)  # the study of the victim replaced (--force)
             cfg = TrainConfig(**{**DEMO_TRAIN, "max_seconds": DEMO_TRAIN["max_seconds"] if args.full else 30.0})
             victim = make_victim(DEMO_DATA["data"], DEMO_DATA["task"], DEMO_DATA["n"], DEMO_DATA["arch"], cfg, seed=args.seed, progress=progress)
             victim.save(victim_dir)

@@ -196,6 +196,7 @@ def tune(view, trials: int, out: str | Path, trial_seconds: float = 60.0, storag
 
     study_name = study_name or f"exhume-{method}"
     out = Path(out)
+    _refuse_foreign(out)
     out.mkdir(parents=True, exist_ok=True)
     record = {"method": method, "seed": seed, "trials": trials, "trial_seconds": trial_seconds, "victim_path": victim_path,
               "settings": {"trial_seconds": float(trial_seconds), "victim_fingerprint": fingerprint(view.model),
@@ -205,6 +206,17 @@ def tune(view, trials: int, out: str | Path, trial_seconds: float = 60.0, storag
     t0 = time.perf_counter()
     _run_trials(study, objective, trials, f"tune {study_name}", progress, min(heartbeat_interval, 2))
     return _summary(study, study_name, storage, out, round(time.perf_counter() - t0, 1))
+
+
+def _refuse_foreign(out: Path) -> None:
+    """``out`` holds this study (continued: trials are added) or nothing of exhume's; never a victim or an attack run."""
+    from exhume.files.runfolder import RUN_FILES, RunFolderError
+    from exhume.victim.victim import VICTIM_FILES
+
+    found = [n for n in (*VICTIM_FILES, *RUN_FILES, "restarts") if (out / n).exists()]
+    if found:
+        raise RunFolderError(f"output folder {out} holds a victim or an attack run ({', '.join(found)}); exhume tune writes "
+                             "its study (tune.db, trials/, best/) into a folder of its own: choose another -o")
 
 
 def _run_trials(study, objective, trials: int, desc: str, progress: bool, poll_seconds: float) -> None:
