@@ -14,6 +14,8 @@ How a page's fenced blocks are treated (docs/DESIGN.md, "Docs that stay true"):
   parameters; ``make`` targets in the Makefile; ``pip install 'exhume[extra]'`` extras in
   pyproject.toml; ``python FILE`` exists); ``<!-- file: NAME -->`` writes the block to NAME;
   ``<!-- sub: OLD => NEW -->`` (any number) replaces text before the block runs, for sizes.
+  ``<!-- needs: MODULE -->`` (a module of an optional extra, e.g. optuna): without it the block is
+  left out and, once the page's other blocks ran, the test skips with the reason (fails under CI).
   ``python -c CODE`` runs CODE; its exit status (a CI gate's verdict) is not checked.
 - Budgets are cut everywhere without a marker: ``--max-seconds N`` and ``max_seconds=N`` become 2,
   ``--trial-seconds N`` becomes 2.
@@ -24,6 +26,7 @@ How a page's fenced blocks are treated (docs/DESIGN.md, "Docs that stay true"):
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 import runpy
 import shlex
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from _extras import missing
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -40,7 +44,7 @@ CODE = {"bash": "bash", "sh": "bash", "shell": "bash", "python": "python", "py":
 NOT_CODE = {"text", "toml", "json", "console-output"}
 BUDGETS = [(r"--max-seconds \d+(\.\d+)?", "--max-seconds 2"), (r"max_seconds=\d+(\.\d+)?", "max_seconds=2"),
            (r"--trial-seconds \d+(\.\d+)?", "--trial-seconds 2")]
-MARKER = re.compile(r"<!--\s*(not run|parse only|file|sub):\s*(.*?)\s*-->")
+MARKER = re.compile(r"<!--\s*(not run|parse only|file|sub|needs):\s*(.*?)\s*-->")
 FENCE = re.compile(r"^```(\S*)\s*$")
 SEEDED = ".seeded-by-the-doc-test"  # marks the page's starting victim, which a page's own 'exhume train -o runs/victim' replaces
 
@@ -55,6 +59,7 @@ class Block:
     reason: str = ""
     file: str = ""
     subs: list[tuple[str, str]] = field(default_factory=list)
+    needs: list[str] = field(default_factory=list)  # modules of an optional extra the block imports
 
     def where(self) -> str:
         return f"{self.page.relative_to(ROOT)}:{self.line}"
@@ -83,6 +88,8 @@ def blocks(page: Path) -> list[Block]:
                 b.subs.append((old, new))
             elif kind == "file":
                 b.mode, b.file = "file", text
+            elif kind == "needs":
+                b.needs.append(text)
             else:
                 b.mode, b.reason = kind, text
             k -= 1
@@ -119,6 +126,23 @@ def _extras() -> set[str]:
     text = (ROOT / "pyproject.toml").read_text()
     section = text.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
     return set(re.findall(r"^([\w-]+)\s*=", section, flags=re.M))
+
+
+def _importable(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
+def _extras_of(modules: list[str]) -> str:
+    """``pip install 'exhume[X]'`` for the extras of pyproject.toml that list these modules."""
+    text = (ROOT / "pyproject.toml").read_text()
+    section = text.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+    names = [e for e, reqs in re.findall(r"^([\w-]+)\s*=\s*\[(.*?)\]", section, flags=re.M)
+             if all(re.search(rf'"{m}\b', reqs) for m in modules)]
+    return " or ".join(f"pip install 'exhume[{e}]'" for e in names) or "no extra lists it"
 
 
 def parse_command(cmd: str, where: str, folder: Path) -> None:
@@ -203,10 +227,14 @@ def test_code_blocks_run(page, tiny_victim, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     before = set(sys.modules)
     namespace: dict = {"__name__": "__main__"}
+    left_out = []
     try:
         for b in blocks(page):
             lang = CODE.get(b.lang)
-            if b.mode == "file":
+            absent = [m for m in b.needs if not _importable(m)]
+            if absent:
+                left_out.append(f"{b.where()} needs {', '.join(absent)} ({_extras_of(absent)})")
+            elif b.mode == "file":
                 (tmp_path / b.file).write_text(prepared(b))
             elif lang is None:
                 assert b.lang in NOT_CODE, f"{b.where()}: a fenced block needs a language ({sorted(CODE)} or {sorted(NOT_CODE)})"
@@ -224,6 +252,8 @@ def test_code_blocks_run(page, tiny_victim, tmp_path, monkeypatch):
         for name in set(sys.modules) - before:  # modules a page wrote (mymodel) must not leak into the next page
             if getattr(sys.modules[name], "__file__", None) and str(tmp_path) in str(sys.modules[name].__file__):
                 del sys.modules[name]
+    if left_out:
+        missing("; ".join(left_out) + ", not installed: left out, the page's other blocks ran")
 
 
 # ---------------------------------------------------------------- links
