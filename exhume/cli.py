@@ -9,8 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from exhume.attacks.base import DEFAULT_METHOD
+from exhume.choices import DTYPE_NAMES, FULL_BATCH_OPTIMIZERS, TRAINING_OPTIMIZERS
 from exhume.errors import ConfigError, DivergenceError, ExhumeError, VictimError
-from exhume.params import parse_params
+from exhume.params import parse_params, parse_restarts
 
 
 def _common(p: argparse.ArgumentParser, out_default: str | None = None) -> None:
@@ -36,7 +38,7 @@ def _add_demo(sub) -> None:
     """``exhume demo``."""
     p = sub.add_parser("demo", help="train a small victim on bundled MNIST, attack it, evaluate (about 6.5 min on 2 CPU cores: 6 min of attack)")
     _common(p, "runs/demo")
-    p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="precision of training and attack (default float32)")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32", help="precision of training and attack (default float32)")
     p.add_argument("--train-seconds", type=float, default=None, help="victim training budget (default: the demo's)")
     p.add_argument("--attack-seconds", type=float, default=None, help="attack budget (default: the demo's)")
     p.add_argument("--resume", action="store_true", help="reuse the victim and continue the attack from its checkpoint")
@@ -55,7 +57,7 @@ def _add_train(sub) -> None:
     p.add_argument("-n", type=int, default=100, help="training-set size, balanced over the two labels")
     p.add_argument("--arch", default=PAPER_ARCH, help=f"default: the paper victim at CPU scale; e.g. {PAPER_ARCH_FULL}")
     p.add_argument("--loss", default="auto", help="logistic, cross-entropy or squared (auto: by task)")
-    p.add_argument("--optimizer", default=PAPER_TRAIN["optimizer"], choices=("gd", "adam"),
+    p.add_argument("--optimizer", default=PAPER_TRAIN["optimizer"], choices=FULL_BATCH_OPTIMIZERS,
                    help=f"full-batch gradient descent or Adam (default {PAPER_TRAIN['optimizer']})")
     p.add_argument("--lr", type=float, default=PAPER_TRAIN["lr"], help=f"learning rate (default {PAPER_TRAIN['lr']})")
     p.add_argument("--wd", type=float, default=PAPER_TRAIN["weight_decay"], help="weight decay w in mean loss + w/2 |theta|^2 (0 for none)")
@@ -64,7 +66,7 @@ def _add_train(sub) -> None:
     p.add_argument("--loss-threshold", type=float, default=None, help="stop once the training loss is below this")
     p.add_argument("--residual-threshold", type=float, default=None,
                    help="stop once the relative stationarity residual is below this (with weight decay)")
-    p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="training precision (default float32)")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32", help="training precision (default float32)")
     p.add_argument("--force", action="store_true", help="replace a victim (or a run) already in --out")
 
 
@@ -75,15 +77,17 @@ def _add_attack(sub) -> None:
     p = sub.add_parser("attack", help="reconstruct training data from a victim's weights")
     p.add_argument("victim", help="victim folder written by 'exhume train'")
     _common(p)
-    p.add_argument("--method", default="kkt", help=f"attack name: {', '.join(sorted(ATTACKS))}")
+    p.add_argument("--method", default=DEFAULT_METHOD, help=f"attack name: {', '.join(sorted(ATTACKS))} (default {DEFAULT_METHOD})")
     p.add_argument("--list-params", action="store_true", help="print the attack's parameters (name, default, range, meaning) and exit")
-    p.add_argument("--dtype", choices=("float32", "float64"), default=None, help="computation precision (default: the attack's, float32)")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default=None, help="computation precision (default: the attack's, float32)")
     p.add_argument("--iterations", type=int, default=None, help="maximum optimisation steps (default: the attack's)")
     p.add_argument("--max-seconds", type=float, default=None, help="wall-clock budget in seconds; resumable with --resume (default: none)")
     p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE", help="any attack parameter, e.g. -p lr=0.5 -p alpha=19")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out (written for this victim)")
     p.add_argument("--force", action="store_true", help="replace a run already in --out")
-    p.add_argument("--init", default="default", choices=("default", "noise", "ground-truth", "partition", "mix"),
+    from exhume.evaluation.inits import INIT_KINDS
+
+    p.add_argument("--init", default="default", choices=("default", *INIT_KINDS),
                    help="starting candidates: the attack's own (default), U(0,1) noise, or evaluator-built images from "
                         "the victim's data (ground-truth, partition, mix; labelled oracle in every output)")
     p.add_argument("--mix-l1", type=float, default=None, help="mix: weight of ground truth vs partition (λ₁ in [0, 1])")
@@ -108,7 +112,9 @@ def _add_evaluate(sub) -> None:
     p.add_argument("--against", required=True, help="victim folder (its training set is rebuilt from the saved spec)")
     p.add_argument("-o", "--out", default=None, help="where to write metrics and figures (default: RUN/evaluation)")
     p.add_argument("--pool-size", type=int, default=1000, help="unseen images for the memorisation count (default 1000)")
-    p.add_argument("--match", default="ssim", choices=("ssim", "l2", "ncc"),
+    from exhume.evaluation.matching import MATCH_RULES
+
+    p.add_argument("--match", default="ssim", choices=MATCH_RULES,
                    help="rule that picks each image's best candidate: ssim (default), l2 or ncc (see exhume/evaluation/matching.py)")
     p.add_argument("--force", action="store_true", help="replace an evaluation already in --out")
 
@@ -122,7 +128,7 @@ def _add_tune(sub) -> None:
     p.add_argument("--trials", type=int, required=True, help="number of finished trials the study should reach")
     p.add_argument("--trial-seconds", type=float, default=60.0, help="attack budget per trial (default 60 s)")
     p.add_argument("--storage", default=None, help="Optuna storage URL shared by workers, e.g. postgresql://user:pass@host/db (default: OUT/tune.db)")
-    p.add_argument("--method", default="kkt", help="the attack whose hyperparameters are searched (default kkt)")
+    p.add_argument("--method", default=DEFAULT_METHOD, help=f"the attack whose hyperparameters are searched (default {DEFAULT_METHOD})")
     p.add_argument("--study-name", default=None, help="study name in the storage (default exhume-METHOD)")
     p.add_argument("--no-prune", action="store_true", help="run every trial to its budget (no median pruning)")
     p.add_argument("--heartbeat", type=int, default=5, help="seconds between a worker's heartbeats; a trial silent for 4x this is failed and retried "
@@ -197,7 +203,7 @@ def add_start_arguments(p: argparse.ArgumentParser) -> None:
                    help="the starting weights: .safetensors, or a .pt/.pth state dict (never a pickled model)")
     g.add_argument("--start-partial", action="store_true",
                    help="the start file covers only some parameters (e.g. a public backbone without the new head)")
-    g.add_argument("--train-optimizer", default=None, choices=("sgd", "adam", "adamw"), help="the optimiser training used")
+    g.add_argument("--train-optimizer", default=None, choices=TRAINING_OPTIMIZERS, help="the optimiser training used")
     g.add_argument("--train-lr", type=float, default=None, help="its learning rate")
     g.add_argument("--train-momentum", type=float, default=None, help="SGD's momentum (default 0)")
     g.add_argument("--train-betas", default=None, metavar="B1,B2", help="Adam's betas (default 0.9,0.999)")
@@ -232,14 +238,6 @@ def start_arguments(args: argparse.Namespace, model) -> dict[str, Any]:
     return {"start": args.start_weights, "training": training or None, "start_partial": args.start_partial}
 
 
-def _restarts(text: str | None) -> int | str | None:
-    if text is None or text == "auto":
-        return text
-    if not text.isdigit() or int(text) < 1:
-        raise ConfigError(f"--restarts expects a positive integer or 'auto', got {text!r}")
-    return int(text)
-
-
 def _cmd_attack(args: argparse.Namespace) -> int:
     import exhume
 
@@ -249,6 +247,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
             kwargs[key] = getattr(args, key)
     if args.workers is not None and args.workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {args.workers}")
+    restarts = parse_restarts(args.restarts, "--restarts")
     victim = exhume.load_victim(args.victim)
     if args.worker:
         from exhume.portfolio import portfolio_worker
@@ -269,7 +268,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     mix = (args.mix_l1, args.mix_l2) if init == "mix" else None
     result = exhume.attack(victim, method=args.method, seed=args.seed, out=args.out, resume=args.resume,
                            device=args.device, progress=not args.no_progress, init=init, mix=mix,
-                           init_seed=args.init_seed, force=args.force, restarts=_restarts(args.restarts), workers=args.workers,
+                           init_seed=args.init_seed, force=args.force, restarts=restarts, workers=args.workers,
                            storage=args.storage, study_name=args.study_name, **start_arguments(args, victim.model), **kwargs)
     oracle = " (ORACLE initialisation: built from the victim's data)" if result.config.get("oracle_init") else ""
     if "portfolio" not in result.config:
@@ -384,15 +383,7 @@ def list_params(method: str) -> str:
         raise ConfigError(f"unknown attack method {method!r}; known: {', '.join(sorted(ATTACKS))}")
     rows = []
     for name, prm in ATTACKS[method].params.items():
-        if prm.choices is not None:
-            rng = " | ".join(map(str, prm.choices))
-        elif prm.low is not None and prm.high is not None:
-            rng = f"[{prm.low}, {prm.high}]"
-        elif prm.low is not None or prm.high is not None:
-            rng = f">= {prm.low}" if prm.low is not None else f"<= {prm.high}"
-        else:
-            rng = prm.kind.__name__ if prm.kind is not object else "any"
-        rows.append((name, repr(prm.default), rng, prm.help))
+        rows.append((name, repr(prm.default), prm.range_text(), prm.help))
     w = [max(len(r[i]) for r in rows + [("name", "default", "range", "")]) for i in range(3)]
     head = f"{'name':<{w[0]}}  {'default':<{w[1]}}  {'range':<{w[2]}}  meaning"
     return "\n".join([f"parameters of the {method!r} attack (set with -p NAME=VALUE):", head]
@@ -404,7 +395,7 @@ def _list_params_early(argv: Sequence[str]) -> int | None:
     if len(argv) < 1 or argv[0] != "attack" or "--list-params" not in argv:
         return None
     pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--method", default="kkt")
+    pre.add_argument("--method", default=DEFAULT_METHOD)
     known, _ = pre.parse_known_args(list(argv[1:]))
     try:
         print(list_params(known.method))

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from exhume.attacks.base import DEFAULT_METHOD
 from exhume.errors import ConfigError
 from exhume.experiments.registry import register_experiment
 
@@ -34,7 +35,7 @@ COMPONENTS = ("score", "explained", "plausible", "distinct", "non_degenerate", "
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--study-dir", default=None, help="an 'exhume tune' output folder (its tune.db and trials/)")
     p.add_argument("--storage", default=None, help="the study's storage URL if not STUDY_DIR/tune.db")
-    p.add_argument("--study-name", default="exhume-kkt", help="study name in the storage (default exhume-kkt)")
+    p.add_argument("--study-name", default=f"exhume-{DEFAULT_METHOD}", help=f"study name in the storage (default exhume-{DEFAULT_METHOD})")
     p.add_argument("--against", default=None, help="victim folder (default: the one recorded in the study)")
     p.add_argument("--pool-size", type=int, default=1000, help="unseen images for the memorisation count (default 1000)")
     p.add_argument("--resume", action="store_true", help="without --study-dir: reuse the victim in --out and continue its study")
