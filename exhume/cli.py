@@ -36,11 +36,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_demo(sub) -> None:
     """``exhume demo``."""
-    p = sub.add_parser("demo", help="train a small victim on bundled MNIST, attack it, evaluate (about 6.5 min on 2 CPU cores: 6 min of attack)")
+    from exhume.demo import DEMO_ATTACK, DEMO_TRAIN
+
+    p = sub.add_parser("demo", help=f"train a small victim on bundled MNIST ({DEMO_TRAIN['max_epochs']} epochs), attack it with kkt "
+                       f"({DEMO_ATTACK['max_seconds']:g} s of wall time), evaluate and report")
     _common(p, "runs/demo")
     p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32", help="precision of training and attack (default float32)")
-    p.add_argument("--train-seconds", type=float, default=None, help="victim training budget (default: the demo's)")
-    p.add_argument("--attack-seconds", type=float, default=None, help="attack budget (default: the demo's)")
+    p.add_argument("--train-seconds", type=float, default=None,
+                   help=f"cap on the victim's training time (default {DEMO_TRAIN['max_seconds']:g} s)")
+    p.add_argument("--attack-seconds", type=float, default=None, help=f"attack budget (default {DEMO_ATTACK['max_seconds']:g} s)")
     p.add_argument("--resume", action="store_true", help="reuse the victim and continue the attack from its checkpoint")
     p.add_argument("--force", action="store_true", help="replace a demo already in --out")
 
@@ -149,7 +153,8 @@ def _add_experiment(sub) -> None:
     """``exhume experiment NAME``: one subcommand per registered experiment."""
     from exhume.experiments import EXPERIMENTS
 
-    p = sub.add_parser("experiment", help="run a named experiment that reproduces a paper's finding")
+    p = sub.add_parser("experiment", help="run a named experiment that reproduces a paper's finding (each states its CPU default; "
+                       "times measured: benchmarks/README.md#the-experiments-wall-times)")
     exp_sub = p.add_subparsers(dest="experiment", required=True, help="the experiment to run")
     for name, exp in sorted(EXPERIMENTS.items()):
         text = exp.help.replace("%", "%%")  # argparse formats help strings with %

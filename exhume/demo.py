@@ -3,8 +3,8 @@
 Settings (after docs/METHODS.md §1): a bias-free MLP 784-256-256-1 (first layer N(0,1)·1e-4), 100
 digits odd/even, mean subtracted, logistic loss, full-batch GD lr 0.2 with weight decay 5e-3 for 6000
 epochs; then the ``kkt`` attack (a portfolio of restarts, m = 200 each) for a fixed wall-clock budget;
-then the evaluation against the 100 training digits and a pool of 1000 unseen digits. Under 10
-minutes on an idle 2-core machine; results: benchmarks/README.md, "The demo, run by run".
+then the evaluation against the 100 training digits and a pool of 1000 unseen digits. Times and
+results measured: ``benchmarks/README.md#the-demos-budget``.
 """
 
 from __future__ import annotations
@@ -19,13 +19,12 @@ from exhume.portfolio.report import sizing_line
 from exhume.victim.recipe import PAPER_ARCH, PAPER_TRAIN
 
 DEMO_DATA = {"data": "mnist", "task": "odd-even", "n": 100, "arch": PAPER_ARCH}
-# 6000 epochs (seconds on 2 cores) leak more than a victim trained for 60 s (benchmarks/README.md,
-# "The demo, run by run"); max_seconds only caps a slow machine.
+# 6000 epochs leak more than a victim trained for a fixed 60 s; max_seconds only caps a slow machine.
 DEMO_TRAIN = {"loss": "logistic", **PAPER_TRAIN, "max_epochs": 6000, "max_seconds": 60.0}
 # The attack is the default restart portfolio (exhume.portfolio): restarts side by side on the local
 # cores, sized from the attack's measured iteration rate (exhume/portfolio/sizing.py), candidates
-# pooled, because restarts with other seeds find other digits. 360 s keeps the whole demo under 10
-# minutes on an idle 2-core machine (benchmarks/README.md, "The demo, run by run").
+# pooled, because restarts with other seeds find other digits; 360 s of attack (what the whole demo then
+# takes: the module docstring).
 DEMO_ATTACK: dict[str, Any] = {"iterations": 1_000_000, "max_seconds": 360.0}
 #: what a demo writes into its folder: its victim and its attack run (evaluation and report inside)
 DEMO_FILES = ("victim", "attack")

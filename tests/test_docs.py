@@ -307,6 +307,18 @@ def test_relative_links_and_anchors_resolve(page):
 # ---------------------------------------------------------------- docstrings and labels
 
 
+def test_the_code_cites_benchmark_anchors_that_exist():
+    """Code and help texts cite measurements as ``benchmarks/README.md#anchor`` (a stable heading), each anchor from one place."""
+    known = anchors(ROOT / "benchmarks" / "README.md")
+    cited: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "exhume").rglob("*.py")):
+        for anchor in re.findall(r"benchmarks/README\.md#([\w-]+)", path.read_text()):
+            cited.setdefault(anchor, []).append(str(path.relative_to(ROOT)))
+    assert cited, "no anchor cited: the pattern no longer matches the code's citations"
+    assert sorted(set(cited) - known) == [], "anchors cited in exhume/ but not headings of benchmarks/README.md"
+    assert {a: w for a, w in cited.items() if len(w) > 1} == {}, "an anchor cited from more than one place"
+
+
 def test_module_docstrings_are_at_most_30_lines():
     long = []
     for path in sorted((ROOT / "exhume").rglob("*.py")):

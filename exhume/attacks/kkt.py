@@ -73,8 +73,8 @@ from exhume.starts import start_digest
 LR_LAMBDA_MARGIN = 1e-4
 #: ... and for the signed ones ('output', 'loss'), whose multipliers must find their signs
 LR_LAMBDA_SIGNED = 1e-2
-#: trace='auto' replays a traced step only once the run has spent this long in eager steps: tracing costs about a
-#: second once per process, which a run of a few seconds (a tuning trial) would not win back
+#: trace='auto' replays a traced step only once the run has spent this long in eager steps: tracing is paid once per
+#: process, which a run of a few seconds (a tuning trial) would not win back (benchmarks/README.md#kkts-run-time-defaults)
 TRACE_AFTER_SECONDS = 5.0
 
 #: start_equation="auto" with the starting weights known (exhume/attacks/trajectory.py)

@@ -26,8 +26,8 @@ from exhume.experiments.registry import register_experiment
 
 HELP = ("rank correlation between the tuner's attacker-side score and the oracle counts (SSIM>=0.4, memorised) across "
         "the trials of a study, and the oracle count of the attacker-selected trial vs the best one. With --study-dir it "
-        "judges an existing 'exhume tune' folder (about 2 s per trial); without, it trains the demo victim for 30 s and "
-        "tunes 8 trials of 20 s first (about 5 minutes on 1 CPU core; --full: 20 trials of 75 s)")
+        "judges an existing 'exhume tune' folder; without, it trains the demo victim for 30 s and tunes 8 trials of 20 s "
+        "first (--full: 20 trials of 75 s)")
 
 COMPONENTS = ("score", "explained", "plausible", "distinct", "non_degenerate", "in_range", "margin_consistent")
 

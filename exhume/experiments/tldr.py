@@ -20,7 +20,7 @@ from exhume.errors import ConfigError
 from exhume.experiments.registry import register_experiment
 
 HELP = ("TLDR: inversion vs tldr reconstruction on a convnet victim, then tldr quality vs training-set size. "
-        "CPU default (bundled MNIST, sizes 1000,2000,5000, 300 generator steps): about 8 min on 1 thread (measured 7.4 min on a shared 2-core machine). "
+        "CPU default: bundled MNIST, sizes 1000,2000,5000, 300 generator steps, one thread. "
         "--full: the paper's scale (Fashion-MNIST 1k/10k/50k, 5000 steps; needs dataset-fashion-mnist and a GPU).")
 
 PAPER_CLAIM = ("reconstructions of MNIST / Fashion-MNIST look like training images at 1k training samples and "
