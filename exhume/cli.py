@@ -361,11 +361,11 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
     from exhume.files.runfolder import LOCK_NAME, refuse_existing
 
     out = Path(args.out)
-    if out.is_dir():  # an earlier run's results are reused only with --resume, replaced only with --force
-        earlier = tuple(sorted(p.name for p in out.iterdir() if not p.name.startswith(LOCK_NAME)))
-        refuse_existing(out, earlier, args.force or getattr(args, "resume", False), "an earlier run", can_resume=True)
     try:
         with chunk_deadline(getattr(args, "chunk_seconds", None)):
+            if out.is_dir():  # an earlier run's results are reused only with --resume, replaced only with --force
+                earlier = tuple(sorted(p.name for p in out.iterdir() if not p.name.startswith(LOCK_NAME)))
+                refuse_existing(out, earlier, args.force or getattr(args, "resume", False), "an earlier run", can_resume=True)
             result = get_experiment(args.experiment).run(args)
     except ChunkEnd:
         print(f"exhume experiment {args.experiment}: this chunk's {args.chunk_seconds:g} s are up; finished cases, the "
