@@ -6,14 +6,14 @@ from pathlib import Path
 from typing import Any
 
 from exhume.attacks import Reconstruction, get_attack
-from exhume.attacks.base import check_uses_start
+from exhume.attacks.base import DEFAULT_METHOD, check_uses_start
 from exhume.attacks.memory import check_memory
 from exhume.device import check_device
 from exhume.errors import ConfigError
 from exhume.victim import AttackerView, Victim
 
 
-def attack(victim: Victim | AttackerView, method: str = "kkt", seed: int = 0, out: str | Path | None = None,
+def attack(victim: Victim | AttackerView, method: str = DEFAULT_METHOD, seed: int = 0, out: str | Path | None = None,
            resume: bool = False, device: str = "cpu", progress: bool = True, init: Any = None,
            init_name: str | None = None, mix: tuple[float, float] | None = None, init_seed: int = 0,
            force: bool = False, restarts: int | str | None = None, workers: int | None = None, storage: str | None = None,

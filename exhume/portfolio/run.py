@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from exhume.attacks import Reconstruction
+from exhume.attacks.base import DEFAULT_METHOD
 from exhume.errors import ConfigError
 from exhume.files.runfolder import fingerprint
 from exhume.portfolio import sizing as sizing_mod
@@ -16,7 +17,7 @@ from exhume.portfolio.store import LocalStore
 from exhume.portfolio.variants import variants_for
 
 
-def run_portfolio(victim, method: str = "kkt", *, max_seconds: float | None = None, restarts: int | str | None = None,
+def run_portfolio(victim, method: str = DEFAULT_METHOD, *, max_seconds: float | None = None, restarts: int | str | None = None,
                   workers: int | None = None, seed: int = 0, out: str | Path | None = None, resume: bool = False,
                   storage: str | None = None, study_name: str | None = None, variants: list[dict[str, Any]] | None = None,
                   device: str = "cpu", progress: bool = True, merge_threshold: float = DUPLICATE_NCC,
