@@ -1,0 +1,104 @@
+"""The batched restarts (exhume/portfolio/batched.py): the same candidates as the restarts run one by one at equal
+iterations (float64), a divergent restart leaving the batch alone, resume from a batched checkpoint, the choice of path
+('auto' batches on a CUDA device string, without needing CUDA) and the CLI's --batch-restarts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import exhume
+from exhume.cli import main
+from exhume.errors import ConfigError
+from exhume.portfolio import make_plan, run_portfolio
+from exhume.portfolio.batched import batch_key, groups, use_batched
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# float64 and snapshots inside the run: the averaged iterates and the kept snapshot are compared too
+EXACT = {"iterations": 60, "dtype": "float64", "snapshot_every": 20, "checkpoint_every": 25, "lr": 0.05}
+
+
+def _restarts(out, count: int):
+    return [exhume.load_reconstruction(out / "restarts" / str(k)) for k in range(count)]
+
+
+def test_batched_restarts_equal_the_restarts_run_one_by_one(victim_dir, tmp_path):
+    victim = exhume.load_victim(victim_dir)
+    one = run_portfolio(victim, restarts=3, workers=1, out=tmp_path / "one", progress=False, batch_restarts="off", **EXACT)
+    batched = run_portfolio(victim, restarts=3, workers=1, out=tmp_path / "batched", progress=False, batch_restarts="on", **EXACT)
+    assert batched.config["portfolio"]["batched"]["used"] and not one.config["portfolio"]["batched"]["used"]
+    assert batched.config["portfolio"]["batched"]["groups"][0] == {"restarts": [0, 1, 2], "batched": True, "seconds_given": None}
+    for a, b in zip(_restarts(tmp_path / "one", 3), _restarts(tmp_path / "batched", 3), strict=True):
+        assert a.summary["iterations"] == b.summary["iterations"] == 60
+        assert a.summary["kept_iteration"] == b.summary["kept_iteration"]
+        assert a.config["lr_lambda_used"] == b.config["lr_lambda_used"]  # the variants alternate inside the batch
+        assert torch.allclose(a.candidates, b.candidates, rtol=0, atol=1e-6)  # float32 on output, float64 inside
+        assert torch.allclose(a.scores, b.scores, rtol=1e-6, atol=1e-9)
+        assert a.summary["final_relative_stationarity"] == pytest.approx(b.summary["final_relative_stationarity"], rel=1e-9)
+        assert [h["stationarity"] for h in a.loss_history] == pytest.approx([h["stationarity"] for h in b.loss_history], rel=1e-9)
+    assert b.config["batched_restarts"] == 3
+    assert torch.allclose(one.candidates, batched.candidates, atol=1e-6)  # the same pooled result
+
+
+def test_restarts_that_differ_in_more_than_their_rates_run_in_separate_batches(victim_dir, tmp_path):
+    victim = exhume.load_victim(victim_dir)
+    variants = [{}, {"lr_lambda": 1e-2}, {"alpha": 10.0}]
+    plan = make_plan("kkt", 3, workers=1, variants=variants, attack_kwargs={"iterations": 10})
+    assert [[r.index for r in g] for g in groups(list(plan.restarts))] == [[0, 1], [2]]
+    assert batch_key(plan.restarts[0]) == batch_key(plan.restarts[1]) != batch_key(plan.restarts[2])
+    r = run_portfolio(victim, restarts=3, workers=1, progress=False, batch_restarts="on", variants=variants, iterations=10)
+    assert [g["restarts"] for g in r.config["portfolio"]["batched"]["groups"]] == [[0, 1], [2]]
+    assert all(row["iterations"] == 10 for row in r.config["portfolio"]["restarts"])
+
+
+def test_a_divergent_restart_leaves_the_batch_and_the_others_are_unchanged(victim_dir):
+    victim = exhume.load_victim(victim_dir)
+    kw = dict(restarts=2, workers=1, progress=False, iterations=30, dtype="float64")
+    variants = [{"lr": 0.05}, {"lr": 1e200}]  # the second blows up at once
+    ref = run_portfolio(victim, batch_restarts="off", variants=variants, **kw)
+    got = run_portfolio(victim, batch_restarts="on", variants=variants, **kw)
+    assert ref.config["portfolio"]["restarts"][1]["status"] == "diverged"
+    rows = {row["restart"]: row for row in got.config["portfolio"]["restarts"]}
+    assert rows[1]["status"] == "diverged" and "diverged at iteration" in rows[1]["error"]
+    assert rows[0]["status"] == "complete" and rows[0]["iterations"] == 30
+    assert torch.allclose(ref.candidates, got.candidates, atol=1e-6)
+
+
+def test_an_interrupted_batch_resumes_to_the_uninterrupted_result(victim_dir, tmp_path):
+    victim = exhume.load_victim(victim_dir)
+    kw = dict(restarts=2, workers=1, progress=False, batch_restarts="on", dtype="float64", checkpoint_every=20, lr=0.05)
+    whole = run_portfolio(victim, out=tmp_path / "whole", iterations=40, **kw)
+    run_portfolio(victim, out=tmp_path / "cut", iterations=20, **kw)
+    for k in range(2):  # what a run stopped at iteration 20 of 40 leaves: its checkpoint, no finished restart
+        (tmp_path / "cut" / "restarts" / str(k) / "reconstruction.json").unlink()
+    resumed = run_portfolio(victim, out=tmp_path / "cut", iterations=40, resume=True, **{**kw, "checkpoint_every": 20})
+    assert [row["iterations"] for row in resumed.config["portfolio"]["restarts"]] == [40, 40]
+    assert torch.allclose(whole.candidates, resumed.candidates, atol=1e-6)
+
+
+def test_auto_batches_on_a_cuda_device_and_nowhere_else():
+    assert use_batched("auto", "cuda", "kkt", None)[0]
+    assert use_batched("auto", "cuda:1", "kkt", None)[0]
+    assert not use_batched("auto", "cpu", "kkt", None)[0]
+    assert not use_batched("auto", "cuda", "bilevel", None)[0]  # no batched path: worker processes
+    assert not use_batched("auto", "cuda", "kkt", "sqlite:///s.db")[0]  # a shared study: one restart per process
+    assert use_batched("on", "cpu", "kkt", None)[0] and not use_batched("off", "cuda", "kkt", None)[0]
+    with pytest.raises(ConfigError, match="batch_restarts='on' cannot apply: a shared study"):
+        use_batched("on", "cuda", "kkt", "sqlite:///s.db")
+    with pytest.raises(ConfigError, match="batch_restarts must be one of auto, on, off"):
+        use_batched("yes", "cuda", "kkt", None)
+
+
+def test_the_cli_passes_batch_restarts(victim_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["attack", str(victim_dir), "--out", str(out), "--restarts", "2", "--workers", "1", "--batch-restarts", "on",
+                 "--iterations", "10", "--no-progress"]) == 0
+    got = exhume.load_reconstruction(out)
+    assert got.config["portfolio"]["batched"]["used"] and got.config["portfolio"]["batched"]["why"].startswith("asked for")
+    assert main(["attack", str(victim_dir), "--out", str(tmp_path / "cpu"), "--restarts", "2", "--workers", "1",
+                 "--iterations", "10", "--no-progress"]) == 0
+    assert exhume.load_reconstruction(tmp_path / "cpu").config["portfolio"]["batched"] == {
+        "used": False, "why": "auto: on CPU, one forked worker per core"}
+    with pytest.raises(SystemExit):
+        main(["attack", str(victim_dir), "--out", str(tmp_path / "x"), "--batch-restarts", "maybe", "--no-progress"])
