@@ -23,7 +23,12 @@ def _restarts(out, count: int):
     return [exhume.load_reconstruction(out / "restarts" / str(k)) for k in range(count)]
 
 
-def test_batched_restarts_equal_the_restarts_run_one_by_one(victim_dir, tmp_path):
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "traced"])
+def test_batched_restarts_equal_the_restarts_run_one_by_one(victim_dir, tmp_path, monkeypatch, traced):
+    import exhume.portfolio.batched as batched_mod
+
+    if traced:  # the batch replays its traced graph from the first step (a lone run of 60 steps stays eager)
+        monkeypatch.setattr(batched_mod, "TRACE_AFTER_SECONDS", 0.0)
     victim = exhume.load_victim(victim_dir)
     one = run_portfolio(victim, restarts=3, workers=1, out=tmp_path / "one", progress=False, batch_restarts="off", **EXACT)
     batched = run_portfolio(victim, restarts=3, workers=1, out=tmp_path / "batched", progress=False, batch_restarts="on", **EXACT)
@@ -37,7 +42,7 @@ def test_batched_restarts_equal_the_restarts_run_one_by_one(victim_dir, tmp_path
         assert torch.allclose(a.scores, b.scores, rtol=1e-6, atol=1e-9)
         assert a.summary["final_relative_stationarity"] == pytest.approx(b.summary["final_relative_stationarity"], rel=1e-9)
         assert [h["stationarity"] for h in a.loss_history] == pytest.approx([h["stationarity"] for h in b.loss_history], rel=1e-9)
-    assert b.config["batched_restarts"] == 3
+    assert b.config["batched_restarts"] == 3 and b.config["residual_traced"] is traced
     assert torch.allclose(one.candidates, batched.candidates, atol=1e-6)  # the same pooled result
 
 

@@ -32,9 +32,12 @@ from typing import Any
 
 import torch
 
+from exhume.attacks.kkt import TRACE_AFTER_SECONDS
 from exhume.errors import ConfigError, DivergenceError
 from exhume.portfolio.plan import Restart
 
+#: make_fx's mode: real tensors (fake ones gave a graph whose replay failed on a view under vmap)
+TRACING_MODE = "real"
 #: methods with a batched path
 BATCHED_METHODS = ("kkt",)
 #: batch_restarts settings: 'auto' (batched on a CUDA device), 'on', 'off'
@@ -91,9 +94,11 @@ class Member:
 @dataclass
 class Batch:
     members: list[Member]
-    vmapped: Any  # (X, U) -> (loss, stat, dual, prior), each (R,)
+    fn: Any  # value_and_gradients of the vmapped loss terms
     live: list[Member] = field(default_factory=list)
     seconds: float | None = None  # the batch's time budget (total attack seconds, a resumed run's included)
+    graph: Any = None  # the traced fn, once traced
+    trace_state: Any = None  # None (not yet), the traced shapes, or 'failed'
 
 
 def open_batch(view, restarts: list[Restart], method: str, store, resume: bool, device: str) -> Batch:
@@ -119,12 +124,62 @@ def open_batch(view, restarts: list[Restart], method: str, store, resume: bool, 
         opts, tracker, run = atk.open_state(view, p, store.folder(r.index), resume and store.folder(r.index) is not None, r.seed)
         members.append(Member(r, atk, p, opts, tracker, run))
     lead = members[0]
-    vmapped = torch.func.vmap(lambda x, u: lead.attack.terms(lead.problem, x, u))
-    return Batch(members, vmapped, list(members))
+    fn = value_and_gradients(torch.func.vmap(lambda x, u: lead.attack.terms(lead.problem, x, u)))
+    return Batch(members, fn, list(members))
+
+
+def value_and_gradients(vmapped):
+    """``(X, U) -> (terms (4, R), ∂/∂X, ∂/∂U)``: every restart's loss terms and the gradients of their sum, which are
+    each restart's own (the restarts share no unknown), through ``torch.func`` alone (no autograd graph kept)."""
+
+    def total(X, U):  # noqa: ANN001, ANN202, N803
+        terms = torch.stack(vmapped(X, U))
+        return terms[0].sum(), terms.detach()
+
+    def f(X, U):  # noqa: ANN001, ANN202, N803
+        (gx, gu), (_, terms) = torch.func.grad_and_value(total, argnums=(0, 1), has_aux=True)(X, U)
+        return terms, gx, gu
+
+    return f
+
+
+def trace(f, args) -> Any:
+    """``f`` traced once into a graph of tensor operations (``make_fx``) and checked against ``f`` on ``args``;
+    None when it cannot be traced or its replay disagrees (as :class:`~exhume.attacks.stationarity.TracedResidual`)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    try:
+        graph = make_fx(f, tracing_mode=TRACING_MODE, _allow_non_fake_inputs=True)(*args)
+        got = graph(*args)
+    except Exception:  # noqa: BLE001 - any failure to trace or replay leaves the batch eager
+        return None
+    tol = 1e-4 if args[0].dtype in (torch.float32, torch.float16, torch.bfloat16) else 1e-9
+    for a, b in zip(got, f(*args)):
+        scale = float(torch.nan_to_num(b, nan=0.0, posinf=0.0, neginf=0.0).abs().max())
+        if not torch.allclose(a, b, rtol=tol, atol=tol * scale, equal_nan=True):
+            return None
+    return graph
+
+
+def evaluate(batch: Batch, clock) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`value_and_gradients` at the live restarts' unknowns: eager, or after :data:`TRACE_AFTER_SECONDS` of
+    steps replayed from its trace (traced again when a restart leaves the batch)."""
+    args = (torch.stack([m.problem.x.detach() for m in batch.live]), torch.stack([m.problem.u.detach() for m in batch.live]))
+    if batch.trace_state != "failed" and clock() >= TRACE_AFTER_SECONDS:
+        key = (tuple(args[0].shape), tuple(args[1].shape))
+        if batch.trace_state != key:
+            batch.graph = trace(batch.fn, args)
+            batch.trace_state = key if batch.graph is not None else "failed"
+            info = batch.members[0].problem.form.info
+            info.update(residual_traced=batch.graph is not None, residual_trace_note="restarts batched through torch.func.vmap, "
+                        + ("traced once, replayed every step" if batch.graph is not None else "eager: the batch cannot be traced"))
+        if batch.graph is not None:
+            return batch.graph(*args)
+    return batch.fn(*args)
 
 
 def batched_step(batch: Batch, it: int, log: bool, clock) -> dict[str, str] | None:
-    """Iteration ``it`` of every live restart: one vmapped loss, one backward pass, each restart's own update."""
+    """Iteration ``it`` of every live restart: one vmapped evaluation of every loss and gradient, each restart's own update."""
     live = batch.live
     cfg = live[0].attack.config
     if cfg["lr_schedule"] == "cosine":
@@ -132,24 +187,20 @@ def batched_step(batch: Batch, it: int, log: bool, clock) -> dict[str, str] | No
         for mem in live:
             for opt, base in zip(mem.opts, (mem.attack.config["lr"], mem.problem.lr_lambda)):
                 opt.param_groups[0]["lr"] = base * 0.5 * (1.0 + math.cos(math.pi * min(frac, 1.0)))
-    loss, stat, dual, prior = batch.vmapped(torch.stack([m.problem.x for m in live]), torch.stack([m.problem.u for m in live]))
-    finite = torch.isfinite(loss.detach()).tolist()
-    for mem, ok in zip(live, finite):
+    terms, gx, gu = evaluate(batch, clock)
+    finite = torch.isfinite(terms[0]).tolist()
+    values = terms.tolist() if log else None
+    batch.live = []
+    for k, (mem, ok) in enumerate(zip(live, finite)):
         if not ok:
-            mem.error = (f"kkt attack diverged at iteration {it} (loss {float(loss.detach()[live.index(mem)])}); "
-                         f"lower lr (now {mem.attack.config['lr']})")
-    keep = [k for k, ok in enumerate(finite) if ok]
-    for mem in live:
-        for opt in mem.opts:
-            opt.zero_grad(set_to_none=True)
-    if keep:
-        (loss[keep].sum() if len(keep) < len(live) else loss.sum()).backward()
-    batch.live = [live[k] for k in keep]
-    for k, mem in zip(keep, batch.live):
-        _update(mem, it, log, clock, [float(t.detach()[k]) for t in (loss, stat, dual, prior)] if log else None)
+            mem.error = f"kkt attack diverged at iteration {it} (loss {float(terms[0, k])}); lower lr (now {mem.attack.config['lr']})"
+            continue
+        mem.problem.x.grad, mem.problem.u.grad = gx[k], gu[k]
+        _update(mem, it, log, clock, None if values is None else [row[k] for row in values])
+        batch.live.append(mem)
     if not batch.live:
         raise DivergenceError(f"every restart of the batch diverged by iteration {it}")
-    return {"stat": f"{min(float(stat.detach()[k]) for k in keep):.3g}"} if log else None
+    return {"stat": f"{min(values[1][k] for k, ok in enumerate(finite) if ok):.3g}"} if log else None
 
 
 def _update(mem: Member, it: int, log: bool, clock, values: list[float] | None) -> None:
@@ -181,11 +232,12 @@ def run_group(view, method: str, restarts: list[Restart], store, resume: bool, d
         raise _NotBatchable(f"their checkpoints stand at different iterations ({sorted(starts)})")
     lead = batch.members[0]
     cfg, start = lead.attack.config, lead.run.start
-    try:  # the first step tells whether vmap runs this module; no update is made if it does not
-        batch.vmapped(torch.stack([m.problem.x for m in batch.members]), torch.stack([m.problem.u for m in batch.members]))
+    try:  # the first evaluation tells whether vmap runs this module; no update is made if it does not
+        batch.fn(torch.stack([m.problem.x.detach() for m in batch.members]), torch.stack([m.problem.u.detach() for m in batch.members]))
     except (RuntimeError, NotImplementedError) as e:
         raise _NotBatchable(f"torch.func.vmap cannot run this module ({type(e).__name__})") from None
-    lead.problem.form.info.update(residual_traced=False, residual_trace_note="eager: restarts batched through torch.func.vmap")
+    lead.problem.form.info.update(residual_traced=False, residual_trace_note="restarts batched through torch.func.vmap, eager: "
+                                  f"the run ended before {TRACE_AFTER_SECONDS:g} s of steps")
     batch.seconds = seconds
 
     def save(done: int, elapsed: float) -> None:
