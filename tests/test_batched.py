@@ -52,6 +52,7 @@ def test_restarts_that_differ_in_more_than_their_rates_run_in_separate_batches(v
     plan = make_plan("kkt", 3, workers=1, variants=variants, attack_kwargs={"iterations": 10})
     assert [[r.index for r in g] for g in groups(list(plan.restarts))] == [[0, 1], [2]]
     assert batch_key(plan.restarts[0]) == batch_key(plan.restarts[1]) != batch_key(plan.restarts[2])
+    assert [[r.index for r in g] for g in groups(list(plan.restarts), capacity=1)] == [[0], [1], [2]]  # memory for one at a time
     r = run_portfolio(victim, restarts=3, workers=1, progress=False, batch_restarts="on", variants=variants, iterations=10)
     assert [g["restarts"] for g in r.config["portfolio"]["batched"]["groups"]] == [[0, 1], [2]]
     assert all(row["iterations"] == 10 for row in r.config["portfolio"]["restarts"])

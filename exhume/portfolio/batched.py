@@ -70,12 +70,25 @@ def batch_key(restart: Restart) -> str:
     return json.dumps({k: v for k, v in restart.kwargs.items() if k not in PER_RESTART}, sort_keys=True, default=str)
 
 
-def groups(pending: list[Restart]) -> list[list[Restart]]:
-    """The pending restarts grouped by :func:`batch_key`, in order of their first restart."""
+def groups(pending: list[Restart], capacity: int | None = None) -> list[list[Restart]]:
+    """The pending restarts grouped by :func:`batch_key`, in order of their first restart, each group cut into
+    batches of at most ``capacity`` restarts (None: no limit)."""
     out: dict[str, list[Restart]] = {}
     for r in pending:
         out.setdefault(batch_key(r), []).append(r)
-    return list(out.values())
+    size = max(1, capacity or len(pending) or 1)
+    return [g[i:i + size] for g in out.values() for i in range(0, len(g), size)]
+
+
+def capacity(view, method: str, restart: Restart, device: str) -> int | None:
+    """How many restarts one batch may hold: the memory available on ``device`` over one restart's estimated peak
+    (:mod:`exhume.attacks.memory`; conservative, the set-up's peak is counted in every restart); None when unknown."""
+    from exhume.attacks import get_attack
+    from exhume.attacks.memory import available_bytes
+
+    need = get_attack(method, **restart.kwargs).peak_memory_bytes(view)
+    room = available_bytes(device)
+    return None if not need or room is None else max(1, room // need)
 
 
 @dataclass
@@ -278,7 +291,8 @@ def run_batched(view, plan, pending: list[Restart], store, resume: bool, device:
 
     records = []
     t0, left = time.perf_counter(), len(pending)
-    for group in groups(pending):
+    cap = capacity(view, plan.method, pending[0], device) if pending else None
+    for group in groups(pending, cap):
         seconds = None
         if plan.max_seconds is not None:
             seconds = max(0.0, plan.max_seconds - (time.perf_counter() - t0)) * len(group) / left
