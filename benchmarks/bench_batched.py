@@ -12,8 +12,9 @@ kkt portfolio of ``--restarts`` restarts at ``--iterations`` iterations each, tw
 On a machine whose cores other jobs load, torch's threads wait on each other (a two-thread step measured
 5-10x slower than a one-thread one at a load of 10 on 2 cores): read ``batched`` there with care.
 
-Reported: wall seconds of the whole portfolio call (set-up, pooling included) and restart iterations per
-second (``restarts × iterations / wall``), median over rounds; and the largest difference between the two
+Reported: wall seconds of the whole portfolio call (set-up, pooling included), restart iterations per
+second (``restarts × iterations / wall``) and CPU milliseconds per restart iteration (this process and its
+reaped workers; steadier than wall time on a loaded machine), median over rounds; and the largest difference between the two
 paths' pooled candidates (they must agree: same seeds, equal iterations).
 
     nice -n 10 python benchmarks/bench_batched.py --json /work/runs-batched/bench_batched.json
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -46,12 +48,18 @@ VICTIMS = {  # name: (arch, n): candidates m = 2n
 ARMS = ("workers", "batched", "batched-1t")
 
 
-def one(view, arm: str, restarts: int, iterations: int) -> tuple[float, torch.Tensor]:
+def cpu_seconds() -> float:
+    """CPU seconds of this process and of its reaped children (the forked workers) so far."""
+    return sum(resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
+               for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+
+
+def one(view, arm: str, restarts: int, iterations: int) -> tuple[float, float, torch.Tensor]:
     torch.set_num_threads(restarts if arm == "batched" else 1)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_seconds()
     r = run_portfolio(view, restarts=restarts, workers=restarts, progress=False, batch_restarts="off" if arm == "workers" else "on",
                       iterations=iterations, checkpoint_every=10**9)
-    return time.perf_counter() - t0, r.candidates
+    return time.perf_counter() - t0, cpu_seconds() - c0, r.candidates
 
 
 def main() -> None:
@@ -71,12 +79,14 @@ def main() -> None:
                                                                         max_epochs=50), seed=0, progress=False, test_size=10)
         view = victim.attacker_view()
         walls = {arm: [] for arm in args.arms}
+        cpus = {arm: [] for arm in args.arms}
         diff = 0.0
         for _ in range(args.rounds):
             got = {}
             for arm in args.arms:
-                wall, cands = one(view, arm, args.restarts, args.iterations)
+                wall, cpu, cands = one(view, arm, args.restarts, args.iterations)
                 walls[arm].append(wall)
+                cpus[arm].append(cpu)
                 got[arm] = cands
             diff = max([diff] + [float((got[args.arms[0]] - c).abs().max()) for c in got.values()])
         row = {"victim": name, "arch": arch, "m": 2 * n, "restarts": args.restarts, "iterations": args.iterations,
@@ -84,16 +94,19 @@ def main() -> None:
         for arm, w in walls.items():
             row[f"{arm}_wall_s"] = round(statistics.median(w), 2)
             row[f"{arm}_restart_it_per_s"] = round(args.restarts * args.iterations / statistics.median(w), 1)
+            row[f"{arm}_cpu_ms_per_restart_it"] = round(1000 * statistics.median(cpus[arm]) / (args.restarts * args.iterations), 1)
         rows.append(row)
         print(json.dumps(row), flush=True)
     meta = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__, "rounds": args.rounds}
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    print("| victim | m | restarts × iterations | " + " | ".join(f"{a}: wall s | {a}: restart it/s" for a in args.arms) + " |")
-    print("|---|---|---|" + "---|---|" * len(args.arms))
+    print("| victim | m | restarts × iterations | "
+          + " | ".join(f"{a}: wall s | {a}: restart it/s | {a}: CPU ms per restart it" for a in args.arms) + " |")
+    print("|---|---|---|" + "---|---|---|" * len(args.arms))
     for r in rows:
         print(f"| {r['victim']} | {r['m']} | {r['restarts']} × {r['iterations']} | "
-              + " | ".join(f"{r[a + '_wall_s']} | {r[a + '_restart_it_per_s']}" for a in args.arms) + " |")
+              + " | ".join(f"{r[a + '_wall_s']} | {r[a + '_restart_it_per_s']} | {r[a + '_cpu_ms_per_restart_it']}" for a in args.arms)
+              + " |")
 
 
 if __name__ == "__main__":

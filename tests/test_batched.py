@@ -108,3 +108,30 @@ def test_the_cli_passes_batch_restarts(victim_dir, tmp_path, capsys):
         "used": False, "why": "auto: on CPU, one forked worker per core"}
     with pytest.raises(SystemExit):
         main(["attack", str(victim_dir), "--out", str(tmp_path / "x"), "--batch-restarts", "maybe", "--no-progress"])
+
+
+class _Branchy(torch.nn.Module):
+    """A user's module with control flow on a tensor's value: vmap cannot run it, a lone run can."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(16, 8, bias=False)
+        self.b = torch.nn.Linear(8, 1, bias=False)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x.flatten(1)))
+        if h.sum() > 1e9:  # never true; data-dependent all the same
+            h = h * 0
+        return self.b(h).squeeze(-1)
+
+
+def test_a_module_vmap_cannot_run_falls_back_to_one_restart_after_another():
+    from exhume.victim import AttackerView
+
+    torch.manual_seed(0)
+    view = AttackerView(model=_Branchy(), task="binary", input_shape=(1, 4, 4), mean=torch.full((1, 4, 4), 0.3),
+                        loss="logistic", weight_decay=1e-2, n_train_hint=4)
+    r = run_portfolio(view, restarts=2, workers=1, progress=False, batch_restarts="on", iterations=5, trace="off")
+    group = r.config["portfolio"]["batched"]["groups"][0]
+    assert group["batched"] is False and "torch.func.vmap cannot run this module" in group["reason"]
+    assert [row["iterations"] for row in r.config["portfolio"]["restarts"]] == [5, 5]

@@ -112,6 +112,7 @@ class Batch:
     seconds: float | None = None  # the batch's time budget (total attack seconds, a resumed run's included)
     graph: Any = None  # the traced fn, once traced
     trace_state: Any = None  # None (not yet), the traced shapes, or 'failed'
+    checked: bool = False  # one evaluation ran: vmap runs this module
 
 
 def open_batch(view, restarts: list[Restart], method: str, store, resume: bool, device: str) -> Batch:
@@ -200,7 +201,14 @@ def batched_step(batch: Batch, it: int, log: bool, clock) -> dict[str, str] | No
         for mem in live:
             for opt, base in zip(mem.opts, (mem.attack.config["lr"], mem.problem.lr_lambda)):
                 opt.param_groups[0]["lr"] = base * 0.5 * (1.0 + math.cos(math.pi * min(frac, 1.0)))
-    terms, gx, gu = evaluate(batch, clock)
+    try:
+        terms, gx, gu = evaluate(batch, clock)
+    except (RuntimeError, NotImplementedError) as e:
+        if batch.checked:
+            raise
+        # the first evaluation tells whether vmap runs this module; no update has been made
+        raise _NotBatchable(f"torch.func.vmap cannot run this module ({type(e).__name__}: {str(e)[:200]})") from None
+    batch.checked = True
     finite = torch.isfinite(terms[0]).tolist()
     values = terms.tolist() if log else None
     batch.live = []
@@ -245,10 +253,6 @@ def run_group(view, method: str, restarts: list[Restart], store, resume: bool, d
         raise _NotBatchable(f"their checkpoints stand at different iterations ({sorted(starts)})")
     lead = batch.members[0]
     cfg, start = lead.attack.config, lead.run.start
-    try:  # the first evaluation tells whether vmap runs this module; no update is made if it does not
-        batch.fn(torch.stack([m.problem.x.detach() for m in batch.members]), torch.stack([m.problem.u.detach() for m in batch.members]))
-    except (RuntimeError, NotImplementedError) as e:
-        raise _NotBatchable(f"torch.func.vmap cannot run this module ({type(e).__name__})") from None
     lead.problem.form.info.update(residual_traced=False, residual_trace_note="restarts batched through torch.func.vmap, eager: "
                                   f"the run ended before {TRACE_AFTER_SECONDS:g} s of steps")
     batch.seconds = seconds
