@@ -135,3 +135,31 @@ def test_a_module_vmap_cannot_run_falls_back_to_one_restart_after_another():
     group = r.config["portfolio"]["batched"]["groups"][0]
     assert group["batched"] is False and "torch.func.vmap cannot run this module" in group["reason"]
     assert [row["iterations"] for row in r.config["portfolio"]["restarts"]] == [5, 5]
+
+
+def test_exhume_attack_device_cuda_takes_the_batched_path(victim_dir, tmp_path, monkeypatch):
+    """The wiring from the command line to the batched path, on a machine without CUDA: the device check and the memory
+    check are passed over and the run stops where the restarts would start, recording which path it was given."""
+    import exhume.device
+    import exhume.portfolio.run as run_mod
+
+    class Reached(Exception):
+        pass
+
+    seen = {}
+
+    def stop(view, plan, out, resume, device, progress, batches=None):
+        seen.update(device=device, batched=batches is not None, restarts=len(plan.restarts))
+        raise Reached
+
+    import exhume.api
+
+    for module in (exhume.device, exhume.api):
+        monkeypatch.setattr(module, "check_device", lambda device: device)
+    monkeypatch.setattr(run_mod, "check_portfolio_memory", lambda *a, **k: None)
+    monkeypatch.setattr(run_mod, "run_local", stop)
+    for flag, batched in (([], True), (["--batch-restarts", "off"], False)):
+        with pytest.raises(Reached):
+            main(["attack", str(victim_dir), "--out", str(tmp_path / f"run{batched}"), "--device", "cuda", "--restarts", "3",
+                  "--iterations", "10", "--no-progress", *flag])
+        assert seen == {"device": "cuda", "batched": batched, "restarts": 3}
