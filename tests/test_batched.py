@@ -25,15 +25,18 @@ def _restarts(out, count: int):
 
 @pytest.mark.parametrize("traced", [False, True], ids=["eager", "traced"])
 def test_batched_restarts_equal_the_restarts_run_one_by_one(victim_dir, tmp_path, monkeypatch, traced):
+    import exhume.attacks.kkt as kkt_mod
     import exhume.portfolio.batched as batched_mod
 
-    if traced:  # the batch replays its traced graph from the first step (a lone run of 60 steps stays eager)
-        monkeypatch.setattr(batched_mod, "TRACE_AFTER_SECONDS", 0.0)
+    # the lone runs stay eager however loaded the machine; the batch replays its traced graph from the first step or never
+    monkeypatch.setattr(kkt_mod, "TRACE_AFTER_SECONDS", 1e9)
+    monkeypatch.setattr(batched_mod, "TRACE_AFTER_SECONDS", 0.0 if traced else 1e9)
     victim = exhume.load_victim(victim_dir)
     one = run_portfolio(victim, restarts=3, workers=1, out=tmp_path / "one", progress=False, batch_restarts="off", **EXACT)
     batched = run_portfolio(victim, restarts=3, workers=1, out=tmp_path / "batched", progress=False, batch_restarts="on", **EXACT)
     assert batched.config["portfolio"]["batched"]["used"] and not one.config["portfolio"]["batched"]["used"]
-    assert batched.config["portfolio"]["batched"]["groups"][0] == {"restarts": [0, 1, 2], "batched": True, "seconds_given": None}
+    assert batched.config["portfolio"]["batched"]["groups"][0] == {"restarts": [0, 1, 2], "batched": True, "seconds_given": None,
+                                                                  "tf32": False}
     for a, b in zip(_restarts(tmp_path / "one", 3), _restarts(tmp_path / "batched", 3), strict=True):
         assert a.summary["iterations"] == b.summary["iterations"] == 60
         assert a.summary["kept_iteration"] == b.summary["kept_iteration"]
@@ -81,6 +84,20 @@ def test_an_interrupted_batch_resumes_to_the_uninterrupted_result(victim_dir, tm
     resumed = run_portfolio(victim, out=tmp_path / "cut", iterations=40, resume=True, **{**kw, "checkpoint_every": 20})
     assert [row["iterations"] for row in resumed.config["portfolio"]["restarts"]] == [40, 40]
     assert torch.allclose(whole.candidates, resumed.candidates, atol=1e-6)
+
+
+def test_tf32_is_off_inside_a_batch_and_restored_after():
+    from exhume.portfolio.batched import no_tf32
+
+    before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = True
+    try:
+        with no_tf32():
+            assert torch.get_float32_matmul_precision() == "highest" and not torch.backends.cudnn.allow_tf32
+        assert torch.backends.cudnn.allow_tf32
+    finally:
+        torch.set_float32_matmul_precision(before[0])
+        torch.backends.cudnn.allow_tf32 = before[1]
 
 
 def test_auto_batches_on_a_cuda_device_and_nowhere_else():

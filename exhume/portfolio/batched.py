@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -261,7 +262,7 @@ def run_group(view, method: str, restarts: list[Restart], store, resume: bool, d
         for mem in batch.live:
             mem.run.save(done, elapsed)
 
-    with retained_heap():
+    with retained_heap(), no_tf32():
         try:
             end = run_loop(f"kkt batch of {len(restarts)}", cfg["iterations"], seconds, start, lead.run.elapsed,
                            lambda it, log, clock: batched_step(batch, it, log, clock), save,
@@ -278,6 +279,20 @@ def run_group(view, method: str, restarts: list[Restart], store, resume: bool, d
             mem.tracker.consider(end.done, mem.attack.criterion(mem.problem))
         out.append((mem, mem.attack.result(mem.problem, end, mem.run, mem.tracker, tau, mem.restart.seed, "noise", view)))
     return out
+
+
+@contextmanager
+def no_tf32():
+    """TF32 off inside (matmuls and cuDNN convolutions; cuDNN's default is on), restored after: no measurement yet
+    shows TF32 gives the batched restarts equal results."""
+    matmul, cudnn = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(matmul)
+        torch.backends.cudnn.allow_tf32 = cudnn
 
 
 class _NotBatchable(Exception):
@@ -307,7 +322,7 @@ def run_batched(view, plan, pending: list[Restart], store, resume: bool, device:
             records.append({"restarts": [r.index for r in group], "batched": False, "reason": str(e)})
             run_pending(view, plan, group, store, 1, resume, device, progress, on_done)
             continue
-        records.append({"restarts": [r.index for r in group], "batched": True, "seconds_given": seconds})
+        records.append({"restarts": [r.index for r in group], "batched": True, "seconds_given": seconds, "tf32": False})
         for mem, recon in done:
             status = "complete" if recon is not None else "diverged"
             row = restart_record(mem.restart, recon, status, HOST)
