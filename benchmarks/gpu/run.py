@@ -102,12 +102,15 @@ def attack(victim, method: str, seconds: float, device: str, args):
 def row_for(case: Case, method: str, victim, trained: float, recon, wall: float, its: int, restarts: int, args) -> dict:
     import exhume
 
+    t0 = time.perf_counter()
     m = exhume.evaluate(recon, victim, pool_size=args.pool, figures=False).metrics
+    judged = time.perf_counter() - t0
     return {"victim": case.name, "method": method, "n": case.n, "memorised": m["memorised"], "control": m.get("memorised_control"),
             "one_to_one": m["one_to_one_ssim>=0.4"], "iterations": its, "it_per_s": round(its / max(wall, 1e-9), 1),
             "restarts": restarts, "attack_wall_s": round(wall, 1), "budget_s": args.attack_seconds, "train_s": round(trained, 1),
             "epochs": victim.metrics.get("epochs"), "train_loss": victim.metrics.get("train_loss"),
-            "batched": ((recon.config.get("portfolio") or {}).get("batched") or {}).get("used")}
+            "batched": ((recon.config.get("portfolio") or {}).get("batched") or {}).get("used"),
+            "candidates": int(recon.candidates.shape[0]), "evaluate_s": round(judged, 1)}
 
 
 def table(rows: list[dict], meta: dict) -> str:

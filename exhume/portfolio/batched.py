@@ -66,6 +66,22 @@ def use_batched(setting: str, device: str, method: str, storage: str | None) -> 
     return False, "auto: on CPU, one forked worker per core"
 
 
+@dataclass
+class Batching:
+    """The path a portfolio's local restarts take (:func:`use_batched`) and, when batched, each group's record."""
+
+    used: bool
+    why: str
+    groups: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def choose(cls, setting: str, device: str, method: str, storage: str | None) -> Batching:
+        return cls(*use_batched(setting, device, method, storage))
+
+    def record(self) -> dict[str, Any]:
+        return {"used": self.used, "why": self.why, **({"groups": self.groups} if self.groups else {})}
+
+
 def batch_key(restart: Restart) -> str:
     """What must be equal for two restarts to share a batch (their settings less :data:`PER_RESTART`)."""
     return json.dumps({k: v for k, v in restart.kwargs.items() if k not in PER_RESTART}, sort_keys=True, default=str)
@@ -336,4 +352,4 @@ def run_batched(view, plan, pending: list[Restart], store, resume: bool, device:
     return records
 
 
-__all__ = ["BATCHED_METHODS", "BATCH_CHOICES", "groups", "run_batched", "use_batched"]
+__all__ = ["BATCHED_METHODS", "BATCH_CHOICES", "Batching", "groups", "run_batched", "use_batched"]

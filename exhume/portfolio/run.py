@@ -10,6 +10,7 @@ from exhume.attacks import Reconstruction
 from exhume.errors import ConfigError
 from exhume.files.runfolder import fingerprint
 from exhume.portfolio import sizing as sizing_mod
+from exhume.portfolio.batched import Batching
 from exhume.portfolio.plan import DEFAULT_STUDY, Plan, as_view, default_workers, make_plan
 from exhume.portfolio.pool import DUPLICATE_NCC, pool
 from exhume.portfolio.store import LocalStore
@@ -61,18 +62,15 @@ def run_portfolio(victim, method: str = "kkt", *, max_seconds: float | None = No
         restarts, workers, max_seconds = sizing.restarts, sizing.workers, sizing.seconds
     plan = make_plan(method, restarts, seed=seed, max_seconds=max_seconds, workers=workers, variants=variants,
                      attack_kwargs=attack_kwargs)
-    from exhume.portfolio.batched import use_batched
-
-    batched, why = use_batched(batch_restarts, device, method, storage)
-    batches: list[dict[str, Any]] | None = [] if batched else None
+    batching = Batching.choose(batch_restarts, device, method, storage)
     if storage is None:
-        results, rows = run_local(view, plan, out, resume, device, progress, batches)
+        results, rows = run_local(view, plan, out, resume, device, progress, batching.groups if batching.used else None)
     else:
         from exhume.portfolio.shared import run_shared
 
         plan, results, rows = run_shared(view, plan, storage, study_name or DEFAULT_STUDY, out, resume, device, progress)
     recon = pool(view, plan, results, rows, merge_threshold)
-    recon.config["portfolio"]["batched"] = {"used": batched, "why": why, **({"groups": batches} if batches else {})}
+    recon.config["portfolio"]["batched"] = batching.record()
     return _pooled(recon, victim, view, t0, None if storage is None else study_name or DEFAULT_STUDY, sizing, out)
 
 
