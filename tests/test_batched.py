@@ -117,6 +117,7 @@ def test_the_cli_passes_batch_restarts(victim_dir, tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["attack", str(victim_dir), "--out", str(out), "--restarts", "2", "--workers", "1", "--batch-restarts", "on",
                  "--iterations", "10", "--no-progress"]) == 0
+    assert "restarts batched in one process (exhume/portfolio/batched.py): asked for" in capsys.readouterr().out
     got = exhume.load_reconstruction(out)
     assert got.config["portfolio"]["batched"]["used"] and got.config["portfolio"]["batched"]["why"].startswith("asked for")
     assert main(["attack", str(victim_dir), "--out", str(tmp_path / "cpu"), "--restarts", "2", "--workers", "1",
