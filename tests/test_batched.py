@@ -181,3 +181,21 @@ def test_exhume_attack_device_cuda_takes_the_batched_path(victim_dir, tmp_path, 
             main(["attack", str(victim_dir), "--out", str(tmp_path / f"run{batched}"), "--device", "cuda", "--restarts", "3",
                   "--iterations", "10", "--no-progress", *flag])
         assert seen == {"device": "cuda", "batched": batched, "restarts": 3}
+
+
+def test_a_cnn_batched_equals_its_restarts_one_by_one(monkeypatch):
+    """A 28×28 CNN whose activations take the surrogate ReLU's one-node path under vmap (more than 2^16 elements)."""
+    import exhume.attacks.kkt as kkt_mod
+    from exhume.models.builders import build_model
+    from exhume.victim import AttackerView
+
+    monkeypatch.setattr(kkt_mod, "TRACE_AFTER_SECONDS", 1e9)
+    torch.manual_seed(0)
+    view = AttackerView(model=build_model("cnn:4;fc=16;pool=avg", (1, 28, 28), 1), task="binary", input_shape=(1, 28, 28),
+                        mean=torch.full((1, 28, 28), 0.13), loss="logistic", weight_decay=5e-3, n_train_hint=12)
+    kw = dict(restarts=2, workers=1, progress=False, iterations=20, dtype="float64", lr=0.05)
+    one, batched = (run_portfolio(view, batch_restarts=b, **kw) for b in ("off", "on"))
+    assert batched.config["portfolio"]["batched"]["groups"][0]["batched"]
+    assert one.candidates.shape == batched.candidates.shape and torch.allclose(one.candidates, batched.candidates, atol=1e-6)
+    assert [r["final_relative_stationarity"] for r in one.config["portfolio"]["restarts"]] == pytest.approx(
+        [r["final_relative_stationarity"] for r in batched.config["portfolio"]["restarts"]], rel=1e-9)
