@@ -18,6 +18,7 @@ reaped workers; steadier than wall time on a loaded machine), median over rounds
 paths' pooled candidates (they must agree: same seeds, equal iterations).
 
     nice -n 10 python benchmarks/bench_batched.py --json /work/runs-batched/bench_batched.json
+    python benchmarks/bench_batched.py --device cuda --restarts 8 --iterations 500 --arms workers batched   # on a GPU
 """
 
 from __future__ import annotations
@@ -54,11 +55,11 @@ def cpu_seconds() -> float:
                for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
 
 
-def one(view, arm: str, restarts: int, iterations: int) -> tuple[float, float, torch.Tensor]:
+def one(view, arm: str, restarts: int, iterations: int, device: str = "cpu") -> tuple[float, float, torch.Tensor]:
     torch.set_num_threads(restarts if arm == "batched" else 1)
     t0, c0 = time.perf_counter(), cpu_seconds()
     r = run_portfolio(view, restarts=restarts, workers=restarts, progress=False, batch_restarts="off" if arm == "workers" else "on",
-                      iterations=iterations, checkpoint_every=10**9)
+                      iterations=iterations, checkpoint_every=10**9, device=device)
     return time.perf_counter() - t0, cpu_seconds() - c0, r.candidates
 
 
@@ -69,6 +70,7 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=600)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    ap.add_argument("--device", default="cpu", help="torch device (on cuda the workers are spawned, one CUDA context each)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rows = []
@@ -84,7 +86,7 @@ def main() -> None:
         for _ in range(args.rounds):
             got = {}
             for arm in args.arms:
-                wall, cpu, cands = one(view, arm, args.restarts, args.iterations)
+                wall, cpu, cands = one(view, arm, args.restarts, args.iterations, args.device)
                 walls[arm].append(wall)
                 cpus[arm].append(cpu)
                 got[arm] = cands
@@ -97,7 +99,8 @@ def main() -> None:
             row[f"{arm}_cpu_ms_per_restart_it"] = round(1000 * statistics.median(cpus[arm]) / (args.restarts * args.iterations), 1)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    meta = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__, "rounds": args.rounds}
+    meta = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__, "rounds": args.rounds,
+            "device": args.device, "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"}
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     print("| victim | m | restarts × iterations | "
