@@ -199,3 +199,21 @@ def test_a_cnn_batched_equals_its_restarts_one_by_one(monkeypatch):
     assert one.candidates.shape == batched.candidates.shape and torch.allclose(one.candidates, batched.candidates, atol=1e-6)
     assert [r["final_relative_stationarity"] for r in one.config["portfolio"]["restarts"]] == pytest.approx(
         [r["final_relative_stationarity"] for r in batched.config["portfolio"]["restarts"]], rel=1e-9)
+
+
+def test_the_known_start_equation_batched_equals_its_restarts_one_by_one(monkeypatch):
+    from _start_cases import fine_tuned
+
+    import exhume.attacks.kkt as kkt_mod
+    from exhume.victim import AttackerView
+
+    monkeypatch.setattr(kkt_mod, "TRACE_AFTER_SECONDS", 1e9)
+    model, start, _ = fine_tuned()
+    view = AttackerView(model=model, task="binary", input_shape=(1, 4, 4), mean=torch.full((1, 4, 4), 0.5), loss="logistic",
+                        weight_decay=1e-3, n_train_hint=4)
+    kw = dict(restarts=2, workers=1, progress=False, iterations=30, dtype="float64", start=start)
+    one, batched = (run_portfolio(view, batch_restarts=b, **kw) for b in ("off", "on"))
+    assert batched.config["equation_used"] == "endpoints" and batched.config["portfolio"]["batched"]["groups"][0]["batched"]
+    assert torch.allclose(one.candidates, batched.candidates, atol=1e-6)
+    assert [r["final_relative_stationarity"] for r in one.config["portfolio"]["restarts"]] == pytest.approx(
+        [r["final_relative_stationarity"] for r in batched.config["portfolio"]["restarts"]], rel=1e-9)
