@@ -103,6 +103,9 @@ def _add_attack(sub) -> None:
     p.add_argument("--storage", default=None,
                    help="share the restarts with other machines through a study, e.g. postgresql://user:pass@host/db or sqlite:///p.db")
     p.add_argument("--study-name", default=None, help="study name in --storage (default exhume-portfolio)")
+    p.add_argument("--batch-restarts", default="auto", choices=("auto", "on", "off"),
+                   help="run the restarts as one batched problem in this process (auto: on a CUDA device; "
+                        "exhume/portfolio/batched.py) or one per worker process (off)")
     p.add_argument("--worker", action="store_true", help="with --storage: only run restarts of the study (no pooling); "
                    "start the pooling 'exhume attack' without --worker on one machine")
 
@@ -274,7 +277,8 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     result = exhume.attack(victim, method=args.method, seed=args.seed, out=args.out, resume=args.resume,
                            device=args.device, progress=not args.no_progress, init=init, mix=mix,
                            init_seed=args.init_seed, force=args.force, restarts=restarts, workers=args.workers,
-                           storage=args.storage, study_name=args.study_name, **start_arguments(args, victim.model), **kwargs)
+                           storage=args.storage, study_name=args.study_name, batch_restarts=args.batch_restarts,
+                           **start_arguments(args, victim.model), **kwargs)
     oracle = " (ORACLE initialisation: built from the victim's data)" if result.config.get("oracle_init") else ""
     if "portfolio" not in result.config:
         print(f"reconstruction saved to {args.out}: {result.candidates.shape[0]} candidates, init {result.config.get('init')}{oracle}, "

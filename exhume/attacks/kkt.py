@@ -322,14 +322,8 @@ class KKTAttack(Attack):
         self.check(view)
         cfg = self.config
         p = self.problem(view, torch.device(device), seed, init, fixed)
-        opt_x = make_optimizer(cfg["optimizer"], [p.x], cfg["lr"], cfg["momentum"])
-        opt_u = make_optimizer(cfg["optimizer"], [p.u], p.lr_lambda, cfg["momentum"])
-        tracker = IterateTracker({"x": p.x, "u": p.u}, cfg["average_decay"], cfg["snapshot_every"], cfg["keep"])
-        run = open_run(out, resume, {"x": p.x, "u": p.u, **tracker.state()}, {"opt_x": opt_x, "opt_u": opt_u},
-                       {"config": resumable_settings(cfg, BUDGET_SETTINGS + ("background",)), "seed": seed, "m": p.m,
-                        **({"fixed": p.fixed_info["fixed_digest"]} if p.fixed_info else {}),
-                        "start": start_digest(view.start)})
-        step = self.stepper(p, (opt_x, opt_u), run.history, tracker)
+        opts, tracker, run = self.open_state(view, p, out, resume, seed)
+        step = self.stepper(p, opts, run.history, tracker)
 
         tau, why = background_level(cfg["background"], view.mean, tuple(view.input_shape))
 
@@ -343,6 +337,19 @@ class KKTAttack(Attack):
         if tracker.best_iteration != end.done:
             tracker.consider(end.done, self.criterion(p))
         return self.result(p, end, run, tracker, (tau, why), seed, init_name, view)
+
+    def open_state(self, view, p: Problem, out, resume: bool, seed: int):
+        """``((opt_x, opt_u), tracker, run)`` of a run on ``p``: its optimisers, averaged iterates and checkpoint
+        (restored in place on ``resume``); shared with the batched restarts (:mod:`exhume.portfolio.batched`)."""
+        cfg = self.config
+        opt_x = make_optimizer(cfg["optimizer"], [p.x], cfg["lr"], cfg["momentum"])
+        opt_u = make_optimizer(cfg["optimizer"], [p.u], p.lr_lambda, cfg["momentum"])
+        tracker = IterateTracker({"x": p.x, "u": p.u}, cfg["average_decay"], cfg["snapshot_every"], cfg["keep"])
+        run = open_run(out, resume, {"x": p.x, "u": p.u, **tracker.state()}, {"opt_x": opt_x, "opt_u": opt_u},
+                       {"config": resumable_settings(cfg, BUDGET_SETTINGS + ("background",)), "seed": seed, "m": p.m,
+                        **({"fixed": p.fixed_info["fixed_digest"]} if p.fixed_info else {}),
+                        "start": start_digest(view.start)})
+        return (opt_x, opt_u), tracker, run
 
     def result(self, p: Problem, end, run, tracker: IterateTracker, background: tuple[float, str], seed: int,
                init_name: str, view) -> Reconstruction:
@@ -413,10 +420,7 @@ class KKTAttack(Attack):
         form.scale *= cfg["lambda_scale_factor"]
         if cfg["consistency_weight"] > 0:
             check_consistency(form, view, eq)
-        gen = torch.Generator().manual_seed(seed)
-        x = initial_candidates(init, m, view.input_shape, view.mean, cfg["init_scale"], gen, dtype).to(dev).requires_grad_()
-        shape = (m,) if eq is None else (m, eq.multipliers)
-        u = (torch.randn if form.signed else torch.rand)(shape, generator=gen, dtype=dtype).to(dev).requires_grad_()
+        x, u = self.unknowns(view, m, form.signed, eq, seed, init, dev)
         mean = view.mean.to(dev, dtype)
         info = None
         if fixed is not None:
@@ -432,6 +436,16 @@ class KKTAttack(Attack):
         lr_lambda = resolve_lr_lambda(cfg["lr_lambda"], form.name if eq is None else "output")
         return Problem(model, params, norm2, n, m, form, mean, form.labels.to(dev), x, u, target if eq is None else None, info,
                        span, lr_lambda, eq)
+
+    def unknowns(self, view, m: int, signed: bool, eq: StartEquation | None, seed: int, init: torch.Tensor | None,
+                 dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The starting candidates ``x`` (not yet projected onto the span) and multipliers ``u`` drawn from ``seed``."""
+        dtype = DTYPES[self.config["dtype"]]
+        gen = torch.Generator().manual_seed(seed)
+        x = initial_candidates(init, m, view.input_shape, view.mean, self.config["init_scale"], gen, dtype).to(dev).requires_grad_()
+        shape = (m,) if eq is None else (m, eq.multipliers)
+        u = (torch.randn if signed else torch.rand)(shape, generator=gen, dtype=dtype).to(dev).requires_grad_()
+        return x, u
 
     def start_equation(self, view, model, params, equation: str, n: int, m: int, dtype, learned) -> tuple[StartEquation, Formulation]:
         """The known-start equation and its formulation: the victim's ``h``, signed multipliers, the probe scale."""
