@@ -10,7 +10,10 @@ Otherwise: **inconclusive** when the attack's assumptions fail (``failures``: th
 from a stationary point, the attack's own residual high, layers the attack does not model, no
 control measured) or the unseen images cannot show it (exact copies of training images among
 them, a pool under ``MIN_POOL`` or a control under ``MIN_CONTROL`` images), since an attack that
-finds nothing then says little; **no evidence** when they hold. "No evidence" is never a clean
+finds nothing then says little, or the attack's equation admits other images that fit the weights
+better than the training images do (:mod:`exhume.evaluation.identifiability`: finding none of them
+proves nothing); **no evidence** when they hold. The owner's audit adds its identifiability and
+membership-from-the-weights findings to the reason. "No evidence" is never a clean
 bill of health: it says that this attack, with this budget, found nothing significant; a
 stronger attack may.
 """

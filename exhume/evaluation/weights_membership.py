@@ -46,11 +46,11 @@ SCORE_TEXT = {"loss": "−ℓ(x; θ_T): the record's loss (black box)",
               "gradient_alignment_start": "cos(−∇θ ℓ(x; θ_0), t), the gradient at the start"}
 
 
-def _target(view, model, params) -> tuple[Any, str]:
+def _target(view, model, params, n_train: int) -> tuple[Any, str]:
     """What the threat model's equation explains (its parameters, the target ``t``) and its description."""
     from exhume.attacks.trajectory import build_equation
 
-    eq = build_equation(view, model, params, "trajectory" if view.start is None else "endpoints", 1)
+    eq = build_equation(view, model, params, "trajectory" if view.start is None else "endpoints", n_train)
     return eq, eq.info.get("preconditioner", "")
 
 
@@ -77,13 +77,14 @@ def _record_scores(model, point: dict, names, t: torch.Tensor, loss: str, x: tor
     return torch.cat(losses).numpy(), torch.cat(cosines).numpy()
 
 
-def membership_scores(view, x: torch.Tensor, y: torch.Tensor) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Every score of the module docstring for records ``x`` (as the view's model takes them) with labels ``y``."""
+def membership_scores(view, x: torch.Tensor, y: torch.Tensor, n_train: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Every score of the module docstring for records ``x`` (as the view's model takes them) with labels ``y``;
+    ``n_train``: the training set's size (where the training settings give the start's decay by epochs)."""
     from exhume.attacks.trajectory import _project
     from exhume.attacks.workcopy import attack_model
 
     model, params = attack_model(view.model, "cpu", torch.float64)
-    eq, precond = _target(view, model, params)
+    eq, precond = _target(view, model, params, n_train)
     target = eq.target if view.start is None else _project(eq, eq.target)  # c fitted: t is projected off P⊙θ_0
     t = torch.cat([target[k].reshape(-1) for k in eq.names])
     x, y = x.double(), (y.double() if y.is_floating_point() else y)
@@ -135,8 +136,8 @@ def membership_exposure(view, members: torch.Tensor, member_labels: torch.Tensor
         with torch.no_grad():
             out = view.model(nonmembers.to(next(view.model.parameters()).dtype))
         nonmember_labels = out.argmax(1) if view.task == "multiclass" else torch.where(out.reshape(-1) >= 0, 1.0, -1.0)
-    pos, info = membership_scores(view, members, member_labels)
-    neg, _ = membership_scores(view, nonmembers, nonmember_labels.to(member_labels.dtype))
+    pos, info = membership_scores(view, members, member_labels, len(members))
+    neg, _ = membership_scores(view, nonmembers, nonmember_labels.to(member_labels.dtype), len(members))
     per = {name: {**roc_summary(pos[name], neg[name], seed), "definition": SCORE_TEXT[name]} for name in pos}
     tpr = per[PRIMARY]["tpr_at_0.01_fpr"]
     record = {"scores": per, "primary": PRIMARY, "n_members": len(members), "n_nonmembers": len(nonmembers),
