@@ -95,9 +95,9 @@ def test_identifiability_compares_the_attack_with_the_equation_at_the_training_p
                            config={"formulation": "margin", "denoise": "off", "equation_used": "stationary"},
                            summary={"final_relative_stationarity_per_restart": [0.3, 0.1, None]})
     got = identifiability(Stationarity(), model, x, y, "logistic", {}, recon)
-    assert abs(got["residual_at_training"] - 0.2) < 1e-9  # ‖r‖²/‖θ‖² by construction
+    assert abs(got["residual_at_training"] - 0.2) < 1e-6  # ‖r‖²/‖θ‖² by construction (gradients in float32)
     assert got["attack_best_residual"] == 0.1 and got["attack_restarts"] == 2
-    assert abs(got["attack_to_truth"] - 0.5) < 1e-8 and got["admits_other_images"]
+    assert abs(got["attack_to_truth"] - 0.5) < 1e-5 and got["admits_other_images"]
     metrics = {"memorised": 0, "n_train": 5, "memorised_control": 0, "control_size": 50, "pool_size": 500,
                "identifiability": got}
     verdict = decide(metrics)  # would be "no evidence" without it

@@ -304,7 +304,7 @@ def stationarity_fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: s
     Value None when the ``n × p`` gradients (three copies) exceed ``memory`` (``LIMITS.gradient_matrix_bytes``)."""
     from exhume.attacks.formulation import objective_for
     from exhume.attacks.subspace import learned_part
-    from exhume.attacks.trajectory import StartEquation, explained
+    from exhume.attacks.trajectory import StartEquation, gram_least_squares, per_sample
     from exhume.attacks.workcopy import attack_model
 
     form = cfg["formulation"]
@@ -313,7 +313,7 @@ def stationarity_fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: s
     work, params = attack_model(model, "cpu", torch.float64)
     size = sum(v.numel() for v in params.values())
     memory = LIMITS.gradient_matrix_bytes if memory is None else int(memory)
-    if 3 * 8 * size * len(x) > memory:
+    if 4 * size * len(x) > memory:  # the gradients are kept in float32
         return {"value": None, "definition": how + f"); not measured: {len(x)} images' gradients of {size} parameters "
                 f"exceed LIMITS.gradient_matrix_bytes ({memory} bytes)"}
     target = None
@@ -321,10 +321,19 @@ def stationarity_fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: s
         target, _ = learned_part(params, int(cfg.get("n_guess") or len(x)))
         how += ", its part above the initialisation's noise, as the run used" if target is not None else ""
     target = params if target is None else target
-    eq = StartEquation(tuple(params), [params], target, None, float(sum((t ** 2).sum() for t in target.values())))
+    eq = StartEquation(tuple(params), [params], target, None, 1.0)
     objective = objective_for(form, loss, "classification" if form != "output" else "regression")  # the run validated it
-    got = explained(work, eq, x.double(), y, objective, nonnegative=form != "output")
-    return {"value": got["relative_residual"], "definition": how + ")"}
+    jac = torch.cat([per_sample(work, eq, x[s:s + 32].double(), y[s:s + 32], objective).float() for s in range(0, len(x), 32)])
+    t = torch.cat([target[k].reshape(-1) for k in params]).double()
+    gram, jt = torch.zeros(len(x), len(x), dtype=torch.float64), torch.zeros(len(x), dtype=torch.float64)
+    for c in range(0, size, 1 << 16):  # J Jᵀ and J t in float64, a slice of columns at a time
+        part = jac[:, c:c + (1 << 16)].double()
+        gram += part @ part.T
+        jt += part @ t[c:c + (1 << 16)]
+    lam = gram_least_squares(gram, jt, nonnegative=form != "output")
+    t2 = float(t @ t)
+    rest = max(t2 - 2 * float(lam @ jt) + float(lam @ gram @ lam), 0.0)  # ‖t − Jᵀλ‖², J in float32
+    return {"value": rest / t2, "definition": how + "; gradients in float32)"}
 
 
 def relative_stationarity(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str, weight_decay: float) -> dict:
