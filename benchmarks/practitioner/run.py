@@ -109,8 +109,8 @@ def run_audit(folder: Path, method: str, seconds: float, seed: int, out: Path):
     attack_args = {**(cfg.attack_args or {}), **extra.pop("attack_args", {})}
     model = load_weights(load_model_class(cfg.model, cfg.model_args), cfg.weights)
     x, y = load_images(cfg.train, need_labels=True)
-    unseen, _ = load_images(cfg.unseen, need_labels=False)
-    return exhume.audit(model, (x, y), unseen, loss=cfg.loss, weight_decay=cfg.weight_decay,
+    unseen, unseen_y = load_images(cfg.unseen, need_labels=False)  # the labels, when kept, score membership fairly
+    return exhume.audit(model, (x, y), unseen if unseen_y is None else (unseen, unseen_y), loss=cfg.loss, weight_decay=cfg.weight_decay,
                         normalize=parse_normalize(cfg.normalize), max_seconds=seconds, attack_args=attack_args,
                         out=out, seed=seed, progress=False, force=True, **extra)
 
