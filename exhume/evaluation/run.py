@@ -85,8 +85,7 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
     stationarity and layers), else *no evidence*. With ``out``, writes ``metrics.json``,
     ``arrays.npz`` and the figures there. ``threat_model``: what the attacker knew, in words (default:
     what the run recorded, e.g. ``"weights only"``); metrics.json and the verdict's reason state it.
-    ``owner_findings``: metrics fields measured by the caller that the verdict reads (the audit's
-    ``identifiability`` and ``membership_exposure``).
+    ``owner_findings``: fields the verdict reads, measured by the audit (``identifiability``, ``membership_exposure``).
     """
     t0 = time.perf_counter()
     alpha = check_alpha(alpha)
@@ -108,8 +107,7 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
     threat = threat_model or (recon.config or {}).get("threat_model")
     unused = (recon.config or {}).get("start_unused")  # a known start the attack left out, and why
     result.metrics.threat_model = f"{threat}; solved {unused}" if threat and unused else threat
-    for key, value in (owner_findings or {}).items():
-        setattr(result.metrics, key, value)
+    vars(result.metrics).update(owner_findings or {})  # plain dataclass fields of Metrics
     result.metrics.set_verdict(decide(result.metrics, failures, alpha))
     result.metrics.evaluation_seconds = round(time.perf_counter() - t0, 3)
     if out is not None:
