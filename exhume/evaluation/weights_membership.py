@@ -39,7 +39,7 @@ from exhume.losses import per_sample_loss
 PRIMARY = "gradient_alignment"
 FPRS = (0.01, 0.001)
 BOOTSTRAP = 1000
-BATCH = 32
+BATCH_BYTES = 1 << 28  # per-record gradients held at once (float64): 32 records, fewer for a large model
 SCORE_TEXT = {"loss": "−ℓ(x; θ_T): the record's loss (black box)",
               "loss_drop": "ℓ(x; θ_0) − ℓ(x; θ_T): the start as reference model",
               "gradient_alignment": "cos(−∇θ ℓ(x; θ_T), t), t = θ_T (weights only) or P⊙(θ_T − c·θ_0) (start known)",
@@ -55,7 +55,7 @@ def _target(view, model, params, n_train: int) -> tuple[Any, str]:
 
 
 def _record_scores(model, point: dict, names, t: torch.Tensor, loss: str, x: torch.Tensor, y: torch.Tensor):
-    """``(−ℓ, cos(−∇ℓ, t))`` per record at the parameters ``point`` (batches of ``BATCH``)."""
+    """``(−ℓ, cos(−∇ℓ, t))`` per record at the parameters ``point`` (batches of at most ``BATCH_BYTES`` of gradients)."""
     rest = {k: v for k, v in point.items() if k not in names}
 
     def one(xi, yi):
@@ -68,8 +68,9 @@ def _record_scores(model, point: dict, names, t: torch.Tensor, loss: str, x: tor
 
     losses, cosines = [], []
     tn = t / t.norm().clamp_min(1e-300)
-    for s in range(0, len(x), BATCH):
-        xb, yb = x[s:s + BATCH], y[s:s + BATCH]
+    batch = max(1, min(32, BATCH_BYTES // (8 * t.numel())))
+    for s in range(0, len(x), batch):
+        xb, yb = x[s:s + batch], y[s:s + batch]
         with torch.no_grad():
             losses.append(-per_sample_loss(loss, functional_call(model, point, (xb,)), yb))
         g = vmap(one)(xb, yb)
