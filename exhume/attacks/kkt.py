@@ -264,7 +264,8 @@ class KKTAttack(Attack):
         if used == "stationary":
             return self.equation
         return KnownStart(view=view if getattr(view, "start", None) is not None else None, kind=used,
-                          decay=self.config["start_decay"], preconditioner=self.config["preconditioner"])
+                          decay=self.config["start_decay"], preconditioner=self.config["preconditioner"],
+                          formulation=self.config["formulation"], nonnegative=self.config["start_multipliers"] != "signed")
 
     memory_knobs = {"m": "count", "dtype": "dtype"}
 

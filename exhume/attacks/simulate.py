@@ -117,7 +117,8 @@ class SimulateAttack(Attack):
     def equation_on(self, view) -> Equation:
         """The known-start equation on gradients at the start and the final weights: what the simulation approximates."""
         return KnownStart(view=view if getattr(view, "start", None) is not None else None, kind="endpoints",
-                          decay=self.config["start_decay"], preconditioner=self.config["preconditioner"])
+                          decay=self.config["start_decay"], preconditioner=self.config["preconditioner"],
+                          attack_residual=False)  # its final residual is 1 − cos², not this equation's
 
     def candidate_count(self, n: int) -> int:
         """How many candidates one run makes for ``n`` training points."""

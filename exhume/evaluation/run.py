@@ -55,7 +55,8 @@ def margins_of(model, centred, y, task: str, loss: str | None) -> tuple[np.ndarr
 @holding_output(lambda a: a["out"])  # the run folder's lock (RUN/evaluation) or out's own, while it evaluates and writes
 def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assumptions: list[str] | None = None,
              alpha: float = ALPHA, pool_size: int = 1000, match: str = "ssim", out: str | Path | None = None,
-             pool_seed: int = 1, figures: bool = True, support_margins=None, threat_model: str | None = None) -> EvalResult:
+             pool_seed: int = 1, figures: bool = True, support_margins=None, threat_model: str | None = None,
+             owner_findings: dict[str, Any] | None = None) -> EvalResult:
     """Judge ``recon`` (its candidates in display space) against a training set; return metrics with a verdict.
 
     Two forms:
@@ -84,6 +85,7 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
     stationarity and layers), else *no evidence*. With ``out``, writes ``metrics.json``,
     ``arrays.npz`` and the figures there. ``threat_model``: what the attacker knew, in words (default:
     what the run recorded, e.g. ``"weights only"``); metrics.json and the verdict's reason state it.
+    ``owner_findings``: fields the verdict reads, measured by the audit (``identifiability``, ``membership_exposure``).
     """
     t0 = time.perf_counter()
     alpha = check_alpha(alpha)
@@ -105,6 +107,7 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
     threat = threat_model or (recon.config or {}).get("threat_model")
     unused = (recon.config or {}).get("start_unused")  # a known start the attack left out, and why
     result.metrics.threat_model = f"{threat}; solved {unused}" if threat and unused else threat
+    vars(result.metrics).update(owner_findings or {})  # plain dataclass fields of Metrics
     result.metrics.set_verdict(decide(result.metrics, failures, alpha))
     result.metrics.evaluation_seconds = round(time.perf_counter() - t0, 3)
     if out is not None:
@@ -316,10 +319,28 @@ def summary_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("initialisation", f"{cfg.get('init')} (ORACLE: built from the victim's data)"))
     if metrics.get("membership_auc") is not None:
         rows.append(("membership AUC (0.5: candidates cannot tell members)", f"{metrics['membership_auc']:.3f}"))
+    rows += owner_rows(metrics)
     rows.append(("SSIM window", metrics["ssim_window"]))
     if metrics.get("verdict") is not None:
         p = metrics.get("p_value")
         rows.append(("VERDICT", f"{str(metrics['verdict']).upper()}" + ("" if p is None else f" (p = {p:.2g})")))
+    return rows
+
+
+def owner_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
+    """The audit's identifiability and membership-from-the-weights rows (none when not measured)."""
+    from exhume.evaluation.identifiability import identifiability_line
+
+    rows = []
+    line = identifiability_line(metrics.get("identifiability"))
+    if line:
+        rows.append(("identifiability (EVALUATOR: residual at the training images)", line))
+    exposure = metrics.get("membership_exposure")
+    for name, s in ((exposure or {}).get("scores") or {}).items():
+        t1, t01, auc = s["tpr_at_0.01_fpr"], s["tpr_at_0.001_fpr"], s["auc"]
+        rows.append((f"membership {name}: TPR at 1 % / 0.1 % FPR, AUC",
+                     f"{100 * t1['value']:.1f} % [{100 * t1['ci95'][0]:.1f}, {100 * t1['ci95'][1]:.1f}] / "
+                     f"{100 * t01['value']:.1f} % / {auc['value']:.3f} [{auc['ci95'][0]:.3f}, {auc['ci95'][1]:.3f}]"))
     return rows
 
 

@@ -158,6 +158,7 @@ def render(run: str | Path) -> str:
     portfolio = (attack.get("config") or {}).get("portfolio")
     if isinstance(portfolio, dict):
         parts.append(_portfolio_section(portfolio, attack, metrics))
+    parts.append(_membership_section(metrics, ev))
     parts.append(_figures_section(ev))
     parts.append("</body></html>")
     return "\n".join(parts)
@@ -202,6 +203,7 @@ def _first_screen(metrics, attack: dict[str, Any], ev: Path) -> str:
         left.insert(1, f"<p class=\"threat\" id=\"threat-model\"><b>Threat model audited</b>: {_e(threat)}"
                     + ("" if threat == "weights only" else " (an attacker who has them; without them the verdict may differ)")
                     + ".</p>")
+    left[1:1] = _owner_lines(metrics)
     if cfg.get("oracle_init"):
         left.append(f"<p class=\"verdict\">This run started from an oracle initialisation ({_e(cfg.get('init'))}) built from real "
                     "data: its numbers do not describe an attacker who has the weights only.</p>")
@@ -210,6 +212,44 @@ def _first_screen(metrics, attack: dict[str, Any], ev: Path) -> str:
     right = (f"<figure id=\"best-pairs\">{_img(path, title)}<figcaption><b>{_e(title)}</b>. {_e(caption)}</figcaption></figure>"
              if path.is_file() else f"<p class=\"note\" id=\"best-pairs\">{_e(title)}: figure {_e(fname)} not found in {_e(ev)}.</p>")
     return f"<section class=\"first\" id=\"first-screen\"><div>{''.join(left)}</div>{right}</section>"
+
+
+def _owner_lines(metrics) -> list[str]:
+    """The first screen's identifiability and membership lines (the owner's audit; none when not measured)."""
+    from exhume.evaluation.identifiability import identifiability_line
+
+    out = []
+    line = identifiability_line(metrics.get("identifiability"))
+    if line:
+        out.append(f"<p class=\"threat\" id=\"identifiability\"><b>Identifiability</b> (EVALUATOR, the equation at the "
+                   f"training images): {_e(line)}.</p>")
+    exposure = metrics.get("membership_exposure") or {}
+    if exposure.get("finding"):
+        out.append(f"<p class=\"threat\" id=\"membership-finding\">{_e(exposure['finding'])} "
+                   "<a href=\"#membership-exposure\">ROC</a></p>")
+    return out
+
+
+def _membership_section(metrics, ev: Path) -> str:
+    """Every membership score's AUC and TPR at low FPR with their intervals, and the log–log ROC."""
+    exposure = metrics.get("membership_exposure") or {}
+    if not exposure.get("scores"):
+        return ""
+
+    def cell(v: dict, pct: bool) -> str:
+        f = (lambda a: f"{100 * a:.2f} %") if pct else (lambda a: f"{a:.3f}")
+        return f"{f(v['value'])} [{f(v['ci95'][0])}, {f(v['ci95'][1])}]"
+
+    rows = "".join(f"<tr><td>{_e(k)}</td><td>{_e(v['definition'])}</td><td>{cell(v['auc'], False)}</td>"
+                   f"<td>{cell(v['tpr_at_0.01_fpr'], True)}</td><td>{cell(v['tpr_at_0.001_fpr'], True)}</td></tr>"
+                   for k, v in exposure["scores"].items())
+    path = ev / "membership_roc.png"
+    fig = f"<figure>{_img(path, 'membership ROC')}<figcaption>ROC on log–log axes.</figcaption></figure>" if path.is_file() else ""
+    return (f"<section id=\"membership-exposure\"><h2>Membership from the weights</h2><p>{exposure['n_members']} training "
+            f"images against {exposure['n_nonmembers']} unseen images (their labels: {_e(exposure['nonmember_labels'])}); "
+            f"95 % intervals from {_e(exposure['bootstrap'])}; the lowest FPR resolved is {exposure['lowest_fpr_resolved']:.2g}.</p>"
+            f"<table><tr><th>score</th><th>definition</th><th>AUC</th><th>TPR at 1 % FPR</th><th>TPR at 0.1 % FPR</th></tr>"
+            f"{rows}</table>{fig}</section>")
 
 
 def _glossary(metrics) -> str:
