@@ -108,6 +108,9 @@ def _add_evaluate(sub) -> None:
     p.add_argument("--pool-size", type=int, default=1000, help="unseen images for the memorisation count (default 1000)")
     p.add_argument("--match", default="ssim", choices=("ssim", "l2", "ncc"),
                    help="rule that picks each image's best candidate: ssim (default), l2 or ncc (see exhume/evaluation/matching.py)")
+    p.add_argument("--candidate-scale", default="clip", choices=("clip", "minmax"),
+                   help="candidates to display space: clip to [0, 1] (default) or rescale each by its own min and max (for "
+                        "attacks that fix an image only up to a positive scale; applied alike against training, pool and control)")
 
 
 def _add_tune(sub) -> None:
@@ -285,7 +288,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     victim = exhume.load_victim(args.against)
     out = Path(args.out) if args.out else Path(args.run) / "evaluation"
     try:
-        result = exhume.evaluate(recon, victim, pool_size=args.pool_size, match=args.match, out=out)
+        result = exhume.evaluate(recon, victim, pool_size=args.pool_size, match=args.match, out=out,
+                                 candidate_scale=args.candidate_scale)
     except VictimError as e:  # e.g. the run was attacked from another victim: name the run folder too
         raise VictimError(f"{args.run}: {e}") from None
     print(format_table(summary_rows(result.metrics)))

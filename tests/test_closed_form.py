@@ -118,3 +118,25 @@ def test_bad_closed_form_settings_are_refused_by_name(kwargs, message):
     view, _ = random_features(n=2, width=50)
     with pytest.raises(ConfigError, match=message):
         get_attack("kkt", iterations=1, **kwargs).run(view, progress=False)
+
+
+def test_minmax_candidate_scale_matches_a_dimmed_reconstruction_and_treats_the_control_alike():
+    """A candidate that is a training digit at a third of its brightness: clipped it stays dim, rescaled by its own range it
+    is the digit; the control images, judged against the same rescaled candidates, gain nothing."""
+    import exhume
+    from exhume.attacks.base import Reconstruction
+    from exhume.data.datasets import load_bundled_mnist
+    from exhume.evaluation.run import scaled_candidates
+
+    ds = load_bundled_mnist()
+    idx = torch.randperm(len(ds.images), generator=torch.Generator().manual_seed(0))
+    images = torch.tensor(ds.images)[idx]
+    train, unseen = images[:8], images[8:260]
+    recon = Reconstruction("kkt", candidates=train / 3.0, labels=torch.ones(8), scores=None, config={}, seed=0)
+    clip = exhume.evaluate(recon, train=(train, None), unseen=unseen, figures=False).metrics
+    minmax = exhume.evaluate(recon, train=(train, None), unseen=unseen, figures=False, candidate_scale="minmax").metrics
+    assert minmax["one_to_one_ssim_mean"] > 0.99 > clip["one_to_one_ssim_mean"]
+    assert minmax["memorised"] == 8 and minmax["memorised_control"] == 0 and minmax["candidate_scale"].startswith("each candidate")
+    assert torch.equal(scaled_candidates(recon.candidates, "clip"), recon.candidates.clamp(0, 1))
+    with pytest.raises(ConfigError, match="candidate_scale"):
+        scaled_candidates(recon.candidates, "affine")
