@@ -249,10 +249,12 @@ class KKTAttack(Attack):
                              "non-negative where the formulation's sign holds), the coefficient-free loss of "
                              "exhume/attacks/closed_form.py: no S, lr_lambda, lambda_min or dual term",
                              choices=MULTIPLIER_MODES),
-        "sphere": Param("auto", str, "keep each centred candidate at the norm a data-like input has (√Σμ(1−μ), μ the data mean): "
+        "sphere": Param("off", str, "keep each centred candidate at the norm a data-like input has (√Σμ(1−μ), μ the data mean): "
                         "'auto' with closed-form multipliers where the model is positively homogeneous in its input and h "
                         "is its margin or output (the equation then fixes a training point only up to a positive scale); "
-                        "'on'; 'off'", choices=("auto", "on", "off")),
+                        "'on'; 'off' (the default: that radius overestimates grey images' norm and the pixel-range prior "
+                        "then fights it; the prior alone sets the scale, benchmarks/README.md, 'Random features in the "
+                        "law's regime')", choices=("auto", "on", "off")),
         "start_decay": Param("auto", object, "known start: c in θ_T − c·θ_0, the start's share left by weight decay: 'auto' "
                              "(from the training settings when they fix it, else fitted), 'fit', or a number in (0, 2]"),
         "start_multipliers": Param("auto", str, "known start: the multipliers' sign; 'auto': non-negative with a classifier's "
