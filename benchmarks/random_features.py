@@ -33,8 +33,8 @@ from exhume.victim import AttackerView
 
 VARIANTS = {
     "learned": {},  # today's default
-    "closed-form": {"multipliers": "closed-form"},
-    "closed-form-nosphere": {"multipliers": "closed-form", "sphere": "off"},
+    "closed-form": {"multipliers": "closed-form"},  # sphere off (its default)
+    "closed-form-sphere": {"multipliers": "closed-form", "sphere": "on"},
 }
 
 
