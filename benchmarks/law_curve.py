@@ -7,7 +7,8 @@ width/(64·n)``. For each ratio and seed, exhume's kkt with the start known, lea
 multipliers at equal iterations, judged by ``exhume.evaluate`` against the training digits with the
 other 0s and 1s as pool and control: the memorised fraction and the one-to-one SSIM.
 
-    python benchmarks/law_curve.py --out /work/runs-law/law --n 8 --ratios 0.25,0.5,1,2,4,8,16 --seeds 0,1
+    python benchmarks/law_curve.py --out /work/runs-law/law --n 8 --ratios 0.25,0.5,1,2,4,8,16 --seeds 0,1 \
+        --figure docs/figures/law-random-features.png
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--iterations", type=int, default=300)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--figure", type=Path, default=None, help="also write the figure here (e.g. docs/figures/law-random-features.png)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -77,8 +79,33 @@ def main(argv=None) -> int:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     (args.out / "results.json").write_text(json.dumps({"n": args.n, "rows": rows}, indent=1))
+    if args.figure is not None:
+        figure(args.out / "results.json", args.figure)
     return 0
 
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def figure(results: Path, out: Path) -> None:
+    """Memorised fraction against p/(d·n) (log x), one line per variant, from a ``results.json`` of :func:`main`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.loads(results.read_text())
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    for name in VARIANTS:
+        rows = [r for r in data["rows"] if r["variant"] == name]
+        ratios = sorted({r["ratio"] for r in rows})
+        frac = [sum(r["clip"]["memorised"] for r in rows if r["ratio"] == q) / (data["n"] * sum(r["ratio"] == q for r in rows))
+                for q in ratios]
+        ax.plot(ratios, frac, marker="o", label=f"{name} multipliers")
+    ax.axvline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set(xscale="log", xlabel="p/(d·n)", ylabel="memorised fraction", ylim=(0, 1),
+           title=f"random features, sklearn digits, n = {data['n']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)

@@ -321,6 +321,8 @@ class KKTAttack(Attack):
         svd = self.config["subspace"] != "off" or self.config["denoise"] != "off"
         setup = (5.2 * 8 * p if svd else 2 * p * b) + 1.4 * m * d * b
         steps = 6.8 * p * b + 14.9 * m * d * b + 5.2 * b * (m * a.per_input + a.fixed)
+        if self.config["multipliers"] == "closed-form":  # Φ at up to two points, and its float64 copy: counted, not measured
+            steps += 2 * m * p * (b + 8)
         return int(mem.BASE_BYTES + max(setup, steps))
 
     def candidate_count(self, n: int) -> int:
