@@ -35,6 +35,8 @@ VARIANTS = {
     "learned": {},  # today's default
     "closed-form": {"multipliers": "closed-form"},  # sphere off (its default)
     "closed-form-sphere": {"multipliers": "closed-form", "sphere": "on"},
+    "closed-form-signed": {"multipliers": "closed-form", "start_multipliers": "signed"},
+    "closed-form-lr3e-2": {"multipliers": "closed-form", "lr": 3e-2},
 }
 
 
