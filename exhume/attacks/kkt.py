@@ -27,6 +27,7 @@ projection (``subspace="auto"``) and the hidden layers' noise left unexplained (
 ``tv_weight`` are off. ``run(..., fixed=(candidates, labels))`` is a deflation hook: fixed
 candidates get least-squares multipliers and the free ones solve for the rest of ``θ``. With the
 starting weights in the view, ``θ`` becomes what training added (§6, :mod:`exhume.attacks.trajectory`).
+``multipliers="closed-form"``: λ solved by least squares every step (:mod:`exhume.attacks.closed_form`).
 """
 
 from __future__ import annotations
