@@ -124,6 +124,11 @@ def _add_evaluate(sub) -> None:
     p.add_argument("--match", default="ssim", choices=MATCH_RULES,
                    help="rule that picks each image's best candidate: ssim (default), l2 or ncc (see exhume/evaluation/matching.py)")
     p.add_argument("--force", action="store_true", help="replace an evaluation already in --out")
+    from exhume.evaluation.run import CANDIDATE_SCALES
+
+    p.add_argument("--candidate-scale", default="clip", choices=tuple(CANDIDATE_SCALES),
+                   help="candidates to display space: clip to [0, 1] (default) or rescale each by its own min and max (for "
+                        "attacks that fix an image only up to a positive scale; applied alike against training, pool and control)")
 
 
 def _add_tune(sub) -> None:
@@ -309,7 +314,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     recon = exhume.load_reconstruction(args.run)
     victim = exhume.load_victim(args.against)
     try:
-        result = exhume.evaluate(recon, victim, pool_size=args.pool_size, match=args.match, out=out)
+        result = exhume.evaluate(recon, victim, pool_size=args.pool_size, match=args.match, out=out,
+                                 candidate_scale=args.candidate_scale)
     except VictimError as e:  # e.g. the run was attacked from another victim: name the run folder too
         raise VictimError(f"{args.run}: {e}") from None
     print(format_table(summary_rows(result.metrics)))

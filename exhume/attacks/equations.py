@@ -303,8 +303,9 @@ def stationarity_fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: s
     learned part for its ``n_guess``), by least squares in float64 (:func:`~exhume.attacks.trajectory.explained`).
     Value None when the ``n × p`` gradients (three copies) exceed ``memory`` (``LIMITS.gradient_matrix_bytes``)."""
     from exhume.attacks.formulation import objective_for
+    from exhume.attacks.stationarity import gram_least_squares
     from exhume.attacks.subspace import learned_part
-    from exhume.attacks.trajectory import StartEquation, gram_least_squares, per_sample
+    from exhume.attacks.trajectory import StartEquation, per_sample
     from exhume.attacks.workcopy import attack_model
 
     form = cfg["formulation"]

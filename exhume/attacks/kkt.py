@@ -27,6 +27,7 @@ projection (``subspace="auto"``) and the hidden layers' noise left unexplained (
 ``tv_weight`` are off. ``run(..., fixed=(candidates, labels))`` is a deflation hook: fixed
 candidates get least-squares multipliers and the free ones solve for the rest of ``θ``. With the
 starting weights in the view, ``θ`` becomes what training added (§6, :mod:`exhume.attacks.trajectory`).
+``multipliers="closed-form"``: λ solved by least squares every step (:mod:`exhume.attacks.closed_form`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import torch
 
 from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, RestartPlan, attack_model, init_record, initial_candidates, register
 from exhume.attacks.checkpoint import BUDGET_SETTINGS, resumable_settings
+from exhume.attacks.closed_form import closed_form_residual, data_radius, homogeneous_in_input, on_sphere, one_point
 from exhume.attacks.equations import Equation, KnownStart, Stationarity
 from exhume.attacks.formulation import FORMULATIONS, MARGIN_FORMS, Formulation, form_for, resolve
 from exhume.attacks.loop import BACKGROUND, CANDIDATE_PARAMS, START_DECAY, attack_loop, budget_params, descend, make_optimizer, open_run
@@ -52,7 +54,7 @@ from exhume.attacks.stationarity import (
     residual_function,
     stationarity_residual_and_objective,
 )
-from exhume.attacks.subspace import Subspace, data_subspace, learned_part
+from exhume.attacks.subspace import Subspace, data_subspace, input_layer, learned_part
 from exhume.attacks.trajectory import (
     EQUATIONS,
     PRECONDITIONERS,
@@ -77,6 +79,9 @@ LR_LAMBDA_SIGNED = 1e-2
 #: process, which a run of a few seconds (a tuning trial) would not win back (benchmarks/README.md#kkts-run-time-defaults)
 TRACE_AFTER_SECONDS = 5.0
 
+#: how kkt's multipliers are found (the "multipliers" setting)
+MULTIPLIER_MODES = ("learned", "closed-form")
+
 #: start_equation="auto" with the starting weights known (exhume/attacks/trajectory.py)
 DEFAULT_START_EQUATION = "endpoints"
 #: candidates per training point with a known start, unless candidates_per_point is given: at equal iterations
@@ -94,6 +99,11 @@ def equation_for(value: str, view) -> str:
         raise ConfigError(f"start_equation {value!r} needs the starting weights (start=..., --start-weights FILE); "
                           "this view has none")
     return value
+
+
+def frozen_layer_reason(layer: str) -> str:
+    """Why a known start's frozen input layer gives no span."""
+    return f"{layer} is frozen at its start: its weights show the data it was trained on before, not this training set"
 
 
 def candidate_count(m: int | None, candidates_per_point: float, n: int) -> int:
@@ -127,6 +137,8 @@ class Problem:
     span: Subspace = field(default_factory=lambda: Subspace(None))
     lr_lambda: float = LR_LAMBDA_MARGIN  # u's learning rate, 'auto' resolved for the formulation
     eq: StartEquation | None = None  # the known-start equation (exhume.attacks.trajectory), or the stationary one
+    closed: bool = False  # multipliers solved in closed form every step (exhume.attacks.closed_form), u not learned
+    radius: float | None = None  # candidates kept at this norm (centred), or None
 
 
 def consistency_term(lam: torch.Tensor, margins: torch.Tensor, n_w: float) -> torch.Tensor:
@@ -230,6 +242,17 @@ class KKTAttack(Attack):
                           "(on gradients at the start and the final weights); 'auto': "
                           f"{DEFAULT_START_EQUATION!r} when the view has a start, else 'stationary' (exhume/attacks/trajectory.py)",
                           choices=("auto", "stationary", *EQUATIONS)),
+        "multipliers": Param("learned", str, "'learned': λ = S·u optimised with the candidates (the papers' loss); "
+                             "'closed-form': at every step λ minimises the equation's residual by least squares (signed, or "
+                             "non-negative where the formulation's sign holds), the coefficient-free loss of "
+                             "exhume/attacks/closed_form.py: no S, lr_lambda, lambda_min or dual term",
+                             choices=MULTIPLIER_MODES),
+        "sphere": Param("off", str, "keep each centred candidate at the norm a data-like input has (√Σμ(1−μ), μ the data mean): "
+                        "'auto' with closed-form multipliers where the model is positively homogeneous in its input and h "
+                        "is its margin or output (the equation then fixes a training point only up to a positive scale); "
+                        "'on'; 'off' (the default: that radius overestimates grey images' norm and the pixel-range prior "
+                        "then fights it; the prior alone sets the scale, benchmarks/README.md, 'Random features in the "
+                        "law's regime')", choices=("auto", "on", "off")),
         "start_decay": START_DECAY,
         "start_multipliers": Param("auto", str, "known start: the multipliers' sign; 'auto': non-negative with a classifier's "
                                    "margin or loss (a training point's gradient enters with the sign its label gives), signed with "
@@ -286,6 +309,8 @@ class KKTAttack(Attack):
         svd = self.config["subspace"] != "off" or self.config["denoise"] != "off"
         setup = (5.2 * 8 * p if svd else 2 * p * b) + 1.4 * m * d * b
         steps = 6.8 * p * b + 14.9 * m * d * b + 5.2 * b * (m * a.per_input + a.fixed)
+        if self.config["multipliers"] == "closed-form":  # Φ at up to two points, and its float64 copy: counted, not measured
+            steps += 2 * m * p * (b + 8)
         return int(mem.BASE_BYTES + max(setup, steps))
 
     def candidate_count(self, n: int) -> int:
@@ -358,6 +383,10 @@ class KKTAttack(Attack):
         cfg = self.config
         tau, why = background
         kept_x, kept_u = tracker.best["x"], tracker.best["u"]
+        if p.closed:
+            kept_u = kept_u.clone()
+            with torch.no_grad():
+                self.terms(p, kept_x, kept_u)  # the closed-form multipliers of the kept candidates
         with torch.no_grad():
             final_stat = float(self.residual(p, kept_x, kept_u, None)[0] / p.norm2)
             candidates = dark_floor((kept_x + p.mean).float(), tau).cpu()
@@ -411,13 +440,17 @@ class KKTAttack(Attack):
         if equation != "stationary" and view.start is not None and "candidates_per_point" not in self.given:
             per_point = START_CANDIDATES_PER_POINT
         m = cfg["m"] or (init.shape[0] if init is not None else candidate_count(None, per_point, n))
-        target, denoised = learned_part(params, n) if cfg["denoise"] != "off" else (None, {})
+        # with a known start only the parameters whose start is unknown need their learned part (their weights' SVDs)
+        pool = params if equation == "stationary" or view.start is None else {k: v for k, v in params.items() if k not in view.start}
+        target, denoised = learned_part(pool, n) if cfg["denoise"] != "off" and pool else (None, {})
         eq = None
         if equation == "stationary":
             form = resolve(view, model, cfg["formulation"], cfg["loss"], cfg["weight_decay"], cfg["lambda_scale"], params, n, m, dtype)
             form.info.update(denoised)
         else:
             eq, form = self.start_equation(view, model, params, equation, n, m, dtype, target)
+            if cfg["multipliers"] == "closed-form":
+                eq = one_point(model, eq, view.mean.to(dev, dtype), form.labels, form.objective)
         form.scale *= cfg["lambda_scale_factor"]
         if cfg["consistency_weight"] > 0:
             check_consistency(form, view, eq)
@@ -432,11 +465,30 @@ class KKTAttack(Attack):
                                           form.objective, form.signed, theta=target)
             info = {"fixed_candidates": int(fx.shape[0]), "fixed_share_explained": share, "fixed_digest": tensors_digest(fx, fy)[:16]}
         span = self.span(view, model, params, n, eq, x)
+        closed, radius = self.closed_form_setup(view, model, params, form, x, u)
         # the stationarity term is relative to what the free candidates must explain
         norm2 = eq.norm2 if eq is not None else sum((v**2).sum() for v in (params if target is None else target).values())
         lr_lambda = resolve_lr_lambda(cfg["lr_lambda"], form.name if eq is None else "output")
         return Problem(model, params, norm2, n, m, form, mean, form.labels.to(dev), x, u, target if eq is None else None, info,
-                       span, lr_lambda, eq)
+                       span, lr_lambda, eq, closed, radius)
+
+    def closed_form_setup(self, view, model, params, form: Formulation, x: torch.Tensor, u: torch.Tensor) -> tuple[bool, float | None]:
+        """``multipliers`` and ``sphere`` as used: u frozen when closed-form; the sphere's radius (x put on it) or None."""
+        cfg = self.config
+        closed = cfg["multipliers"] == "closed-form"
+        if closed and cfg["consistency_weight"] > 0:
+            raise ConfigError("consistency_weight ties learned multipliers to margins; with multipliers='closed-form' they are "
+                              "solved by least squares: leave consistency_weight at 0 or pass multipliers='learned'")
+        form.info["multipliers_solved"] = "closed-form least squares every step" if closed else "learned (λ = S·u)"
+        if closed:
+            u.requires_grad_(False)
+        sphere = cfg["sphere"] == "on" or (cfg["sphere"] == "auto" and closed and form.name in ("margin", "output")
+                                          and homogeneous_in_input(model, params, tuple(view.input_shape)))
+        radius = data_radius(view.mean) if sphere else None
+        form.info["sphere_radius"] = radius
+        if radius is not None:
+            on_sphere(x, radius)
+        return closed, radius
 
     def unknowns(self, view, m: int, signed: bool, eq: StartEquation | None, seed: int, init: torch.Tensor | None,
                  dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -473,13 +525,15 @@ class KKTAttack(Attack):
         trained_in = next((w.dtype for w in view.model.parameters()), None)  # the precision floor is the victim's, not the attack's
         extra: dict[str, Any] = {}
         if eq is not None and view.start is not None:
+            layer = input_layer(model, params, tuple(view.input_shape))
+            if layer is not None and layer not in eq.names:  # frozen: no SVD of it is needed to know it shows no span
+                return Subspace(None, {"subspace_used": "none", "subspace_layer": layer, "subspace_reason": frozen_layer_reason(layer)})
             start = {k: v.to(params[k]) for k, v in view.start.items()}
             params, extra = added_inputs_layer(eq, params, start, math.prod(view.input_shape))
         span = data_subspace(model, params, tuple(view.input_shape), n, precision=trained_in)
         layer = span.info.get("subspace_layer")
         if span.basis is not None and eq is not None and view.start is not None and layer not in eq.names:
-            span = Subspace(None, {"subspace_used": "none", "subspace_layer": layer, "subspace_reason": f"{layer} is frozen at "
-                                   "its start: its weights show the data it was trained on before, not this training set"})
+            span = Subspace(None, {"subspace_used": "none", "subspace_layer": layer, "subspace_reason": frozen_layer_reason(layer)})
         span.info.update(extra)
         with torch.no_grad():
             x.copy_(span.project(x))
@@ -491,14 +545,18 @@ class KKTAttack(Attack):
         cfg = self.config
         lo, hi, shift = (0.0, 1.0, p.mean) if cfg["prior"] == "display" else (-1.0, 1.0, torch.zeros_like(p.mean))
         # the per-candidate margins h come from the residual's own forward pass (used by the consistency term)
-        if p.eq is not None:  # the known-start equation: eager (its traced replay is not built)
+        if p.closed:  # the multipliers solved in closed form (u overwritten with them); h is not needed
+            stat, lam = closed_form_residual(p.model, x, p.y, p.form.objective, cfg["alpha"], not p.form.signed, p.eq, p.params, p.target)
+            with torch.no_grad():
+                u.copy_(lam / p.form.scale)
+        elif p.eq is not None:  # the known-start equation: eager (its traced replay is not built)
             stat, h = self.residual(p, x, u, cfg["alpha"])
         else:
             residual = residual or residual_function(cfg["mixed_derivative"])
             stat, h = residual(p.model, p.params, x, p.y, p.form.scale * u, cfg["alpha"], p.form.objective, p.target)
         stat = stat / p.norm2
         floor = cfg["lambda_min"] if p.eq is None else 0.0  # the known-start equation has no margin: λ ≥ 0 only
-        dual = u.new_zeros(()) if p.form.signed else (torch.relu(floor - u) ** 2).sum()
+        dual = u.new_zeros(()) if p.form.signed or p.closed else (torch.relu(floor - u) ** 2).sum()
         v = x + shift
         prior = range_penalty(v, lo, hi)
         loss = stat + cfg["dual_weight"] * dual + cfg["prior_weight"] * prior
@@ -513,7 +571,7 @@ class KKTAttack(Attack):
 
         def score(t: dict[str, torch.Tensor]) -> float:
             with torch.no_grad():
-                return float(self.terms(p, t["x"], t["u"])[0])
+                return float(self.terms(p, t["x"], t["u"].clone() if p.closed else t["u"])[0])
 
         return score
 
@@ -546,7 +604,9 @@ class KKTAttack(Attack):
             loss, stat, dual, prior = self.terms(p, p.x, p.u, replay)
             if not torch.isfinite(loss):
                 raise DivergenceError(f"kkt attack diverged at iteration {it} (loss {float(loss.detach())}); lower lr (now {cfg['lr']})")
-            descend(loss, opts, p.span, p.x)
+            descend(loss, opts[:1] if p.closed else opts, p.span, p.x)
+            if p.radius is not None:
+                on_sphere(p.x, p.radius)
             tracker.update({"x": p.x, "u": p.u})
             if it % cfg["snapshot_every"] == 0:
                 tracker.consider(it, score)

@@ -75,4 +75,12 @@ def _print_verdict(result, out: Path) -> None:
           f"{m.get('memorised_control')} / {m.get('control_size')} (oracle {m.get('memorised_control_oracle')}: the training images "
           f"themselves as candidates), one-sided Fisher p = {p}, alpha {m['alpha']})")
     print(f"reason: {result.reason}")
+    if m.get("law"):
+        print(law_line(m["law"]))
     print(f"metrics: {out / 'evaluation' / 'metrics.json'}   report: {out / 'report.html'}")
+
+
+def law_line(law: dict) -> str:
+    """The summary's line placing the model on the law of data reconstruction (:mod:`exhume.audit.law`)."""
+    return (f"law: p = {law['p']:,} trained parameters, d = {law['d']:,}, n = {law['n']:,}, p/(d·n) = {law['p_over_dn']:.3g}: "
+            f"{law['regime']}")

@@ -251,6 +251,13 @@ def _start_record(view, cfg: AuditConfig) -> dict[str, Any]:
             "training": None if view.training is None else view.training.record()}
 
 
+def _law(data: _Audited) -> dict[str, Any]:
+    """Where the model sits against the law of data reconstruction (:mod:`exhume.audit.law`)."""
+    from exhume.audit.law import law_record
+
+    return law_record(data.wrapped, data.view.start, data.view.input_shape, len(data.x))
+
+
 def _attack(data: _Audited, cfg: AuditConfig, progress: bool, force: bool, resume: bool):
     """The public :func:`exhume.attack` on the attacker's view, within the audit's time budget."""
     import exhume  # the public exhume.attack: whatever runs it (e.g. a restart portfolio) applies here
@@ -281,6 +288,7 @@ def _judge(data: _Audited, recon, cfg: AuditConfig, settings: dict[str, Any] | N
                    "train_accuracy": float((torch.as_tensor(margins) > 0).double().mean())}
     m["audit"] = {**(settings or {}), "method": cfg.method, "max_seconds": cfg.max_seconds, "seed": cfg.seed,
                   "wall_seconds": round(time.perf_counter() - t0, 1), **_start_record(data.view, cfg)}
+    m["law"] = _law(data)
     if out is not None:
         result.save(out / "evaluation")
         _write_scores(scores, out / "evaluation")

@@ -117,6 +117,7 @@ class Metrics(Record):
     membership_exposure: dict[str, Any] | None = entry(group="verdict", omit_none=True)
     evaluation_seconds: float | None = entry(omit_none=True, low=0.0)
     audit: dict[str, Any] | None = entry(omit_none=True)  # the audit's settings (exhume.audit)
+    law: dict[str, Any] | None = entry(omit_none=True)  # p, d, n and p/(d·n) (exhume.audit.law)
     demo_wall_seconds: float | None = entry(omit_none=True, low=0.0)
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -154,7 +154,7 @@ def render(run: str | Path) -> str:
     ev = run / "evaluation"
     metrics, attack = _load(run, ev)
     parts = [_head(run, attack), _first_screen(metrics, attack, ev), _counts_section(metrics), _victim_section(metrics),
-             _attack_section(attack)]
+             _law_section(metrics), _attack_section(attack)]
     portfolio = (attack.get("config") or {}).get("portfolio")
     if isinstance(portfolio, dict):
         parts.append(_portfolio_section(portfolio, attack, metrics))
@@ -318,6 +318,18 @@ def _victim_section(metrics) -> str:
     if metrics.get("assumption_failures"):
         rows.append(("assumptions of the attack that fail", "; ".join(metrics["assumption_failures"]), False))
     return "<h2>The model (victim)</h2>" + _rows(rows)
+
+
+def _law_section(metrics) -> str:
+    """Where the model sits against the law of data reconstruction (an audit's ``law``; nothing without one)."""
+    law = metrics.get("law")
+    if not isinstance(law, dict):
+        return ""
+    rows = [("trained parameters p", law.get("p"), False), ("input dimension d", law.get("d"), False),
+            ("training samples n", law.get("n"), False), ("p/(d·n)", law.get("p_over_dn"), False), ("regime", law.get("regime"), False),
+            ("p counted as", law.get("p_counted"), False)]
+    return ("<h2 id=\"law\">The law of data reconstruction</h2><p class=\"note\">" + _e(law.get("definition")) + "; see "
+            "docs/audit.md.</p>" + _rows(rows))
 
 
 def _attack_section(attack: dict[str, Any]) -> str:
