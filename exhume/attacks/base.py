@@ -149,7 +149,9 @@ class Attack:
     - :meth:`search_space` (from ``Param.search``) and :meth:`search_start`, for ``exhume tune``;
     - :meth:`candidate_count`: how many candidates one run makes for ``n`` training points;
     - ``uses_start``: it uses the starting weights when the view has them (the known-start threat
-      model), and :meth:`equation_on` names the equation it then inverts.
+      model), and :meth:`equation_on` names the equation it then inverts;
+    - ``batchable``: its restarts can run as one batched problem (``exhume.portfolio.batched``: it
+      provides ``problem``, ``unknowns`` and ``open_state``).
     """
 
     name: ClassVar[str] = ""
@@ -160,6 +162,7 @@ class Attack:
     budget: ClassVar[str] = "iterations"
     multipliers: ClassVar[bool] = False
     uses_start: ClassVar[bool] = False  # a start in the view changes what it solves (exhume.attack refuses one otherwise)
+    batchable: ClassVar[bool] = False  # the portfolio may run its restarts as one batched problem
 
     def __init__(self, **kwargs: Any) -> None:
         unknown = sorted(set(kwargs) - set(self.params))

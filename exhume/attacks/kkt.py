@@ -196,6 +196,7 @@ class KKTAttack(Attack):
     restart_plan = RestartPlan(variants=({}, {"lr_lambda": 1e-2}))
     multipliers = True
     uses_start = True  # a start in the view switches the equation (start_equation="auto")
+    batchable = True  # exhume/portfolio/batched.py stacks its restarts
     params = {
         "m": Param(None, int, "number of candidates (default: candidates_per_point × n, n the training-set size guess)",
                    low=1, allow_none=True),

@@ -33,14 +33,13 @@ from typing import Any
 
 import torch
 
+from exhume.attacks.base import ATTACKS
 from exhume.attacks.kkt import TRACE_AFTER_SECONDS
 from exhume.errors import ConfigError, DivergenceError
 from exhume.portfolio.plan import Restart
 
 #: make_fx's mode: real tensors (fake ones gave a graph whose replay failed on a view under vmap)
 TRACING_MODE = "real"
-#: methods with a batched path
-BATCHED_METHODS = ("kkt",)
 #: batch_restarts settings: 'auto' (batched on a CUDA device), 'on', 'off'
 BATCH_CHOICES = ("auto", "on", "off")
 #: settings restarts of one batch may differ in: they touch only each restart's optimisers and budget
@@ -51,7 +50,8 @@ def use_batched(setting: str, device: str, method: str, storage: str | None) -> 
     """``(batched?, why)`` for ``batch_restarts=setting``; 'on' where it cannot apply is one clear error."""
     if setting not in BATCH_CHOICES:
         raise ConfigError(f"batch_restarts must be one of {', '.join(BATCH_CHOICES)}, got {setting!r}")
-    cannot = (f"the {method} attack has no batched path (only {', '.join(BATCHED_METHODS)})" if method not in BATCHED_METHODS
+    batchable = sorted(name for name, cls in ATTACKS.items() if cls.batchable)
+    cannot = (f"the {method} attack has no batched path (only {', '.join(batchable)})" if method not in batchable
               else "a shared study (storage) runs its restarts one per process, on any machine" if storage is not None else None)
     if setting == "on":
         if cannot:
@@ -352,4 +352,4 @@ def run_batched(view, plan, pending: list[Restart], store, resume: bool, device:
     return records
 
 
-__all__ = ["BATCHED_METHODS", "BATCH_CHOICES", "Batching", "groups", "run_batched", "use_batched"]
+__all__ = ["BATCH_CHOICES", "Batching", "groups", "run_batched", "use_batched"]
