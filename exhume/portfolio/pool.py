@@ -39,7 +39,7 @@ import torch
 
 from exhume.attacks import Reconstruction
 from exhume.evaluation.matching import unit_rows
-from exhume.evaluation.ssim import ssim_pairs
+from exhume.evaluation.ssim import ssim_pairs_separable
 from exhume.files import LIMITS
 
 DUPLICATE_NCC = 0.95
@@ -279,7 +279,7 @@ def _confirmed_by_ssim(images: torch.Tensor, i: torch.Tensor, j: torch.Tensor, t
     """Which pairs ``(i, j)`` (the correlation flagged) have an SSIM above ``threshold`` (a mask)."""
     keep = torch.zeros(i.numel(), dtype=torch.bool)
     for s in range(0, i.numel(), PAIR_CHUNK):
-        keep[s:s + PAIR_CHUNK] = ssim_pairs(images[i[s:s + PAIR_CHUNK]], images[j[s:s + PAIR_CHUNK]]) > threshold
+        keep[s:s + PAIR_CHUNK] = ssim_pairs_separable(images[i[s:s + PAIR_CHUNK]], images[j[s:s + PAIR_CHUNK]]) > threshold
     return keep
 
 

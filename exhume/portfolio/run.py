@@ -44,13 +44,13 @@ def run_portfolio(victim, method: str = "kkt", *, max_seconds: float | None = No
     from exhume.device import check_device
     from exhume.victim.start import view_with_start
 
+    t0, began = time.perf_counter(), time.time()  # the budget counts from here: probe, start-up, pooling, saving
     check_device(device)
     if not 0.0 <= merge_threshold <= 1.0:
         raise ConfigError(f"merge_threshold must be in [0, 1] (1 = never merge), got {merge_threshold!r}")
     view = as_view(view_with_start(victim, start, training, start_partial))
     check_portfolio_memory(view, method, attack_kwargs, variants, workers, restarts, device)
-    t0 = time.perf_counter()
-    sizing = None
+    sizing, budget = None, max_seconds
     if restarts in (None, "auto") and max_seconds is not None:
         make_plan(method, 1, seed=seed, max_seconds=max_seconds, workers=workers, variants=variants,
                   attack_kwargs=attack_kwargs)  # every setting is validated before the probe runs
@@ -59,7 +59,8 @@ def run_portfolio(victim, method: str = "kkt", *, max_seconds: float | None = No
     plan = make_plan(method, restarts, seed=seed, max_seconds=max_seconds, workers=workers, variants=variants,
                      attack_kwargs=attack_kwargs)
     if storage is None:
-        results, rows = run_local(view, plan, out, resume, device, progress)
+        deadline = None if budget is None else began + float(budget) - pooling_reserve(view, plan, float(budget))
+        results, rows = run_local(view, plan, out, resume, device, progress, deadline)
     else:
         from exhume.portfolio.shared import run_shared
 
@@ -99,8 +100,27 @@ def check_portfolio_memory(view, method: str, attack_kwargs: dict[str, Any], var
     check_memory(largest, view, device, copies=min(plan.workers, len(plan.restarts)), what="'s portfolio")
 
 
-def run_local(view, plan: Plan, out, resume: bool, device: str, progress: bool):
-    """Run the plan's unfinished restarts on this machine; returns ``(results, rows)`` by restart index."""
+#: seconds of pooling per candidate kept aside from a time budget (the merge of 20,000 candidates took 2-3 s of one
+#: loaded core, confirmations by SSIM up to 20 s: ``benchmarks/README.md``, "Budgets kept"), at least POOL_RESERVE[0]
+#: seconds and at most the share POOL_RESERVE[1] of the budget
+POOL_SECONDS_PER_CANDIDATE = 2e-4
+POOL_RESERVE = (1.0, 0.1)
+
+
+def pooling_reserve(view, plan: Plan, budget: float) -> float:
+    """The seconds kept from ``budget`` for pooling and saving after the restarts (see :data:`POOL_SECONDS_PER_CANDIDATE`)."""
+    from exhume.attacks import get_attack
+
+    per = get_attack(plan.method, **plan.restarts[0].kwargs).candidate_count(view.n_train_hint or 100) or 0
+    low, share = POOL_RESERVE
+    return min(share * budget, max(low, POOL_SECONDS_PER_CANDIDATE * per * len(plan.restarts)))
+
+
+def run_local(view, plan: Plan, out, resume: bool, device: str, progress: bool, deadline: float | None = None):
+    """Run the plan's unfinished restarts on this machine; returns ``(results, rows)`` by restart index.
+
+    ``deadline`` (``time.time()``): every restart ends by then, set-up and worker start-up included
+    (:func:`exhume.portfolio.runner.restart_ends`)."""
     from tqdm.auto import tqdm
 
     from exhume.portfolio.runner import run_pending
@@ -129,7 +149,7 @@ def run_local(view, plan: Plan, out, resume: bool, device: str, progress: bool):
         bar.set_postfix({"last": f"#{k} {row.get('iterations', row['status'])} it"}, refresh=False)
 
     try:
-        run_pending(view, plan, pending, store, plan.workers, resume, device, progress and not parallel, done)
+        run_pending(view, plan, pending, store, plan.workers, resume, device, progress and not parallel, done, deadline)
     finally:
         bar.close()
     if not results:
