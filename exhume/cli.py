@@ -145,7 +145,9 @@ def _add_experiment(sub) -> None:
         text = exp.help.replace("%", "%%")  # argparse formats help strings with %
         q = exp_sub.add_parser(name, help=text, description=text)
         _common(q, f"runs/experiment-{name}")
-        q.add_argument("--full", action="store_true", help="the paper's scale (for a GPU), instead of the CPU budget")
+        q.add_argument("--full", action="store_true", help="the paper's scale instead of the CPU budget: hours on one "
+                       "GPU, days on 2 CPU cores (each experiment's expected wall time: benchmarks/README.md, "
+                       "'--full wall times'); run it in chunks with --chunk-seconds and --resume where offered")
         if exp.add_arguments is not None:
             exp.add_arguments(q)
 
