@@ -207,12 +207,13 @@ def ssim_matrix(a, b, win_size: int | None = None, sigma: float = DEFAULT_SIGMA,
 
 
 def ssim_pairs_separable(a, b, win_size: int | None = None, sigma: float = DEFAULT_SIGMA,
-                         data_range: float = 1.0, chunk: int = 2048) -> Tensor:
+                         data_range: float = 1.0, chunk: int = 2048, check: bool = True) -> Tensor:
     """:func:`ssim_pairs` (the same numbers, float64, to rounding) with the separable Gaussian window applied as two
-    matrix products per map instead of 2-D convolutions: about 20x faster on small images (a portfolio's merge
-    confirms thousands of pairs). ``chunk`` pairs at a time (about 10 float64 copies of each)."""
-    a = as_images(a, "a").to(torch.float64)
-    b = as_images(b, "b").to(torch.float64)
+    matrix products per map instead of 2-D convolutions: about 12x faster on 28x28 images (a portfolio's merge
+    confirms thousands of pairs). ``chunk`` pairs at a time (about 10 float64 copies of each). ``check=False``
+    skips :func:`as_images`'s checks for a caller whose tensors are ``(n, C, H, W)`` in [0, 1] already."""
+    a = (as_images(a, "a") if check else a).to(torch.float64)
+    b = (as_images(b, "b") if check else b).to(torch.float64)
     _check_pair(a, b)
     if a.shape[0] != b.shape[0]:
         raise DataError(f"ssim_pairs_separable needs batches of the same length, got {a.shape[0]} and {b.shape[0]}")

@@ -83,7 +83,7 @@ def near_duplicates(candidates: torch.Tensor, labels: torch.Tensor, order: torch
     correlations are held at once, never an m × m matrix. The pairs a row flags are confirmed (pixel
     bound, then SSIM) for many rows at once (:func:`_claim`), and a partner already claimed is
     never compared: 20,000 copies of one image merge in seconds, and 20,000 distinct candidates of
-    two labels in about 2 s on one core (``benchmarks/README.md``, "Budgets kept").
+    two labels in about 3 s on one core (``benchmarks/README.md``, "Budgets kept with spawned workers").
     """
     m = candidates.shape[0]
     clipped = candidates.float().clamp(0, 1)
@@ -151,16 +151,17 @@ SCREEN_DENSE_SHARE = 0.002
 
 
 class _Screen:
-    """An upper bound on every correlation of unit rows, from a ``k``-dimensional orthonormal basis ``P`` (the top
-    principal directions of a sample of rows): ``z_i·z_j ≤ Pz_i·Pz_j + ‖z_i − P'Pz_i‖‖z_j − P'Pz_j‖``
-    (Cauchy-Schwarz on the part outside the span). Pairs the bound rules out are never correlated in full:
-    reconstructions of distinct images mostly differ inside a few directions. Noise does not, and gets dense blocks."""
+    """An upper bound on every correlation of unit rows, from a ``k``-dimensional orthonormal basis ``P`` (about the
+    leading principal directions of a sample of rows, by one randomised power step; any orthonormal basis keeps the
+    bound): ``z_i·z_j ≤ Pz_i·Pz_j + ‖z_i − P'Pz_i‖‖z_j − P'Pz_j‖`` (Cauchy-Schwarz on the part outside the span).
+    Pairs the bound rules out are never correlated in full: reconstructions of distinct images mostly differ inside
+    a few directions. Noise does not, and gets dense blocks."""
 
     def __init__(self, z32: torch.Tensor, slack: float, k: int = 96, sample: int = 2048) -> None:
         g, d = z32.shape
-        rows = z32[torch.linspace(0, g - 1, min(g, sample)).long()].double()
-        _, vecs = torch.linalg.eigh(rows.T @ rows)
-        self.basis = vecs[:, -min(k, d):].float()  # orthonormal columns (d, k)
+        rows = z32[torch.linspace(0, g - 1, min(g, sample)).long()]
+        probe = torch.randn(d, min(k, d), generator=torch.Generator().manual_seed(0))
+        self.basis, _ = torch.linalg.qr(rows.T @ (rows @ probe))  # the sample's leading directions, orthonormal (d, k)
         self.y = z32 @ self.basis
         outside = ((z32 * z32).sum(1) - (self.y * self.y).sum(1)).clamp_min(0.0)
         self.q = (outside + slack).sqrt()  # never below the true norm outside the span
@@ -193,14 +194,15 @@ def _claim(block: list[int], r: np.ndarray, j: np.ndarray, owner: np.ndarray, im
     (grouped by row ``r``) that are still unowned; with ``images``, only those whose SSIM confirms it.
 
     The confirmations are computed for a run of rows at once (their partners still unowned when the run begins, at
-    most ``PAIR_CHUNK`` pairs unless one row has more): a row that an earlier row of its run claims wastes its
-    comparisons, at most ``PAIR_CHUNK`` of them per run. A pair whose partner was claimed before its run is never
+    most ``PAIR_CHUNK`` pairs unless one row has more); a run ends before a row that an earlier row of it flagged (that
+    row may be claimed), so no comparison is made for a row that is then claimed. A pair whose partner was claimed before its run is never
     compared, so a collapsed pool costs one comparison per candidate, not one per pair."""
     bounds = np.searchsorted(r, np.arange(len(block) + 1))
+    flagged = np.zeros(owner.size, dtype=bool)  # partners flagged by a row of the current run
     k = 0
     while k < len(block):
         run, pairs, count = [], [], 0
-        while k < len(block) and (not run or count < PAIR_CHUNK):
+        while k < len(block) and (not run or (count < PAIR_CHUNK and not flagged[block[k]])):
             a = block[k]
             near = j[bounds[k]:bounds[k + 1]]
             near = near[owner[near] < 0]
@@ -208,7 +210,10 @@ def _claim(block: list[int], r: np.ndarray, j: np.ndarray, owner: np.ndarray, im
                 run.append((a, len(pairs)))
                 pairs.append(near)
                 count += near.size
+                flagged[near] = True
             k += 1
+        for near in pairs:
+            flagged[near] = False
         ok = _confirmed([(a, pairs[i]) for a, i in run], images, ssim_threshold) if images is not None else None
         at = 0
         for a, i in run:
@@ -279,7 +284,7 @@ def _confirmed_by_ssim(images: torch.Tensor, i: torch.Tensor, j: torch.Tensor, t
     """Which pairs ``(i, j)`` (the correlation flagged) have an SSIM above ``threshold`` (a mask)."""
     keep = torch.zeros(i.numel(), dtype=torch.bool)
     for s in range(0, i.numel(), PAIR_CHUNK):
-        keep[s:s + PAIR_CHUNK] = ssim_pairs_separable(images[i[s:s + PAIR_CHUNK]], images[j[s:s + PAIR_CHUNK]]) > threshold
+        keep[s:s + PAIR_CHUNK] = ssim_pairs_separable(images[i[s:s + PAIR_CHUNK]], images[j[s:s + PAIR_CHUNK]], check=False) > threshold
     return keep
 
 

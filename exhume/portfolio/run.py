@@ -100,11 +100,11 @@ def check_portfolio_memory(view, method: str, attack_kwargs: dict[str, Any], var
     check_memory(largest, view, device, copies=min(plan.workers, len(plan.restarts)), what="'s portfolio")
 
 
-#: seconds of pooling per candidate kept aside from a time budget (the merge of 20,000 candidates took 2-3 s of one
-#: loaded core, confirmations by SSIM up to 20 s: ``benchmarks/README.md``, "Budgets kept"), at least POOL_RESERVE[0]
-#: seconds and at most the share POOL_RESERVE[1] of the budget
-POOL_SECONDS_PER_CANDIDATE = 2e-4
-POOL_RESERVE = (1.0, 0.1)
+#: seconds of pooling per candidate kept aside from a time budget (20,000 candidates took 2-7 s of one core to merge,
+#: and a loaded machine stretches that: ``benchmarks/README.md``, "Budgets kept with spawned workers"), at least
+#: POOL_RESERVE[0] seconds and at most the share POOL_RESERVE[1] of the budget
+POOL_SECONDS_PER_CANDIDATE = 5e-4
+POOL_RESERVE = (2.0, 0.1)
 
 
 def pooling_reserve(view, plan: Plan, budget: float) -> float:
