@@ -42,7 +42,7 @@ from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, RestartPl
 from exhume.attacks.checkpoint import BUDGET_SETTINGS, resumable_settings
 from exhume.attacks.equations import Equation, KnownStart, Stationarity
 from exhume.attacks.formulation import FORMULATIONS, MARGIN_FORMS, Formulation, form_for, resolve
-from exhume.attacks.loop import CANDIDATE_PARAMS, attack_loop, budget_params, descend, make_optimizer, open_run
+from exhume.attacks.loop import BACKGROUND, CANDIDATE_PARAMS, START_DECAY, attack_loop, budget_params, descend, make_optimizer, open_run
 from exhume.attacks.priors import background_level, dark_floor, range_penalty, tv_term
 from exhume.attacks.snapshots import IterateTracker
 from exhume.attacks.stationarity import (
@@ -65,7 +65,7 @@ from exhume.attacks.trajectory import (
 )
 from exhume.errors import ConfigError, DivergenceError
 from exhume.files.runfolder import tensors_digest
-from exhume.losses import LOSSES
+from exhume.losses import CLASSIFIER_LOSSES, LOSSES
 from exhume.starts import start_digest
 
 #: lr_lambda="auto": the multipliers' learning rate for the margin formulations (binary, multiclass), where the
@@ -73,8 +73,8 @@ from exhume.starts import start_digest
 LR_LAMBDA_MARGIN = 1e-4
 #: ... and for the signed ones ('output', 'loss'), whose multipliers must find their signs
 LR_LAMBDA_SIGNED = 1e-2
-#: trace='auto' replays a traced step only once the run has spent this long in eager steps: tracing costs about a
-#: second once per process, which a run of a few seconds (a tuning trial) would not win back
+#: trace='auto' replays a traced step only once the run has spent this long in eager steps: tracing is paid once per
+#: process, which a run of a few seconds (a tuning trial) would not win back (benchmarks/README.md#kkts-run-time-defaults)
 TRACE_AFTER_SECONDS = 5.0
 
 #: start_equation="auto" with the starting weights known (exhume/attacks/trajectory.py)
@@ -165,7 +165,7 @@ def check_consistency(form: Formulation, view, eq) -> None:
         raise ConfigError("consistency_weight needs the victim's weight decay w > 0 (λ_i = σ(−margin_i)/(n·w) holds "
                           "only with weight decay); pass weight_decay= if the metadata lacks it, or leave "
                           "consistency_weight at 0")
-    if form.info["loss_assumed"] not in ("logistic", "cross-entropy"):
+    if form.info["loss_assumed"] not in CLASSIFIER_LOSSES:
         raise ConfigError(f"consistency_weight needs a victim trained with the logistic or cross-entropy loss "
                           f"(λ_i = σ(−margin_i)/(n·w)); this victim's loss is {form.info['loss_assumed']!r} "
                           f"(pass loss= if the metadata lacks it)")
@@ -193,11 +193,11 @@ class KKTAttack(Attack):
         # search ranges (exhume tune): log-uniform around the measured defaults
         "lr": replace(CANDIDATE_PARAMS["lr"], help="learning rate for x̂ (on the relative stationarity loss)", search=(2e-3, 5e-2, "log")),
         **budget_params(20_000, checkpoint_every=1000, log_every=100),
-        "lr_lambda": Param("auto", object, "learning rate for u (λ = S·u): a number, or 'auto': 1e-4 for the margin "
+        "lr_lambda": Param("auto", float, "learning rate for u (λ = S·u): a number, or 'auto': 1e-4 for the margin "
                            "formulations, 1e-2 for the signed ones ('output', 'loss'); the portfolio's other restarts use "
-                           "1e-2 (see the module docstring)", search=(3e-5, 5e-2, "log")),
+                           "1e-2 (see the module docstring)", low=0.0, words=("auto",), search=(3e-5, 5e-2, "log")),
         "lambda_min": Param(0.42, float, "dual-feasibility floor on u = λ/S", low=0.0, search=(0.1, 1.5, "log")),
-        "lambda_scale": Param("auto", object, "S in λ = S·u: 'auto' or a positive number"),
+        "lambda_scale": Param("auto", float, "S in λ = S·u: 'auto' or a positive number", low=0.0, low_open=True, words=("auto",)),
         "lambda_scale_factor": Param(1.0, float, "multiplies S (the 'auto' estimate or the given number); "
                                      "a portfolio variant", low=1e-6),
         "formulation": Param("auto", str, "stationarity equation (see exhume/attacks/formulation.py)", choices=FORMULATIONS),
@@ -223,18 +223,14 @@ class KKTAttack(Attack):
         "denoise": Param("auto", str, "'auto': the stationarity equation explains each weight matrix's part above its "
                          "initialisation's noise where that noise still shows (see exhume/attacks/subspace.py: learned_part); "
                          "'off': the weights as they are", choices=("off", "auto")),
-        "background": Param("auto", object, "soft threshold τ on the returned candidates, v ← max(v − τ, 0)/(1 − τ) in "
-                            "display space (a number in [0, 0.5]), or 'auto': 0.03 where the data mean shows a dark "
-                            "background, else 0 (see exhume/attacks/priors.py: background_level); output only, the "
-                            "optimisation is the same"),
+        "background": BACKGROUND,
         "start_equation": Param("auto", str, "which equation the candidates solve: 'stationary' (a stationary point of training), "
                           "'trajectory' (what training added, on gradients at the final weights, multipliers without a margin "
                           "relation; weights only: the weights' learned part) or, with the starting weights known, 'endpoints' "
                           "(on gradients at the start and the final weights); 'auto': "
                           f"{DEFAULT_START_EQUATION!r} when the view has a start, else 'stationary' (exhume/attacks/trajectory.py)",
                           choices=("auto", "stationary", *EQUATIONS)),
-        "start_decay": Param("auto", object, "known start: c in θ_T − c·θ_0, the start's share left by weight decay: 'auto' "
-                             "(from the training settings when they fix it, else fitted), 'fit', or a number in (0, 2]"),
+        "start_decay": START_DECAY,
         "start_multipliers": Param("auto", str, "known start: the multipliers' sign; 'auto': non-negative with a classifier's "
                                    "margin or loss (a training point's gradient enters with the sign its label gives), signed with "
                                    "'output'", choices=("auto", "nonnegative", "signed")),
@@ -256,16 +252,6 @@ class KKTAttack(Attack):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.given = frozenset(kwargs)  # the settings the caller chose (the known start has defaults of its own)
-        for name, ok, what in (("lambda_scale", lambda v: v > 0, "a positive number"), ("lr_lambda", lambda v: v >= 0, "a number >= 0"),
-                               ("background", lambda v: 0.0 <= v <= 0.5, "a number in [0, 0.5] (a share of the pixel range)")):
-            v = self.config[name]
-            number = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-            if not (v == "auto" or (number and ok(v))):
-                raise ConfigError(f"{name} must be 'auto' or {what}, got {v!r}")
-        v = self.config["start_decay"]
-        number = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        if not (v in ("auto", "fit") or (number and 0 < v <= 2)):
-            raise ConfigError(f"start_decay must be 'auto', 'fit' or a number in (0, 2], got {v!r}")
 
     def equation_used(self, view) -> str:
         """The equation a run on ``view`` solves: 'stationary', or with a start 'trajectory' / 'endpoints'
@@ -336,14 +322,8 @@ class KKTAttack(Attack):
         self.check(view)
         cfg = self.config
         p = self.problem(view, torch.device(device), seed, init, fixed)
-        opt_x = make_optimizer(cfg["optimizer"], [p.x], cfg["lr"], cfg["momentum"])
-        opt_u = make_optimizer(cfg["optimizer"], [p.u], p.lr_lambda, cfg["momentum"])
-        tracker = IterateTracker({"x": p.x, "u": p.u}, cfg["average_decay"], cfg["snapshot_every"], cfg["keep"])
-        run = open_run(out, resume, {"x": p.x, "u": p.u, **tracker.state()}, {"opt_x": opt_x, "opt_u": opt_u},
-                       {"config": resumable_settings(cfg, BUDGET_SETTINGS + ("background",)), "seed": seed, "m": p.m,
-                        **({"fixed": p.fixed_info["fixed_digest"]} if p.fixed_info else {}),
-                        "start": start_digest(view.start)})
-        step = self.stepper(p, (opt_x, opt_u), run.history, tracker)
+        opts, tracker, run = self.open_state(view, p, out, resume, seed)
+        step = self.stepper(p, opts, run.history, tracker)
 
         tau, why = background_level(cfg["background"], view.mean, tuple(view.input_shape))
 
@@ -357,6 +337,19 @@ class KKTAttack(Attack):
         if tracker.best_iteration != end.done:
             tracker.consider(end.done, self.criterion(p))
         return self.result(p, end, run, tracker, (tau, why), seed, init_name, view)
+
+    def open_state(self, view, p: Problem, out, resume: bool, seed: int):
+        """``((opt_x, opt_u), tracker, run)`` of a run on ``p``: its optimisers, averaged iterates and checkpoint
+        (restored in place on ``resume``); shared with the batched restarts (:mod:`exhume.portfolio.batched`)."""
+        cfg = self.config
+        opt_x = make_optimizer(cfg["optimizer"], [p.x], cfg["lr"], cfg["momentum"])
+        opt_u = make_optimizer(cfg["optimizer"], [p.u], p.lr_lambda, cfg["momentum"])
+        tracker = IterateTracker({"x": p.x, "u": p.u}, cfg["average_decay"], cfg["snapshot_every"], cfg["keep"])
+        run = open_run(out, resume, {"x": p.x, "u": p.u, **tracker.state()}, {"opt_x": opt_x, "opt_u": opt_u},
+                       {"config": resumable_settings(cfg, BUDGET_SETTINGS + ("background",)), "seed": seed, "m": p.m,
+                        **({"fixed": p.fixed_info["fixed_digest"]} if p.fixed_info else {}),
+                        "start": start_digest(view.start)})
+        return (opt_x, opt_u), tracker, run
 
     def result(self, p: Problem, end, run, tracker: IterateTracker, background: tuple[float, str], seed: int,
                init_name: str, view) -> Reconstruction:
@@ -427,10 +420,7 @@ class KKTAttack(Attack):
         form.scale *= cfg["lambda_scale_factor"]
         if cfg["consistency_weight"] > 0:
             check_consistency(form, view, eq)
-        gen = torch.Generator().manual_seed(seed)
-        x = initial_candidates(init, m, view.input_shape, view.mean, cfg["init_scale"], gen, dtype).to(dev).requires_grad_()
-        shape = (m,) if eq is None else (m, eq.multipliers)
-        u = (torch.randn if form.signed else torch.rand)(shape, generator=gen, dtype=dtype).to(dev).requires_grad_()
+        x, u = self.unknowns(view, m, form.signed, eq, seed, init, dev)
         mean = view.mean.to(dev, dtype)
         info = None
         if fixed is not None:
@@ -446,6 +436,16 @@ class KKTAttack(Attack):
         lr_lambda = resolve_lr_lambda(cfg["lr_lambda"], form.name if eq is None else "output")
         return Problem(model, params, norm2, n, m, form, mean, form.labels.to(dev), x, u, target if eq is None else None, info,
                        span, lr_lambda, eq)
+
+    def unknowns(self, view, m: int, signed: bool, eq: StartEquation | None, seed: int, init: torch.Tensor | None,
+                 dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The starting candidates ``x`` (not yet projected onto the span) and multipliers ``u`` drawn from ``seed``."""
+        dtype = DTYPES[self.config["dtype"]]
+        gen = torch.Generator().manual_seed(seed)
+        x = initial_candidates(init, m, view.input_shape, view.mean, self.config["init_scale"], gen, dtype).to(dev).requires_grad_()
+        shape = (m,) if eq is None else (m, eq.multipliers)
+        u = (torch.randn if signed else torch.rand)(shape, generator=gen, dtype=dtype).to(dev).requires_grad_()
+        return x, u
 
     def start_equation(self, view, model, params, equation: str, n: int, m: int, dtype, learned) -> tuple[StartEquation, Formulation]:
         """The known-start equation and its formulation: the victim's ``h``, signed multipliers, the probe scale."""

@@ -30,21 +30,29 @@ import torch
 
 from exhume.attacks.base import DTYPES, Param
 from exhume.attacks.checkpoint import load_checkpoint, save_checkpoint
+from exhume.choices import STEP_OPTIMIZERS
 from exhume.heap import retained_heap
 from exhume.interrupts import whole_step
 from exhume.progress import Progress
-
-OPTIMIZERS = ("adam", "sgd")
 
 # the parameters of the attacks that optimise candidate images directly (kkt, bilevel)
 CANDIDATE_PARAMS: dict[str, Param] = {
     "n_guess": Param(None, int, "attacker's guess of n (default from the victim's metadata, else 100)", low=1, allow_none=True),
     "lr": Param(1e-2, float, "learning rate for the candidates x̂", low=0.0),
-    "optimizer": Param("adam", str, "optimiser of the candidates (and of kkt's multipliers)", choices=OPTIMIZERS),
+    "optimizer": Param("adam", str, "optimiser of the candidates (and of kkt's multipliers)", choices=STEP_OPTIMIZERS),
     "momentum": Param(0.9, float, "SGD momentum (sgd only)", low=0.0, high=1.0),
     "weight_decay": Param(None, float, "the victim's weight decay w, if its metadata lacks it", low=0.0, allow_none=True),
     "dtype": Param("float32", str, "computation precision", choices=tuple(DTYPES)),
 }
+
+#: the known start's decay c and the output's soft threshold, as kkt and simulate declare them
+START_DECAY = Param("auto", float, "known start: c in θ_T − c·θ_0, the start's share left by weight decay: 'auto' "
+                    "(from the training settings when they fix it, else fitted), 'fit', or a number in (0, 2]",
+                    low=0.0, low_open=True, high=2.0, words=("auto", "fit"))
+BACKGROUND = Param("auto", float, "soft threshold τ on the returned candidates, v ← max(v − τ, 0)/(1 − τ) in "
+                   "display space (a number in [0, 0.5]), or 'auto': 0.03 where the data mean shows a dark "
+                   "background, else 0 (see exhume/attacks/priors.py: background_level); output only, the "
+                   "optimisation is the same", low=0.0, high=0.5, words=("auto",))
 
 
 def budget_params(total: int, checkpoint_every: int, log_every: int, name: str = "iterations",

@@ -82,8 +82,8 @@ def near_duplicates(candidates: torch.Tensor, labels: torch.Tensor, order: torch
     :func:`exhume.evaluation.matching.ncc_matrix`). At most ``LIMITS.candidates_x_pool_block``
     correlations are held at once, never an m × m matrix. The pairs a row flags are confirmed (pixel
     bound, then SSIM) for many rows at once (:func:`_claim`), and a partner already claimed is
-    never compared: 20,000 copies of one image merge in seconds, and 20,000 distinct candidates of
-    two labels in about 3 s on one core (``benchmarks/README.md``, "Budgets kept with spawned workers").
+    never compared: 20,000 copies of one image, or 20,000 distinct images, merge in seconds
+    (``benchmarks/pool_merge.py``).
     """
     m = candidates.shape[0]
     clipped = candidates.float().clamp(0, 1)

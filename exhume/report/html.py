@@ -90,8 +90,8 @@ def verdict(metrics: Mapping[str, Any]) -> tuple[str, bool]:
 
     The verdict itself (leaks / no evidence / inconclusive), its reason and the p-value are
     computed once, by :mod:`exhume.evaluation.verdict`, and stored in ``metrics.json``; this
-    function words them. For a metrics.json written before the verdict was stored, the one-sided
-    Fisher exact test (p < 0.05) is recomputed by the same function.
+    function words them. For a metrics.json written before the verdict was stored, the verdict
+    is decided from its counts by :func:`exhume.evaluation.verdict.decide`, as the evaluation does.
     """
     text, leaks = explain(metrics)
     stated = metrics.get("verdict")
@@ -101,7 +101,7 @@ def verdict(metrics: Mapping[str, Any]) -> tuple[str, bool]:
 def explain(metrics: Mapping[str, Any], failures: bool = True) -> tuple[str, bool]:
     """:func:`verdict`'s text without its first words; ``failures=False`` leaves out the failed assumptions
     (for a page that shows the stored reason, which lists them, beside it)."""
-    from exhume.evaluation.verdict import ALPHA, fisher_p
+    from exhume.evaluation.verdict import ALPHA, decide
 
     n, k, pool = metrics.get("n_train"), metrics.get("memorised"), metrics.get("pool_size")
     c, nc = metrics.get("memorised_control"), metrics.get("control_size")
@@ -114,9 +114,9 @@ def explain(metrics: Mapping[str, Any], failures: bool = True) -> tuple[str, boo
             f"produced an image that resembles it (SSIM) more closely than any of {pool} unseen images of the same classes does. ")
     alpha = metrics.get("alpha") or ALPHA
     if c is not None and nc:
-        p = metrics.get("p_value")
-        p = fisher_p(k, n, c, nc) if p is None else float(p)
-        leaks = stated == "leaks" if stated else (p < alpha and k > 0)
+        decided = decide(metrics, alpha=alpha)  # what the evaluation decides from these counts (stored since the verdict is)
+        p = decided.p_value if metrics.get("p_value") is None else float(metrics["p_value"])
+        leaks = (stated or decided.verdict) == "leaks"
         text += (f"The same test run on {nc} unseen images that were not in the training set (the control) passes for {c} of them "
                  f"(one-sided Fisher exact test: p = {p:.2g}, alpha = {alpha:g}). ") + _oracle_sentence(metrics)
     else:
