@@ -168,7 +168,9 @@ def _add_experiment(sub) -> None:
         text = exp.help.replace("%", "%%")  # argparse formats help strings with %
         q = exp_sub.add_parser(name, help=text, description=text)
         _common(q, f"runs/experiment-{name}")
-        q.add_argument("--full", action="store_true", help="the paper's scale (for a GPU), instead of the CPU budget")
+        q.add_argument("--full", action="store_true", help="the paper's scale instead of the CPU budget (expected wall "
+                       "times on a GPU and on 2 CPU cores: benchmarks/README.md#the-experiments-at-full-scale-wall-times); "
+                       "run it in checkpointed chunks with --chunk-seconds and --resume where the experiment offers them")
         q.add_argument("--force", action="store_true", help="run again in an --out that holds an earlier run of it, replacing its results")
         if exp.add_arguments is not None:
             exp.add_arguments(q)

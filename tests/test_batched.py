@@ -166,7 +166,7 @@ def test_exhume_attack_device_cuda_takes_the_batched_path(victim_dir, tmp_path, 
 
     seen = {}
 
-    def stop(view, plan, out, resume, device, progress, batches=None):
+    def stop(view, plan, out, resume, device, progress, batches=None, deadline=None):
         seen.update(device=device, batched=batches is not None, restarts=len(plan.restarts))
         raise Reached
 

@@ -173,7 +173,7 @@ def test_resume_mid_portfolio_runs_only_the_rest_and_matches_an_uninterrupted_ru
     real = runner.run_restart
     calls: list[tuple[int, bool]] = []
 
-    def interrupted(view, method, restart, folder, resume, device, progress):
+    def interrupted(view, method, restart, folder, resume, device, progress, *deadlines):
         calls.append((restart.index, resume))
         if restart.index == 2:  # restart 2 gets 20 of its 40 iterations, then the user presses Ctrl-C
 
@@ -182,7 +182,7 @@ def test_resume_mid_portfolio_runs_only_the_rest_and_matches_an_uninterrupted_ru
 
             get_attack(method, **restart.kwargs).run(view, out=folder, seed=restart.seed, progress=False,
                                                     callback=ctrl_c, callback_every=20)
-        return real(view, method, restart, folder, resume, device, progress)
+        return real(view, method, restart, folder, resume, device, progress, *deadlines)
 
     monkeypatch.setattr(runner, "run_restart", interrupted)
     out = tmp_path / "cut"

@@ -12,13 +12,16 @@ An attack supplies ``step(it, log, clock)``, which performs iteration ``it``, ap
 history record when ``log`` is true (``clock()`` gives the attack seconds so far) and returns the
 progress-bar postfix (or None); a step long enough to overrun the budget checks it inside
 (:func:`budget_spent`) and raises :class:`BudgetSpent` to be abandoned; ``save(done, elapsed)`` writes a checkpoint; ``emit(it, elapsed)``
-calls the user's callback.
+calls the user's callback. A caller that runs attacks under a wall-clock deadline (a portfolio: :func:`wall_deadline`)
+stops their loops there too, whatever their ``max_seconds``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,11 +123,35 @@ class BudgetSpent(Exception):
     """Raised by a step that its time budget ran out inside: the step is abandoned (its state untouched)."""
 
 
+_DEADLINE: ContextVar[float | None] = ContextVar("exhume_wall_deadline", default=None)
+
+
+@contextmanager
+def wall_deadline(at: float | None) -> Iterator[None]:
+    """Loops run inside stop once ``time.time()`` reaches ``at`` (None: no deadline), as at their ``max_seconds``.
+
+    The attack's set-up before its loop counts against it: a portfolio gives each restart the end of its
+    wave (:mod:`exhume.portfolio.runner`), so that spawned workers' start-up and slow first set-ups cannot
+    push the whole run past its budget. The last complete iteration is kept and checkpointed as usual.
+    """
+    token = _DEADLINE.set(at)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def past_deadline() -> bool:
+    at = _DEADLINE.get()
+    return at is not None and time.time() >= at
+
+
 def budget_spent(max_seconds: float | None, clock: Callable[[], float]) -> Callable[[], bool] | None:
-    """``stop()`` for the solvers inside a long step: true once ``clock()`` reaches ``max_seconds`` (None: no budget)."""
-    if max_seconds is None:
+    """``stop()`` for the solvers inside a long step: true once ``clock()`` reaches ``max_seconds`` or the
+    :func:`wall_deadline` passes (None: neither)."""
+    if max_seconds is None and _DEADLINE.get() is None:
         return None
-    return lambda: clock() >= max_seconds
+    return lambda: (max_seconds is not None and clock() >= max_seconds) or past_deadline()
 
 
 @dataclass
@@ -160,7 +187,7 @@ def run_loop(desc: str, total: int, max_seconds: float | None, start: int, elaps
                 pause = time.perf_counter()
                 emit(it, elapsed)
                 paused += time.perf_counter() - pause
-            if max_seconds is not None and elapsed >= max_seconds:
+            if (max_seconds is not None and elapsed >= max_seconds) or past_deadline():
                 break
     except BudgetSpent:
         pass  # the step the budget ran out in was abandoned: `done` is the last complete one

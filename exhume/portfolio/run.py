@@ -49,13 +49,13 @@ def run_portfolio(victim, method: str = DEFAULT_METHOD, *, max_seconds: float | 
     from exhume.device import check_device
     from exhume.victim.start import view_with_start
 
+    t0, began = time.perf_counter(), time.time()  # the budget counts from here: probe, start-up, pooling, saving
     check_device(device)
     if not 0.0 <= merge_threshold <= 1.0:
         raise ConfigError(f"merge_threshold must be in [0, 1] (1 = never merge), got {merge_threshold!r}")
     view = as_view(view_with_start(victim, start, training, start_partial))
     check_portfolio_memory(view, method, attack_kwargs, variants, workers, restarts, device)
-    t0 = time.perf_counter()
-    sizing = None
+    sizing, budget = None, max_seconds
     if restarts in (None, "auto") and max_seconds is not None:
         make_plan(method, 1, seed=seed, max_seconds=max_seconds, workers=workers, variants=variants,
                   attack_kwargs=attack_kwargs)  # every setting is validated before the probe runs
@@ -65,7 +65,8 @@ def run_portfolio(victim, method: str = DEFAULT_METHOD, *, max_seconds: float | 
                      attack_kwargs=attack_kwargs)
     batching = Batching.choose(batch_restarts, device, method, storage)
     if storage is None:
-        results, rows = run_local(view, plan, out, resume, device, progress, batching.groups if batching.used else None)
+        deadline = None if budget is None else began + float(budget) - pooling_reserve(view, plan, float(budget))
+        results, rows = run_local(view, plan, out, resume, device, progress, batching.groups if batching.used else None, deadline)
     else:
         from exhume.portfolio.shared import run_shared
 
@@ -106,9 +107,27 @@ def check_portfolio_memory(view, method: str, attack_kwargs: dict[str, Any], var
     check_memory(largest, view, device, copies=min(plan.workers, len(plan.restarts)), what="'s portfolio")
 
 
-def run_local(view, plan: Plan, out, resume: bool, device: str, progress: bool, batches: list | None = None):
+#: seconds of pooling per candidate kept aside from a time budget, at least POOL_RESERVE[0] seconds and at most the
+#: share POOL_RESERVE[1] of the budget (benchmarks/README.md#the-portfolios-deadline-and-pooling-reserve)
+POOL_SECONDS_PER_CANDIDATE = 5e-4
+POOL_RESERVE = (2.0, 0.1)
+
+
+def pooling_reserve(view, plan: Plan, budget: float) -> float:
+    """The seconds kept from ``budget`` for pooling and saving after the restarts (see :data:`POOL_SECONDS_PER_CANDIDATE`)."""
+    from exhume.attacks import get_attack
+
+    per = get_attack(plan.method, **plan.restarts[0].kwargs).candidate_count(view.n_train_hint or 100) or 0
+    low, share = POOL_RESERVE
+    return min(share * budget, max(low, POOL_SECONDS_PER_CANDIDATE * per * len(plan.restarts)))
+
+
+def run_local(view, plan: Plan, out, resume: bool, device: str, progress: bool, batches: list | None = None,
+              deadline: float | None = None):
     """Run the plan's unfinished restarts on this machine; returns ``(results, rows)`` by restart index.
-    ``batches``: a list, to run them batched in this process (:mod:`exhume.portfolio.batched`; its records appended)."""
+    ``batches``: a list, to run them batched in this process (:mod:`exhume.portfolio.batched`; its records appended).
+    ``deadline`` (``time.time()``): every restart ends by then, set-up and worker start-up included
+    (:func:`exhume.portfolio.runner.restart_ends`; a batch stops there through :func:`exhume.attacks.loop.wall_deadline`)."""
     from tqdm.auto import tqdm
 
     from exhume.portfolio.runner import run_pending
@@ -138,11 +157,13 @@ def run_local(view, plan: Plan, out, resume: bool, device: str, progress: bool, 
 
     try:
         if batches is not None:
+            from exhume.attacks.loop import wall_deadline
             from exhume.portfolio.batched import run_batched
 
-            batches.extend(run_batched(view, plan, pending, store, resume, device, progress, done))
+            with wall_deadline(deadline):
+                batches.extend(run_batched(view, plan, pending, store, resume, device, progress, done))
         else:
-            run_pending(view, plan, pending, store, plan.workers, resume, device, progress and not parallel, done)
+            run_pending(view, plan, pending, store, plan.workers, resume, device, progress and not parallel, done, deadline)
     finally:
         bar.close()
     if not results:
