@@ -233,7 +233,7 @@ def test_an_interrupted_audit_resumes_its_attack_instead_of_starting_over(user, 
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == (143 if sig == signal.SIGTERM else -9) and "Traceback" not in err, err[-2000:]
-    assert len(workers) >= restarts
+    assert len(workers) >= restarts - 1  # the audit's own process runs one restart of each wave, the workers the rest
     deadline = time.time() + 60
     while any(Path(f"/proc/{w}").exists() for w in workers) and time.time() < deadline:
         time.sleep(0.2)

@@ -55,7 +55,7 @@ def test_tune_sqlite_never_reads_the_training_set(victim_dir, tmp_path, monkeypa
     monkeypatch.setattr("exhume.data.make_task", forbidden)
     monkeypatch.setattr("exhume.data.rebuild_task", forbidden)
     out = tmp_path / "tune"
-    summary = tune(view, 3, out, trial_seconds=1.0, progress=False, report_every=50)
+    summary = tune(view, 3, out, trial_seconds=1.0, progress=False, report_every=5)
     assert summary["counts"]["complete"] == 3 and summary["counts"]["fail"] == 0
     study = load_study(None, out)
     first = study.trials[0]

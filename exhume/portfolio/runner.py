@@ -45,14 +45,16 @@ UNFINISHED = "not finished: the budget was spent"
 
 
 def run_restart(view, method: str, restart: Restart, folder, resume: bool, device: str, progress: bool,
-                end: float | None = None, deadline: float | None = None):
+                end: float | None = None, deadline: float | None = None, at_least_one: bool = False):
     """One restart: one run of the registered attack. Returns ``(reconstruction or None, table row)``.
 
     A run that diverges (DivergenceError) is a failed restart, not a failed portfolio: its row
     says so and the other restarts still count. A bad setting (ConfigError) stops the portfolio.
     ``end`` (``time.time()``): the restart stops there, set-up included (its ``max_seconds`` is at most
     what is left); a restart that starts after its ``end`` gets what is left until ``deadline``, and one
-    that starts after ``deadline`` is not run (its row says :data:`UNFINISHED`).
+    that starts after ``deadline`` is not run (its row says :data:`UNFINISHED`), unless ``at_least_one``: then it
+    runs one iteration, so that a budget spent before any restart began (set-up, the sizing probe) still gives
+    candidates rather than no result at all.
     """
     from exhume.attacks import get_attack
     from exhume.attacks.loop import wall_deadline
@@ -61,9 +63,10 @@ def run_restart(view, method: str, restart: Restart, folder, resume: bool, devic
     if end is not None:
         now = time.time()
         end = end if end > now or deadline is None else deadline
-        if end <= now:
+        if end <= now and not at_least_one:
             return None, {**restart_record(restart, None, UNFINISHED, HOST), "iterations": 0}
-        kwargs = {**kwargs, "max_seconds": round(min(kwargs.get("max_seconds") or math.inf, end - now), 3)}
+        end = max(end, now)  # at_least_one past the deadline: the loop's one iteration, then it stops
+        kwargs = {**kwargs, "max_seconds": max(round(min(kwargs.get("max_seconds") or math.inf, end - now), 3), 1e-3)}
     atk = get_attack(method, **kwargs)
     try:
         with wall_deadline(end):
@@ -209,9 +212,9 @@ def run_pending(view, plan, pending: list[Restart], store, workers: int, resume:
         futures = {pool.submit(_run_local, plan.method, r.record(), store.folder(r.index), resume, device, ends[r.index], deadline): r
                    for r in there}
         threads = threads_per_worker(workers, start_method(device)) if pool is not None else None
-        for restart in here:
+        for k, restart in enumerate(here):
             _run_here(view, plan.method, restart, store, resume, device, progress and pool is None, ends[restart.index],
-                      deadline, threads, on_done)
+                      deadline, threads, on_done, at_least_one=k == 0)
             futures = _collect(futures, on_done, 0.0)
         futures = _collect(futures, on_done, None if deadline is None else max(0.0, deadline + STOP_GRACE - time.time()))
     except BaseException:  # Ctrl-C, SIGTERM, a failed restart: stop the workers, each checkpointing its restart
@@ -229,7 +232,7 @@ def run_pending(view, plan, pending: list[Restart], store, workers: int, resume:
 
 
 def _run_here(view, method: str, restart: Restart, store, resume: bool, device: str, progress: bool, end, deadline,
-              threads: int | None, on_done) -> None:
+              threads: int | None, on_done, at_least_one: bool = False) -> None:
     """One restart in this process (at ``threads`` torch threads, as a worker would run it), stored and reported."""
     import torch
 
@@ -237,7 +240,8 @@ def _run_here(view, method: str, restart: Restart, store, resume: bool, device: 
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        recon, row = run_restart(view, method, restart, store.folder(restart.index), resume, device, progress, end, deadline)
+        recon, row = run_restart(view, method, restart, store.folder(restart.index), resume, device, progress, end, deadline,
+                                 at_least_one)
     finally:
         torch.set_num_threads(before)
     if row["status"] != UNFINISHED:
