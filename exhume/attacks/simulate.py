@@ -97,7 +97,8 @@ class SimulateAttack(Attack):
         "lr_labels": Param(1e-2, float, "learning rate of the soft labels' logits", low=0.0),
         "lr_rates": Param(1e-2, float, "learning rate of the log step sizes ρ_s", low=0.0),
         "step_scale": Param(1.0, float, "multiplies the simulation's step size η (see the module docstring)", low=1e-6),
-        "alpha": Param(19.0, float, "ReLU surrogate derivative sigmoid(α·z)", low=0.0),
+        "alpha": Param(19.0, float, "ReLU surrogate derivative sigmoid(α·z); exact run: the run stays exact, only ReLU's step "
+                       "gets the derivative α·σ'(α·z) (exhume.attacks.exact.smoothed_step)", low=0.0),
         "init_scale": Param(1.7e-3, float, "x̂ ~ N(0,1)·init_scale in centred space", low=0.0),
         "prior_weight": Param(1.0, float, "weight of the pixel-range prior (display range [0, 1])", low=0.0),
         "tv_weight": Param(0.0, float, "weight of the total-variation prior on image candidates (0 = off)", low=0.0),
@@ -239,7 +240,7 @@ class SimulateAttack(Attack):
                 x.copy_(span.project(x))
         mean = view.mean.to(dev, dtype)
         base = 0.0 if exact else cfg["step_scale"] * self.base_step(model, eq, start, mean, labels, m, view.task)
-        rp = make_replay(model, params, view.start, view.training, m, view.task, cfg["segment"]) if exact else None
+        rp = make_replay(model, params, view.start, view.training, m, view.task, cfg["segment"], cfg["alpha"]) if exact else None
         return SimProblem(model, eq, start, rest, base, view.task, mean, labels.to(dev), x, logits.requires_grad_(),
                           torch.zeros(0 if exact else cfg["steps"], dtype=dtype, device=dev, requires_grad=True), span, rp,
                           None if rp is None else {k: params[k].detach() for k in rp.names})
