@@ -25,11 +25,10 @@ sys.path[:0] = [str(HERE.parents[1]), str(HERE.parent)]
 
 def view_of(folder: Path):
     """The owner's view of a zoo victim with its whole recipe, and the centred training and unseen images with labels."""
-    from practitioner.run import audit_settings, exact_recipe
-
     from exhume.audit import load_images, load_model_class, load_weights
     from exhume.audit.config import from_options
     from exhume.audit.facade import _audited
+    from practitioner.run import audit_settings, exact_recipe
 
     cfg = audit_settings(folder / "audit.toml")
     training = json.loads((folder / "training.json").read_text())
