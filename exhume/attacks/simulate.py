@@ -92,7 +92,7 @@ class SimulateAttack(Attack):
         **budget_params(2000, checkpoint_every=200, log_every=50),
         "run": Param("coarse", str, "coarse: S full-batch steps with learnt step sizes; exact: the owner's recipe replayed "
                      "(training settings with sampler and seed; see exhume.attacks.exact)", choices=RUNS),
-        "segment": Param(None, int, "exact run: steps per checkpointed segment (default √T)", low=1, allow_none=True),
+        "segment": Param(None, int, "exact run: steps per checkpointed segment (default: the shortest whose kept states fit 1 GiB)", low=1, allow_none=True),
         "steps": Param(4, int, "simulated full-batch gradient steps S from the start", low=1),
         "lr_labels": Param(1e-2, float, "learning rate of the soft labels' logits", low=0.0),
         "lr_rates": Param(1e-2, float, "learning rate of the log step sizes ρ_s", low=0.0),
