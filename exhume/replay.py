@@ -5,8 +5,8 @@ Shared by the victim room (which checks an owner's recipe) and the attacks (whic
 - :func:`update`: one step of ``torch.optim.SGD`` (momentum, dampening 0, Nesterov, weight decay added to the
   gradient), ``Adam`` (weight decay added to the gradient) or ``AdamW`` (decoupled: ``θ ← (1 − η·w)·θ`` first),
   written as torch writes them (``_single_tensor_sgd`` / ``_single_tensor_adam``) but out of place, so that
-  a run can be differentiated through. Adam's ``√v`` has a zero derivative where ``v = 0`` (torch's would be
-  infinite there; the value is the same).
+  a run can be differentiated through. Adam's ``√v`` has the derivative ``1/(2·max(√v, eps))`` (torch's is
+  unbounded as ``v → 0``; the value is the same).
 - :func:`batches`: the training-set indices of every step, drawn by the same ``DataLoader`` the owner
   iterated: sampler ``"random"`` is ``DataLoader(range(n), batch_size, shuffle=True,
   generator=torch.Generator().manual_seed(seed), drop_last)`` made once and iterated once per epoch (so
@@ -39,10 +39,11 @@ def init_state(s, theta: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {f"{kind}.{k}": torch.zeros_like(v) for kind in ("m", "v") for k, v in theta.items()}
 
 
-def _sqrt(v: torch.Tensor) -> torch.Tensor:
-    """``√v`` in value; its derivative 0 where ``v = 0`` (an unused weight's Adam state), not infinite."""
-    pos = v > 0
-    return torch.where(pos, v.clamp_min(torch.finfo(v.dtype).tiny).sqrt(), torch.zeros_like(v))
+def _sqrt(v: torch.Tensor, floor: float) -> torch.Tensor:
+    """``√v`` in value; its derivative ``1 / (2·max(√v, floor))``: bounded where ``√v`` is below Adam's ``eps``, whose
+    step it then hardly changes (the exact derivative there overflowed float32 on an Adam-trained MLP: NaN candidates)."""
+    root = v.clamp_min(0).sqrt().detach()
+    return root + (v - v.detach()) * (0.5 / root.clamp_min(floor))
 
 
 def update(s, theta: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], state: dict[str, torch.Tensor],
@@ -70,7 +71,7 @@ def update(s, theta: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], st
         m = state[f"m.{k}"] + (1 - b1) * (g - state[f"m.{k}"])  # torch's lerp
         v = b2 * state[f"v.{k}"] + (1 - b2) * g * g
         out[f"m.{k}"], out[f"v.{k}"] = m, v
-        denom = _sqrt(v) / math.sqrt(1 - b2 ** step) + s.eps
+        denom = _sqrt(v, s.eps) / math.sqrt(1 - b2 ** step) + s.eps
         new[k] = p - (lr / (1 - b1 ** step)) * m / denom
     return new, out
 

@@ -304,6 +304,8 @@ class SimulateAttack(Attack):
             if not torch.isfinite(loss):
                 raise DivergenceError(f"simulate attack diverged at iteration {it}; lower lr or step_scale")
             descend(loss, opts, p.span, p.x)
+            if not bool(torch.isfinite(p.x).all()):
+                raise DivergenceError(f"simulate attack diverged at iteration {it}: non-finite candidates; lower lr")
             if not log:
                 return None
             history.append({"iteration": it, "loss": float(loss.detach()), "unexplained": float(unexplained.detach()),
