@@ -100,9 +100,13 @@ def method_kwargs(method: str, folder: Path, training: dict) -> dict[str, Any]:
         return json.loads(body)
     if sep and kind == "kkt":
         return {"attack_args": json.loads(body)}
+    if sep and kind == "exact":  # the owner's whole recipe with these attack arguments
+        kw = METHODS["exact"](folder, training)
+        return {**kw, "attack_args": {**kw["attack_args"], **json.loads(body)}}
     if sep and kind == "start":  # the owner's known start with these attack arguments
         return {**known_start(folder, training), "attack_args": json.loads(body)}
-    raise SystemExit(f"unknown method {method!r}; known: {', '.join(METHODS)}, audit:{{json}}, kkt:{{json}}, start:{{json}}")
+    raise SystemExit(f"unknown method {method!r}; known: {', '.join(METHODS)}, audit:{{json}}, kkt:{{json}}, start:{{json}}, "
+                     "exact:{{json}}")
 
 
 def audit_settings(config: Path):
