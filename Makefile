@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/exhume demo -o runs/demo
+	$(BIN)/exhume demo -o runs/demo $(DEMO_ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m ruff check .

@@ -6,26 +6,27 @@ from pathlib import Path
 from typing import Any
 
 from exhume.attacks import Reconstruction, get_attack
-from exhume.attacks.base import check_uses_start
+from exhume.attacks.base import DEFAULT_METHOD, check_uses_start
 from exhume.attacks.memory import check_memory
 from exhume.device import check_device
 from exhume.errors import ConfigError
 from exhume.victim import AttackerView, Victim
 
 
-def attack(victim: Victim | AttackerView, method: str = "kkt", seed: int = 0, out: str | Path | None = None,
+def attack(victim: Victim | AttackerView, method: str = DEFAULT_METHOD, seed: int = 0, out: str | Path | None = None,
            resume: bool = False, device: str = "cpu", progress: bool = True, init: Any = None,
            init_name: str | None = None, mix: tuple[float, float] | None = None, init_seed: int = 0,
            force: bool = False, restarts: int | str | None = None, workers: int | None = None, storage: str | None = None,
            study_name: str | None = None, variants: list[dict[str, Any]] | None = None, start: Any = None, training: Any = None,
-           start_partial: bool = False, **kwargs: Any) -> Reconstruction:
+           start_partial: bool = False, batch_restarts: str = "auto", **kwargs: Any) -> Reconstruction:
     """Run the attack ``method`` (a registry name) with its keyword arguments on ``victim``.
 
     For methods with a restart plan (``kkt``) the budget goes to a **portfolio** of restarts run
     in parallel and pooled (:func:`exhume.portfolio.run_portfolio`; ``max_seconds`` is then the
     whole portfolio's budget, ``iterations`` each restart's). ``restarts=1`` is exactly one run,
-    as before; ``restarts``, ``workers``, ``storage``, ``study_name`` and ``variants`` are the
-    portfolio's settings. Other methods run once unless ``restarts`` asks for more.
+    as before; ``restarts``, ``workers``, ``storage``, ``study_name``, ``variants`` and ``batch_restarts``
+    ('auto': one batched process on a CUDA device, :mod:`exhume.portfolio.batched`) are the portfolio's settings.
+    Other methods run once unless ``restarts`` asks for more.
 
     Only the attacker's view of the victim (weights, task, loss, weight decay, input shape, data
     mean) reaches the attack. With ``out``, the attack checkpoints there and the result is saved
@@ -55,7 +56,8 @@ def attack(victim: Victim | AttackerView, method: str = "kkt", seed: int = 0, ou
         if init is not None or mix is not None:
             raise ConfigError("init= and mix= set the start of one run: pass restarts=1 (--restarts 1)")
         return _portfolio(victim, victim_view, method, kwargs, seed=seed, out=out, resume=resume, device=device, progress=progress,
-                          force=force, restarts=restarts, workers=workers, storage=storage, study_name=study_name, variants=variants)
+                          force=force, restarts=restarts, workers=workers, storage=storage, study_name=study_name, variants=variants,
+                          batch_restarts=batch_restarts)
     view = victim_view.attacker_view() if isinstance(victim_view, Victim) else victim_view
     if not isinstance(view, AttackerView):
         raise ConfigError(f"attack() needs a Victim or AttackerView, got {type(victim).__name__}")
@@ -83,7 +85,8 @@ def _run_once(atk, view, victim, init_kw: dict[str, Any], *, seed: int, out, res
 
 
 def _portfolio(source, victim_view, method: str, kwargs: dict[str, Any], *, seed: int, out, resume: bool, device: str,
-               progress: bool, force: bool, restarts, workers, storage, study_name, variants) -> Reconstruction:
+               progress: bool, force: bool, restarts, workers, storage, study_name, variants,
+               batch_restarts: str = "auto") -> Reconstruction:
     """:func:`attack`'s portfolio branch: the restarts run and pooled, in ``out`` (locked) when given."""
     from exhume.portfolio import run_portfolio
 
@@ -92,7 +95,7 @@ def _portfolio(source, victim_view, method: str, kwargs: dict[str, Any], *, seed
     def portfolio() -> Reconstruction:
         return run_portfolio(victim_view, method, max_seconds=max_seconds, restarts=restarts, workers=workers, seed=seed, out=out,
                              resume=resume, storage=storage, study_name=study_name, variants=variants, device=device,
-                             progress=progress, **kwargs)
+                             progress=progress, batch_restarts=batch_restarts, **kwargs)
 
     if out is None or storage is not None:  # a shared study keeps its restarts in the database
         return _finish(portfolio(), source, None)

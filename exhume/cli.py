@@ -9,8 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from exhume.attacks.base import DEFAULT_METHOD
+from exhume.choices import DTYPE_NAMES, FULL_BATCH_OPTIMIZERS, TRAINING_OPTIMIZERS
 from exhume.errors import ConfigError, DivergenceError, ExhumeError, VictimError
-from exhume.params import parse_params
+from exhume.params import parse_params, parse_restarts
 
 
 def _common(p: argparse.ArgumentParser, out_default: str | None = None) -> None:
@@ -34,12 +36,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_demo(sub) -> None:
     """``exhume demo``."""
-    p = sub.add_parser("demo", help="train a small victim on bundled MNIST, attack it, evaluate (about 6.5 min on 2 CPU cores: 6 min of attack)")
+    from exhume.demo import DEMO_ATTACK, DEMO_TRAIN
+
+    p = sub.add_parser("demo", help=f"train a small victim on bundled MNIST ({DEMO_TRAIN['max_epochs']} epochs), attack it with kkt "
+                       f"({DEMO_ATTACK['max_seconds']:g} s of wall time), evaluate and report")
     _common(p, "runs/demo")
-    p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="precision of training and attack (default float32)")
-    p.add_argument("--train-seconds", type=float, default=None, help="victim training budget (default: the demo's)")
-    p.add_argument("--attack-seconds", type=float, default=None, help="attack budget (default: the demo's)")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32", help="precision of training and attack (default float32)")
+    p.add_argument("--train-seconds", type=float, default=None,
+                   help=f"cap on the victim's training time (default {DEMO_TRAIN['max_seconds']:g} s)")
+    p.add_argument("--attack-seconds", type=float, default=None, help=f"attack budget (default {DEMO_ATTACK['max_seconds']:g} s)")
     p.add_argument("--resume", action="store_true", help="reuse the victim and continue the attack from its checkpoint")
+    p.add_argument("--force", action="store_true", help="replace a demo already in --out")
 
 
 def _add_train(sub) -> None:
@@ -54,7 +61,7 @@ def _add_train(sub) -> None:
     p.add_argument("-n", type=int, default=100, help="training-set size, balanced over the two labels")
     p.add_argument("--arch", default=PAPER_ARCH, help=f"default: the paper victim at CPU scale; e.g. {PAPER_ARCH_FULL}")
     p.add_argument("--loss", default="auto", help="logistic, cross-entropy or squared (auto: by task)")
-    p.add_argument("--optimizer", default=PAPER_TRAIN["optimizer"], choices=("gd", "adam"),
+    p.add_argument("--optimizer", default=PAPER_TRAIN["optimizer"], choices=FULL_BATCH_OPTIMIZERS,
                    help=f"full-batch gradient descent or Adam (default {PAPER_TRAIN['optimizer']})")
     p.add_argument("--lr", type=float, default=PAPER_TRAIN["lr"], help=f"learning rate (default {PAPER_TRAIN['lr']})")
     p.add_argument("--wd", type=float, default=PAPER_TRAIN["weight_decay"], help="weight decay w in mean loss + w/2 |theta|^2 (0 for none)")
@@ -63,7 +70,8 @@ def _add_train(sub) -> None:
     p.add_argument("--loss-threshold", type=float, default=None, help="stop once the training loss is below this")
     p.add_argument("--residual-threshold", type=float, default=None,
                    help="stop once the relative stationarity residual is below this (with weight decay)")
-    p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="training precision (default float32)")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32", help="training precision (default float32)")
+    p.add_argument("--force", action="store_true", help="replace a victim (or a run) already in --out")
 
 
 def _add_attack(sub) -> None:
@@ -73,15 +81,17 @@ def _add_attack(sub) -> None:
     p = sub.add_parser("attack", help="reconstruct training data from a victim's weights")
     p.add_argument("victim", help="victim folder written by 'exhume train'")
     _common(p)
-    p.add_argument("--method", default="kkt", help=f"attack name: {', '.join(sorted(ATTACKS))}")
+    p.add_argument("--method", default=DEFAULT_METHOD, help=f"attack name: {', '.join(sorted(ATTACKS))} (default {DEFAULT_METHOD})")
     p.add_argument("--list-params", action="store_true", help="print the attack's parameters (name, default, range, meaning) and exit")
-    p.add_argument("--dtype", choices=("float32", "float64"), default=None, help="computation precision (default: the attack's, float32)")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default=None, help="computation precision (default: the attack's, float32)")
     p.add_argument("--iterations", type=int, default=None, help="maximum optimisation steps (default: the attack's)")
     p.add_argument("--max-seconds", type=float, default=None, help="wall-clock budget in seconds; resumable with --resume (default: none)")
     p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE", help="any attack parameter, e.g. -p lr=0.5 -p alpha=19")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out (written for this victim)")
     p.add_argument("--force", action="store_true", help="replace a run already in --out")
-    p.add_argument("--init", default="default", choices=("default", "noise", "ground-truth", "partition", "mix"),
+    from exhume.evaluation.inits import INIT_KINDS
+
+    p.add_argument("--init", default="default", choices=("default", *INIT_KINDS),
                    help="starting candidates: the attack's own (default), U(0,1) noise, or evaluator-built images from "
                         "the victim's data (ground-truth, partition, mix; labelled oracle in every output)")
     p.add_argument("--mix-l1", type=float, default=None, help="mix: weight of ground truth vs partition (λ₁ in [0, 1])")
@@ -93,6 +103,9 @@ def _add_attack(sub) -> None:
     p.add_argument("--storage", default=None,
                    help="share the restarts with other machines through a study, e.g. postgresql://user:pass@host/db or sqlite:///p.db")
     p.add_argument("--study-name", default=None, help="study name in --storage (default exhume-portfolio)")
+    p.add_argument("--batch-restarts", default="auto", choices=("auto", "on", "off"),
+                   help="run the restarts as one batched problem in this process (auto: on a CUDA device; "
+                        "exhume/portfolio/batched.py) or one per worker process (off)")
     p.add_argument("--worker", action="store_true", help="with --storage: only run restarts of the study (no pooling); "
                    "start the pooling 'exhume attack' without --worker on one machine")
 
@@ -106,8 +119,16 @@ def _add_evaluate(sub) -> None:
     p.add_argument("--against", required=True, help="victim folder (its training set is rebuilt from the saved spec)")
     p.add_argument("-o", "--out", default=None, help="where to write metrics and figures (default: RUN/evaluation)")
     p.add_argument("--pool-size", type=int, default=1000, help="unseen images for the memorisation count (default 1000)")
-    p.add_argument("--match", default="ssim", choices=("ssim", "l2", "ncc"),
+    from exhume.evaluation.matching import MATCH_RULES
+
+    p.add_argument("--match", default="ssim", choices=MATCH_RULES,
                    help="rule that picks each image's best candidate: ssim (default), l2 or ncc (see exhume/evaluation/matching.py)")
+    p.add_argument("--force", action="store_true", help="replace an evaluation already in --out")
+    from exhume.evaluation.run import CANDIDATE_SCALES
+
+    p.add_argument("--candidate-scale", default="clip", choices=tuple(CANDIDATE_SCALES),
+                   help="candidates to display space: clip to [0, 1] (default) or rescale each by its own min and max (for "
+                        "attacks that fix an image only up to a positive scale; applied alike against training, pool and control)")
 
 
 def _add_tune(sub) -> None:
@@ -119,7 +140,7 @@ def _add_tune(sub) -> None:
     p.add_argument("--trials", type=int, required=True, help="number of finished trials the study should reach")
     p.add_argument("--trial-seconds", type=float, default=60.0, help="attack budget per trial (default 60 s)")
     p.add_argument("--storage", default=None, help="Optuna storage URL shared by workers, e.g. postgresql://user:pass@host/db (default: OUT/tune.db)")
-    p.add_argument("--method", default="kkt", help="the attack whose hyperparameters are searched (default kkt)")
+    p.add_argument("--method", default=DEFAULT_METHOD, help=f"the attack whose hyperparameters are searched (default {DEFAULT_METHOD})")
     p.add_argument("--study-name", default=None, help="study name in the storage (default exhume-METHOD)")
     p.add_argument("--no-prune", action="store_true", help="run every trial to its budget (no median pruning)")
     p.add_argument("--heartbeat", type=int, default=5, help="seconds between a worker's heartbeats; a trial silent for 4x this is failed and retried "
@@ -133,19 +154,24 @@ def _add_report(sub) -> None:
     p.add_argument("run", help="attack run folder (with an evaluation/ subfolder from 'exhume evaluate')")
     p.add_argument("-o", "--out", default=None, help="HTML file to write (default: RUN/report.html)")
     p.add_argument("--against", default=None, help="victim folder: evaluate the run first if RUN/evaluation is missing")
+    p.add_argument("--force", action="store_true", help="replace a report already at --out")
 
 
 def _add_experiment(sub) -> None:
     """``exhume experiment NAME``: one subcommand per registered experiment."""
     from exhume.experiments import EXPERIMENTS
 
-    p = sub.add_parser("experiment", help="run a named experiment that reproduces a paper's finding")
+    p = sub.add_parser("experiment", help="run a named experiment that reproduces a paper's finding (each states its CPU default; "
+                       "times measured: benchmarks/README.md#the-experiments-wall-times)")
     exp_sub = p.add_subparsers(dest="experiment", required=True, help="the experiment to run")
     for name, exp in sorted(EXPERIMENTS.items()):
         text = exp.help.replace("%", "%%")  # argparse formats help strings with %
         q = exp_sub.add_parser(name, help=text, description=text)
         _common(q, f"runs/experiment-{name}")
-        q.add_argument("--full", action="store_true", help="the paper's scale (for a GPU), instead of the CPU budget")
+        q.add_argument("--full", action="store_true", help="the paper's scale instead of the CPU budget (expected wall "
+                       "times on a GPU and on 2 CPU cores: benchmarks/README.md#the-experiments-at-full-scale-wall-times); "
+                       "run it in checkpointed chunks with --chunk-seconds and --resume where the experiment offers them")
+        q.add_argument("--force", action="store_true", help="run again in an --out that holds an earlier run of it, replacing its results")
         if exp.add_arguments is not None:
             exp.add_arguments(q)
 
@@ -154,7 +180,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from exhume.demo import run_demo
 
     run_demo(out=args.out, seed=args.seed, device=args.device, dtype=args.dtype, train_seconds=args.train_seconds,
-             attack_seconds=args.attack_seconds, resume=args.resume, progress=not args.no_progress)
+             attack_seconds=args.attack_seconds, resume=args.resume, progress=not args.no_progress, force=args.force)
     return 0
 
 
@@ -168,9 +194,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
     cfg = TrainConfig(loss=loss, optimizer=args.optimizer, lr=args.lr, weight_decay=args.wd, max_epochs=args.epochs,
                       max_seconds=args.seconds, loss_threshold=args.loss_threshold, residual_threshold=args.residual_threshold)
     from exhume.device import check_device
-    from exhume.files.runfolder import own_run_folder
+    from exhume.files.runfolder import RUN_FILES, own_run_folder
+    from exhume.victim.victim import VICTIM_FILES
 
-    with own_run_folder(args.out, run_files=(), can_force=False):  # locked while training and saving, as an attack's folder
+    # locked while training and saving, as an attack's folder; a victim (or a run) already there is replaced only with
+    # --force: the attack runs written for it would be orphaned
+    with own_run_folder(args.out, force=args.force, run_files=(*VICTIM_FILES, *RUN_FILES, "restarts"), holds="a victim or a run",
+                        can_resume=False):
         victim = make_victim(args.data, args.task, args.n, args.arch, cfg, seed=args.seed, root=args.root,
                              progress=not args.no_progress, dtype=getattr(torch, args.dtype), device=check_device(args.device))
         victim.save(args.out)
@@ -188,7 +218,7 @@ def add_start_arguments(p: argparse.ArgumentParser) -> None:
                    help="the starting weights: .safetensors, or a .pt/.pth state dict (never a pickled model)")
     g.add_argument("--start-partial", action="store_true",
                    help="the start file covers only some parameters (e.g. a public backbone without the new head)")
-    g.add_argument("--train-optimizer", default=None, choices=("sgd", "adam", "adamw"), help="the optimiser training used")
+    g.add_argument("--train-optimizer", default=None, choices=TRAINING_OPTIMIZERS, help="the optimiser training used")
     g.add_argument("--train-lr", type=float, default=None, help="its learning rate")
     g.add_argument("--train-momentum", type=float, default=None, help="SGD's momentum (default 0)")
     g.add_argument("--train-betas", default=None, metavar="B1,B2", help="Adam's betas (default 0.9,0.999)")
@@ -223,14 +253,6 @@ def start_arguments(args: argparse.Namespace, model) -> dict[str, Any]:
     return {"start": args.start_weights, "training": training or None, "start_partial": args.start_partial}
 
 
-def _restarts(text: str | None) -> int | str | None:
-    if text is None or text == "auto":
-        return text
-    if not text.isdigit() or int(text) < 1:
-        raise ConfigError(f"--restarts expects a positive integer or 'auto', got {text!r}")
-    return int(text)
-
-
 def _cmd_attack(args: argparse.Namespace) -> int:
     import exhume
 
@@ -240,6 +262,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
             kwargs[key] = getattr(args, key)
     if args.workers is not None and args.workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {args.workers}")
+    restarts = parse_restarts(args.restarts, "--restarts")
     victim = exhume.load_victim(args.victim)
     if args.worker:
         from exhume.portfolio import portfolio_worker
@@ -260,8 +283,9 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     mix = (args.mix_l1, args.mix_l2) if init == "mix" else None
     result = exhume.attack(victim, method=args.method, seed=args.seed, out=args.out, resume=args.resume,
                            device=args.device, progress=not args.no_progress, init=init, mix=mix,
-                           init_seed=args.init_seed, force=args.force, restarts=_restarts(args.restarts), workers=args.workers,
-                           storage=args.storage, study_name=args.study_name, **start_arguments(args, victim.model), **kwargs)
+                           init_seed=args.init_seed, force=args.force, restarts=restarts, workers=args.workers,
+                           storage=args.storage, study_name=args.study_name, batch_restarts=args.batch_restarts,
+                           **start_arguments(args, victim.model), **kwargs)
     oracle = " (ORACLE initialisation: built from the victim's data)" if result.config.get("oracle_init") else ""
     if "portfolio" not in result.config:
         print(f"reconstruction saved to {args.out}: {result.candidates.shape[0]} candidates, init {result.config.get('init')}{oracle}, "
@@ -275,17 +299,25 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     return 0
 
 
+#: the files that mean an evaluation is already in a folder (``exhume evaluate`` replaces them only with --force)
+EVALUATION_FILES = ("metrics.json", "arrays.npz")
+
+
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     import exhume
     from exhume.evaluation.run import format_table, summary_rows
 
     if args.pool_size < 1:
         raise ConfigError(f"--pool-size must be at least 1 (the memorisation count compares with unseen images), got {args.pool_size}")
+    from exhume.files.runfolder import refuse_existing
+
+    out = Path(args.out) if args.out else Path(args.run) / "evaluation"
+    refuse_existing(out, EVALUATION_FILES, args.force, "an evaluation")
     recon = exhume.load_reconstruction(args.run)
     victim = exhume.load_victim(args.against)
-    out = Path(args.out) if args.out else Path(args.run) / "evaluation"
     try:
-        result = exhume.evaluate(recon, victim, pool_size=args.pool_size, match=args.match, out=out)
+        result = exhume.evaluate(recon, victim, pool_size=args.pool_size, match=args.match, out=out,
+                                 candidate_scale=args.candidate_scale)
     except VictimError as e:  # e.g. the run was attacked from another victim: name the run folder too
         raise VictimError(f"{args.run}: {e}") from None
     print(format_table(summary_rows(result.metrics)))
@@ -315,8 +347,12 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from exhume.files.runfolder import RunFolderError
     from exhume.report import write_report
 
+    target = Path(args.out) if args.out else Path(args.run) / "report.html"
+    if target.exists() and not args.force:
+        raise RunFolderError(f"{target} already exists (a report); pass --force to replace it, or choose another -o")
     path = write_report(args.run, out=args.out, against=args.against)
     print(f"report written to {path}")
     return 0
@@ -334,9 +370,14 @@ CHUNK_ENDED = 3
 def _cmd_experiment(args: argparse.Namespace) -> int:
     from exhume.experiments import get_experiment
     from exhume.experiments.registry import ChunkEnd, chunk_deadline
+    from exhume.files.runfolder import LOCK_NAME, refuse_existing
 
+    out = Path(args.out)
     try:
         with chunk_deadline(getattr(args, "chunk_seconds", None)):
+            if out.is_dir():  # an earlier run's results are reused only with --resume, replaced only with --force
+                earlier = tuple(sorted(p.name for p in out.iterdir() if not p.name.startswith(LOCK_NAME)))
+                refuse_existing(out, earlier, args.force or getattr(args, "resume", False), "an earlier run", can_resume=True)
             result = get_experiment(args.experiment).run(args)
     except ChunkEnd:
         print(f"exhume experiment {args.experiment}: this chunk's {args.chunk_seconds:g} s are up; finished cases, the "
@@ -359,15 +400,7 @@ def list_params(method: str) -> str:
         raise ConfigError(f"unknown attack method {method!r}; known: {', '.join(sorted(ATTACKS))}")
     rows = []
     for name, prm in ATTACKS[method].params.items():
-        if prm.choices is not None:
-            rng = " | ".join(map(str, prm.choices))
-        elif prm.low is not None and prm.high is not None:
-            rng = f"[{prm.low}, {prm.high}]"
-        elif prm.low is not None or prm.high is not None:
-            rng = f">= {prm.low}" if prm.low is not None else f"<= {prm.high}"
-        else:
-            rng = prm.kind.__name__ if prm.kind is not object else "any"
-        rows.append((name, repr(prm.default), rng, prm.help))
+        rows.append((name, repr(prm.default), prm.range_text(), prm.help))
     w = [max(len(r[i]) for r in rows + [("name", "default", "range", "")]) for i in range(3)]
     head = f"{'name':<{w[0]}}  {'default':<{w[1]}}  {'range':<{w[2]}}  meaning"
     return "\n".join([f"parameters of the {method!r} attack (set with -p NAME=VALUE):", head]
@@ -379,7 +412,7 @@ def _list_params_early(argv: Sequence[str]) -> int | None:
     if len(argv) < 1 or argv[0] != "attack" or "--list-params" not in argv:
         return None
     pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--method", default="kkt")
+    pre.add_argument("--method", default=DEFAULT_METHOD)
     known, _ = pre.parse_known_args(list(argv[1:]))
     try:
         print(list_params(known.method))

@@ -18,6 +18,10 @@ import torch.nn.functional as F
 from exhume.errors import ConfigError
 
 LOSSES = ("logistic", "cross-entropy", "squared")
+#: the losses of a classifier (a margin, and multipliers tied to it)
+CLASSIFIER_LOSSES = LOSSES[:2]
+#: other names users give them (the audit takes these too): BCE-with-logits is the logistic loss
+LOSS_ALIASES = {"bce": "logistic", "bce-with-logits": "logistic", "binary-cross-entropy": "logistic", "ce": "cross-entropy"}
 
 
 def check_loss(name: str) -> str:

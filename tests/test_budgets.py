@@ -1,16 +1,22 @@
-"""Budgets kept: the pool's merge near-linear when candidates collapse, the SSIM bound it uses equal to SSIM's
-verdict, and a progress line that never shows more seconds than its budget as a fraction of it."""
+"""Budgets kept: a portfolio with spawned workers returns within its time budget (probe, start-up, pooling and saving
+included), a wall-clock deadline stops a run whatever its max_seconds, restarts end with their wave; the pool's merge
+fast on 20,000 candidates (collapsed or distinct) and equal to the greedy rule on dense matrices with and without its
+screen; the SSIM bound it uses equal to SSIM's verdict; a progress line that never shows more seconds than its budget
+as a fraction of it."""
 
 from __future__ import annotations
 
 import dataclasses
 import sys
 import time
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from exhume.evaluation.ssim import ssim_pairs
+import exhume
+from exhume.evaluation.ssim import ssim_pairs, ssim_pairs_separable
 from exhume.portfolio.pool import DUPLICATE_SSIM, certain_gap, near_duplicates
 
 pool_mod = sys.modules["exhume.portfolio.pool"]  # the package exports a function named pool
@@ -42,7 +48,8 @@ def test_the_pixel_bound_never_accepts_a_pair_ssim_would_refuse():
     assert float(ssim_pairs(a, (a + 20 * eps * signs).clamp(0, 1)).min()) < DUPLICATE_SSIM  # the bound is not vacuous
 
 
-def test_the_merge_with_the_bound_equals_the_greedy_rule_on_dense_ncc_and_ssim(monkeypatch):
+@pytest.mark.parametrize("screen", [False, True])
+def test_the_merge_with_the_bound_equals_the_greedy_rule_on_dense_ncc_and_ssim(monkeypatch, screen):
     """Clusters at several noise levels, some above the bound (SSIM decides) and some below it, in small blocks."""
     from exhume.evaluation.matching import ncc_matrix
     from exhume.evaluation.ssim import ssim_matrix
@@ -62,6 +69,7 @@ def test_the_merge_with_the_bound_equals_the_greedy_rule_on_dense_ncc_and_ssim(m
             owner_ref[a] = a
             owner_ref[(owner_ref < 0) & dense[a]] = a
     monkeypatch.setattr(pool_mod, "LIMITS", dataclasses.replace(pool_mod.LIMITS, candidates_x_pool_block=7 * 60))
+    monkeypatch.setattr(pool_mod, "SCREEN_MIN", 2 if screen else 10**9)  # the subspace bound before the correlations
     kept, owner = near_duplicates(cands, labels, order, mean=mean)
     assert torch.equal(owner, owner_ref) and 6 < len(kept) < 60
     assert kept.tolist() == [a for a in order.tolist() if owner_ref[a] == a]
@@ -75,3 +83,112 @@ def test_a_progress_line_never_shows_more_seconds_than_its_budget_as_a_fraction(
     bar.close()
     line = capsys.readouterr().err
     assert line == f"kkt attack: it 40/100, {shown}\n"
+
+
+MNIST = Path(exhume.__file__).parent / "data" / "mnist_subset.npz"
+
+
+def _digits():
+    d = np.load(MNIST)
+    return torch.from_numpy(d["images"]).float().div(255).unsqueeze(1), torch.from_numpy(d["labels"] % 2).float()
+
+
+def test_twenty_thousand_distinct_candidates_merge_in_under_five_seconds_of_one_core():
+    """A portfolio's pool of distinct images (10,000 digits and their mirror images, odd/even): the subspace bound
+    rules out nearly every pair, so the merge is far from the m² correlations of 784 pixels (one thread, CPU time)."""
+    digits, labels = _digits()
+    cands, labs = torch.cat([digits, digits.flip(-1)]), torch.cat([labels, labels])
+    order = torch.randperm(20_000, generator=torch.Generator().manual_seed(0))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        t0 = time.process_time()
+        kept, owner = near_duplicates(cands, labs, order, mean=digits.mean(0))
+        seconds = time.process_time() - t0
+    finally:
+        torch.set_num_threads(threads)
+    assert seconds < 5.0, seconds
+    assert 19_900 < len(kept) < 20_000  # a few true look-alikes (a digit equal to its mirror image) merge
+    merged = (owner != torch.arange(20_000)).nonzero().flatten()
+    assert bool((labs[merged] == labs[owner[merged]]).all())
+
+
+def test_the_screened_merge_equals_the_greedy_rule_on_a_dense_correlation_matrix(monkeypatch):
+    """Digits, noisy copies of them and noise, 1,500 of each label (the screen on, its dense fallback for noise),
+    against the greedy rule on the full float64 correlation matrix (the correlation alone)."""
+    from exhume.evaluation.matching import ncc_matrix
+
+    digits, labels = _digits()
+    g = torch.Generator().manual_seed(3)
+    base = digits[:1000]
+    noisy = (base + torch.tensor([0.0, 0.01, 0.03, 0.1]).repeat(250)[:, None, None, None] * torch.randn(base.shape, generator=g)).clamp(0, 1)
+    noise = (digits.mean(0) + 0.1 * torch.randn(1000, 1, 28, 28, generator=g)).clamp(0, 1)
+    cands = torch.cat([base, noisy, noise])
+    labs = torch.cat([labels[:1000], labels[:1000], (torch.arange(1000) % 2).float()])
+    order = torch.randperm(3000, generator=g)
+    mean = digits.mean(0)
+    monkeypatch.setattr(pool_mod, "LIMITS", dataclasses.replace(pool_mod.LIMITS, candidates_x_pool_block=200_000))
+    kept, owner = near_duplicates(cands, labs, order, mean=mean, ssim_threshold=None)
+    flat = (cands - mean).reshape(3000, 1, 1, -1)
+    dense = (ncc_matrix(flat, flat) > 0.95) & (labs[:, None] == labs[None, :])
+    ref = torch.full((3000,), -1, dtype=torch.long)
+    for a in order.tolist():
+        if ref[a] < 0:
+            ref[a] = a
+            ref[(ref < 0) & dense[a]] = a
+    assert torch.equal(owner, ref) and 1500 < len(kept) < 2900
+
+
+def test_ssim_pairs_separable_equals_ssim_pairs():
+    g = torch.Generator().manual_seed(4)
+    for shape in [(50, 1, 28, 28), (20, 3, 32, 32), (30, 1, 8, 8)]:
+        a = torch.rand(shape, generator=g)
+        b = (a + 0.05 * torch.randn(shape, generator=g)).clamp(0, 1)
+        assert torch.allclose(ssim_pairs_separable(a, b), ssim_pairs(a, b), atol=1e-12, rtol=0)
+
+
+def test_restarts_end_with_their_wave():
+    from exhume.portfolio.plan import make_plan
+    from exhume.portfolio.runner import restart_ends
+
+    plan = make_plan("kkt", 5, max_seconds=30.0, workers=2)
+    now = time.time()
+    ends = restart_ends(list(plan.restarts), 2, now + 30.0)
+    assert [round(ends[k] - now) for k in range(5)] == [10, 10, 20, 20, 30]
+    assert restart_ends(list(plan.restarts), 2, None) == dict.fromkeys(range(5))
+
+
+def test_a_wall_deadline_stops_a_run_whatever_its_max_seconds(victim_dir):
+    from exhume.attacks import get_attack
+    from exhume.attacks.loop import wall_deadline
+    from exhume.portfolio.plan import make_plan
+    from exhume.portfolio.runner import UNFINISHED, run_restart
+
+    view = exhume.load_victim(victim_dir).attacker_view()
+    t0 = time.perf_counter()
+    with wall_deadline(time.time() + 1.5):
+        recon = get_attack("kkt", max_seconds=600.0).run(view, progress=False)
+    assert time.perf_counter() - t0 < 4.0 and recon.summary["iterations"] > 1
+    late = make_plan("kkt", 1, max_seconds=60.0, workers=1).restarts[0]
+    recon, row = run_restart(view, "kkt", late, None, False, "cpu", False, end=time.time() - 1, deadline=time.time() - 1)
+    assert recon is None and row["status"] == UNFINISHED  # started after the deadline: not run, not stored
+
+
+@pytest.mark.slow
+def test_a_portfolio_with_spawned_workers_keeps_a_20_second_budget(victim_dir, monkeypatch, tmp_path):
+    """Everything inside the budget: the sizing probe, spawned interpreters importing torch (tens of seconds on a
+    loaded 2-core machine), the restarts, pooling and saving. This process runs one restart of every wave itself,
+    so the portfolio has results even when the workers start too late to finish one."""
+    import exhume.portfolio.runner as runner
+
+    monkeypatch.setattr(runner, "start_method", lambda device: "spawn")  # the path of GPUs and macOS
+    victim = exhume.load_victim(victim_dir)
+    t0 = time.perf_counter()
+    r = exhume.attack(victim, "kkt", max_seconds=20.0, workers=2, out=tmp_path / "run", progress=False)
+    wall = time.perf_counter() - t0
+    assert wall < 25.0, wall
+    table = r.config["portfolio"]["restarts"]
+    assert r.summary["restarts"] >= 2 and table[0]["status"] == "complete"
+    assert {row["status"] for row in table} <= {"complete", runner.UNFINISHED}
+    assert all((row.get("seconds") or 0) < 20.0 for row in table)
+    assert (tmp_path / "run" / "reconstruction.json").is_file() and r.candidates.shape[0] > 0

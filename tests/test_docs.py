@@ -6,13 +6,16 @@ How a page's fenced blocks are treated (docs/DESIGN.md, "Docs that stay true"):
 - ``bash`` and ``python`` blocks run, in the page's order, in one working folder per page that
   starts with a tiny victim at ``runs/victim`` (trained once per session). ``exhume ...`` lines
   run in this process through ``exhume.cli.main`` and must exit 0; ``python FILE`` runs a file
-  the page wrote; Python blocks of one page share one namespace.
+  the page wrote; Python blocks of one page share one namespace. A page's own
+  ``exhume train -o runs/victim`` replaces the starting victim (``train`` refuses to overwrite one).
 - HTML comments on the lines just before a block change that:
   ``<!-- not run: REASON -->`` skips it; ``<!-- parse only: REASON -->`` checks each command
   without running it (exhume's own argparse parser and each ``-p`` name against the attack's
   parameters; ``make`` targets in the Makefile; ``pip install 'exhume[extra]'`` extras in
   pyproject.toml; ``python FILE`` exists); ``<!-- file: NAME -->`` writes the block to NAME;
   ``<!-- sub: OLD => NEW -->`` (any number) replaces text before the block runs, for sizes.
+  ``<!-- needs: MODULE -->`` (a module of an optional extra, e.g. optuna): without it the block is
+  left out and, once the page's other blocks ran, the test skips with the reason (fails under CI).
   ``python -c CODE`` runs CODE; its exit status (a CI gate's verdict) is not checked.
 - Budgets are cut everywhere without a marker: ``--max-seconds N`` and ``max_seconds=N`` become 2,
   ``--trial-seconds N`` becomes 2.
@@ -23,6 +26,7 @@ How a page's fenced blocks are treated (docs/DESIGN.md, "Docs that stay true"):
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 import runpy
 import shlex
@@ -32,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from _extras import missing
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -39,8 +44,9 @@ CODE = {"bash": "bash", "sh": "bash", "shell": "bash", "python": "python", "py":
 NOT_CODE = {"text", "toml", "json", "console-output"}
 BUDGETS = [(r"--max-seconds \d+(\.\d+)?", "--max-seconds 2"), (r"max_seconds=\d+(\.\d+)?", "max_seconds=2"),
            (r"--trial-seconds \d+(\.\d+)?", "--trial-seconds 2")]
-MARKER = re.compile(r"<!--\s*(not run|parse only|file|sub):\s*(.*?)\s*-->")
+MARKER = re.compile(r"<!--\s*(not run|parse only|file|sub|needs):\s*(.*?)\s*-->")
 FENCE = re.compile(r"^```(\S*)\s*$")
+SEEDED = ".seeded-by-the-doc-test"  # marks the page's starting victim, which a page's own 'exhume train -o runs/victim' replaces
 
 
 @dataclass
@@ -53,6 +59,7 @@ class Block:
     reason: str = ""
     file: str = ""
     subs: list[tuple[str, str]] = field(default_factory=list)
+    needs: list[str] = field(default_factory=list)  # modules of an optional extra the block imports
 
     def where(self) -> str:
         return f"{self.page.relative_to(ROOT)}:{self.line}"
@@ -81,6 +88,8 @@ def blocks(page: Path) -> list[Block]:
                 b.subs.append((old, new))
             elif kind == "file":
                 b.mode, b.file = "file", text
+            elif kind == "needs":
+                b.needs.append(text)
             else:
                 b.mode, b.reason = kind, text
             k -= 1
@@ -119,6 +128,23 @@ def _extras() -> set[str]:
     return set(re.findall(r"^([\w-]+)\s*=", section, flags=re.M))
 
 
+def _importable(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
+def _extras_of(modules: list[str]) -> str:
+    """``pip install 'exhume[X]'`` for the extras of pyproject.toml that list these modules."""
+    text = (ROOT / "pyproject.toml").read_text()
+    section = text.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+    names = [e for e, reqs in re.findall(r"^([\w-]+)\s*=\s*\[(.*?)\]", section, flags=re.M)
+             if all(re.search(rf'"{m}\b', reqs) for m in modules)]
+    return " or ".join(f"pip install 'exhume[{e}]'" for e in names) or "no extra lists it"
+
+
 def parse_command(cmd: str, where: str, folder: Path) -> None:
     argv = shlex.split(cmd)
     if argv[0] == "exhume":
@@ -151,12 +177,21 @@ def parse_command(cmd: str, where: str, folder: Path) -> None:
 # ---------------------------------------------------------------- running a page
 
 
+def _out(argv: list[str]) -> str | None:
+    for flag in ("-o", "--out"):
+        if flag in argv[:-1]:
+            return argv[argv.index(flag) + 1]
+    return None
+
+
 def run_bash(b: Block, code: str, folder: Path) -> None:
     from exhume.cli import main
 
     for cmd in commands(code):
         argv = shlex.split(cmd)
         if argv[0] == "exhume":
+            if argv[1] == "train" and (folder / "runs" / "victim" / SEEDED).exists() and _out(argv) == "runs/victim":
+                shutil.rmtree(folder / "runs" / "victim")  # the page trains its own victim where the seeded one was
             assert main(argv[1:]) == 0, f"{b.where()}: {cmd!r} failed (see the captured output)"
         elif argv[:2] == ["python", "-c"]:
             try:
@@ -187,14 +222,19 @@ def tiny_victim(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_code_blocks_run(page, tiny_victim, tmp_path, monkeypatch):
     shutil.copytree(tiny_victim, tmp_path / "runs" / "victim")
+    (tmp_path / "runs" / "victim" / SEEDED).touch()
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     before = set(sys.modules)
     namespace: dict = {"__name__": "__main__"}
+    left_out = []
     try:
         for b in blocks(page):
             lang = CODE.get(b.lang)
-            if b.mode == "file":
+            absent = [m for m in b.needs if not _importable(m)]
+            if absent:
+                left_out.append(f"{b.where()} needs {', '.join(absent)} ({_extras_of(absent)})")
+            elif b.mode == "file":
                 (tmp_path / b.file).write_text(prepared(b))
             elif lang is None:
                 assert b.lang in NOT_CODE, f"{b.where()}: a fenced block needs a language ({sorted(CODE)} or {sorted(NOT_CODE)})"
@@ -212,6 +252,8 @@ def test_code_blocks_run(page, tiny_victim, tmp_path, monkeypatch):
         for name in set(sys.modules) - before:  # modules a page wrote (mymodel) must not leak into the next page
             if getattr(sys.modules[name], "__file__", None) and str(tmp_path) in str(sys.modules[name].__file__):
                 del sys.modules[name]
+    if left_out:
+        missing("; ".join(left_out) + ", not installed: left out, the page's other blocks ran")
 
 
 # ---------------------------------------------------------------- links
@@ -263,6 +305,18 @@ def test_relative_links_and_anchors_resolve(page):
 
 
 # ---------------------------------------------------------------- docstrings and labels
+
+
+def test_the_code_cites_benchmark_anchors_that_exist():
+    """Code and help texts cite measurements as ``benchmarks/README.md#anchor`` (a stable heading), each anchor from one place."""
+    known = anchors(ROOT / "benchmarks" / "README.md")
+    cited: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "exhume").rglob("*.py")):
+        for anchor in re.findall(r"benchmarks/README\.md#([\w-]+)", path.read_text()):
+            cited.setdefault(anchor, []).append(str(path.relative_to(ROOT)))
+    assert cited, "no anchor cited: the pattern no longer matches the code's citations"
+    assert sorted(set(cited) - known) == [], "anchors cited in exhume/ but not headings of benchmarks/README.md"
+    assert {a: w for a, w in cited.items() if len(w) > 1} == {}, "an anchor cited from more than one place"
 
 
 def test_module_docstrings_are_at_most_30_lines():

@@ -140,3 +140,15 @@ def test_the_attack_replays_the_recipe_and_descends_on_its_gap():
     assert recon.candidates.shape == (N, 1, 4, 4) and recon.config["equation_used"] == "the exact training run"
     assert recon.config["recipe"]["seed"] == SEED and "betas" not in recon.config["recipe"] and recon.config["replayed_steps"] == 9
     assert recon.summary["final_relative_stationarity"] == pytest.approx(gaps[-1], rel=0.5)
+
+
+def test_the_exact_run_identifies_the_training_images_where_the_attack_does_not_reach_them():
+    from exhume.evaluation.identifiability import identifiability
+
+    view, x, y = _victim()
+    attack = get_attack("simulate", run="exact", iterations=3, dtype="float64", init_scale=0.1)
+    recon = attack.run(view, progress=False)
+    eq = attack.equation_on(view)
+    record = identifiability(eq, view.model, x, y, "logistic", eq.residual(view.model, x, y, "logistic", 0.0), recon)
+    assert record["residual_at_training"] <= 1e-12 and record["attack_best_residual"] > 0.1
+    assert record["admits_other_images"] is False and record["attack_to_truth"] > 1e6

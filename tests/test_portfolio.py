@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _extras import need
 from _postgres import postgres_dsn
 from torch import nn
 
@@ -172,7 +173,7 @@ def test_resume_mid_portfolio_runs_only_the_rest_and_matches_an_uninterrupted_ru
     real = runner.run_restart
     calls: list[tuple[int, bool]] = []
 
-    def interrupted(view, method, restart, folder, resume, device, progress):
+    def interrupted(view, method, restart, folder, resume, device, progress, *deadlines):
         calls.append((restart.index, resume))
         if restart.index == 2:  # restart 2 gets 20 of its 40 iterations, then the user presses Ctrl-C
 
@@ -181,7 +182,7 @@ def test_resume_mid_portfolio_runs_only_the_rest_and_matches_an_uninterrupted_ru
 
             get_attack(method, **restart.kwargs).run(view, out=folder, seed=restart.seed, progress=False,
                                                     callback=ctrl_c, callback_every=20)
-        return real(view, method, restart, folder, resume, device, progress)
+        return real(view, method, restart, folder, resume, device, progress, *deadlines)
 
     monkeypatch.setattr(runner, "run_restart", interrupted)
     out = tmp_path / "cut"
@@ -305,7 +306,7 @@ def _attack(victim_dir, out, storage, study, *extra):
 
 
 def _two_workers_one_study(victim_dir, tmp_path, storage):
-    optuna = pytest.importorskip("optuna") if not os.environ.get("CI") else __import__("optuna")
+    optuna = need("optuna", "tune")
     study = f"test-{uuid.uuid4().hex[:10]}"
     helper = _attack(victim_dir, tmp_path / "helper", storage, study, "--worker")  # waits for the study to appear
     pooler = _attack(victim_dir, tmp_path / "pooled", storage, study, "--restarts", "4", "--max-seconds", "8",
@@ -373,7 +374,7 @@ def test_blocked_merge_equals_the_dense_correlation_rule(monkeypatch):
 def test_a_trial_another_worker_told_first_is_not_an_error_and_other_errors_are(monkeypatch):
     """SQLite does not lock a claimed trial, so two workers can run the same waiting restart (same seed: the same
     result); the one that tells it second goes on. Any other error of a trial still stops the worker."""
-    import optuna
+    optuna = need("optuna", "tune")
 
     from exhume.studies import work
 

@@ -183,9 +183,12 @@ def test_a_lock_from_another_host_is_taken_over_only_with_force(victims, tmp_pat
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "on host node-17.cluster" in err and "cannot check" in err and "--force" in err
     assert json.loads((run / LOCK_NAME).read_text())["host"] == "node-17.cluster" and _iteration(run) == 5
-    for cmd in (["train", "--arch", "mlp:8", "-n", "10", "--seconds", "1", "--no-progress", "-o", str(run)],
-                ["evaluate", str(run), "--against", str(victims / "victim0")], ["report", str(run)]):
-        assert main(cmd) == 2  # commands without --force say how to free the folder
+    train = ["train", "--arch", "mlp:8", "-n", "10", "--seconds", "1", "--no-progress", "-o", str(run)]
+    assert main(train) == 2  # train's --force replaces a folder's victim or run, and takes a foreign lock over as attack's
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "node-17.cluster" in err and "pass --force to take the folder over" in err
+    for cmd in (["evaluate", str(run), "--against", str(victims / "victim0")], ["report", str(run)]):
+        assert main(cmd) == 2  # their --force replaces an earlier evaluation or report, never a lock: they say how to free the folder
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "node-17.cluster" in err and "delete the lock file" in err and "--force" not in err
     # another PID namespace on this host (a container) cannot be checked either

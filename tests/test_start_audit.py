@@ -43,6 +43,15 @@ def test_the_audit_with_the_start_finds_what_weights_only_cannot_and_names_its_t
     assert Metrics.read(tmp_path / "known" / "evaluation" / "metrics.json")["threat_model"] == m["threat_model"]
     report = (tmp_path / "known" / "report.html").read_text()
     assert "Threat model audited</b>: the attacker knows the starting weights" in report
+    # what only the owner measures: the equation at the training images beside the attack's best, membership from the weights
+    saved = Metrics.read(tmp_path / "known" / "evaluation" / "metrics.json")
+    ident, exposure = saved["identifiability"], saved["membership_exposure"]
+    assert ident["residual_at_training"] == m["victim"]["stationarity_residual"] and ident["attack_to_truth"] > 0
+    assert set(exposure["scores"]) == {"loss", "loss_drop", "gradient_alignment", "gradient_alignment_start"}
+    assert set(w["membership_exposure"]["scores"]) == {"loss", "gradient_alignment"} and w["identifiability"]["attack_to_truth"]
+    assert exposure["finding"] in known.reason and exposure["n_members"] == 4 and exposure["n_nonmembers"] == 60
+    assert (tmp_path / "known" / "evaluation" / "membership_roc.png").is_file()
+    assert 'id="identifiability"' in report and 'id="membership-exposure"' in report
 
 
 def test_an_audit_whose_start_training_forgot_says_it_solved_the_stationary_equation(tmp_path):

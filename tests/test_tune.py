@@ -13,16 +13,28 @@ from pathlib import Path
 
 import pytest
 import torch
+from _extras import need
 from _postgres import postgres_dsn
 
-optuna = pytest.importorskip("optuna") if not os.environ.get("CI") else __import__("optuna")
-
-from exhume.cli import main  # noqa: E402
-from exhume.errors import ConfigError  # noqa: E402
-from exhume.tune import DEFAULTS, SEARCH_SPACE, attacker_score, load_study, tune  # noqa: E402
-from exhume.victim import TrainConfig, Victim, make_victim  # noqa: E402
+from exhume.cli import main
+from exhume.errors import ConfigError
+from exhume.tune import DEFAULTS, SEARCH_SPACE, attacker_score, load_study, tune
+from exhume.victim import TrainConfig, Victim, make_victim
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def optuna():
+    """Optuna (``exhume[tune]``): the tests of a study skip without it, or fail under CI."""
+    return need("optuna", "tune")
+
+
+def test_without_optuna_tune_says_what_to_install(victim_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "optuna", None)  # as if the extra were not installed
+    assert main(["tune", str(victim_dir), "-o", str(tmp_path / "t"), "--trials", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'exhume[tune]'" in err
 
 
 def _view(victim_dir):
@@ -31,7 +43,7 @@ def _view(victim_dir):
     return load_victim(victim_dir).attacker_view()
 
 
-def test_tune_sqlite_never_reads_the_training_set(victim_dir, tmp_path, monkeypatch):
+def test_tune_sqlite_never_reads_the_training_set(victim_dir, tmp_path, monkeypatch, optuna):
     view = _view(victim_dir)
 
     def forbidden(*a, **k):
@@ -108,6 +120,8 @@ def test_score_counts_duplicates_and_degenerate_candidates(victim_dir):
     (["--trials", "2", "--storage", "postgresql://nobody:x@127.0.0.1:1/none"], "cannot open the study storage"),
 ])
 def test_tune_cli_errors(victim_dir, tmp_path, capsys, argv, message):
+    if "--storage" in argv:
+        need("optuna", "tune")  # the storage URL is checked by opening it
     assert main(["tune", str(victim_dir), "-o", str(tmp_path / "t"), "--no-progress", *argv]) == 2
     assert message in capsys.readouterr().err
 
@@ -127,7 +141,7 @@ def test_tune_refuses_a_multiclass_victim_before_any_trial(tmp_path, capsys):
     assert not (tmp_path / "t" / "tune.db").exists()
 
 
-def test_tune_names_no_best_when_every_trial_diverged(victim_dir, tmp_path, capsys):
+def test_tune_names_no_best_when_every_trial_diverged(victim_dir, tmp_path, capsys, optuna):
     # λ = S·u with S = 1e300 overflows float32 at the first step: every trial diverges (scored 0, never "best")
     out = tmp_path / "t"
     assert main(["tune", str(victim_dir), "-o", str(out), "--trials", "2", "--trial-seconds", "1", "--no-progress",
@@ -152,7 +166,7 @@ def _worker(victim_dir, out, dsn, study, trials, seconds):
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_postgres_two_workers_share_one_study(victim_dir, tmp_path):
+def test_postgres_two_workers_share_one_study(victim_dir, tmp_path, optuna):
     dsn = _dsn()
     study = f"test-{uuid.uuid4().hex[:10]}"
     workers = [_worker(victim_dir, tmp_path / f"w{i}", dsn, study, 4, 2) for i in range(2)]
@@ -167,7 +181,7 @@ def test_postgres_two_workers_share_one_study(victim_dir, tmp_path):
     assert [t.number for t in s.trials if t.user_attrs.get("is_default")] == [0]
 
 
-def test_postgres_killed_worker_loses_only_its_running_trial(victim_dir, tmp_path):
+def test_postgres_killed_worker_loses_only_its_running_trial(victim_dir, tmp_path, optuna):
     dsn = _dsn()
     study = f"test-{uuid.uuid4().hex[:10]}"
     victim_worker = _worker(victim_dir, tmp_path / "a", dsn, study, 4, 3)
@@ -224,7 +238,7 @@ def _params_of(study) -> list[tuple]:
     return [tuple(round(v, 12) for v in t.params.values()) for t in study.trials if t.params]
 
 
-def test_tune_workers_and_rerun_sample_distinct_settings(victim_dir, tmp_path, capsys):
+def test_tune_workers_and_rerun_sample_distinct_settings(victim_dir, tmp_path, capsys, optuna):
     out = tmp_path / "tune"
     # two workers started together on one (empty) SQLite file: a child process and this one; then a
     # rerun that asks for more trials
@@ -286,14 +300,14 @@ def _open_together(url: str, out: Path, n: int) -> None:
     assert not errors, errors
 
 
-def test_sqlite_concurrent_start_on_an_empty_file(tmp_path):
+def test_sqlite_concurrent_start_on_an_empty_file(tmp_path, optuna):
     """Openers released together on an empty SQLite file race to create Optuna's tables ('table ...
     already exists' before the retry covered it: 1-2 of 4 openers survived)."""
     for i in range(3):
         _open_together(f"sqlite:///{tmp_path / f'race{i}.db'}", tmp_path, 4)
 
 
-def test_postgres_concurrent_start_on_an_empty_database(victim_dir, tmp_path):
+def test_postgres_concurrent_start_on_an_empty_database(victim_dir, tmp_path, optuna):
     """Two workers start together on a database without Optuna's tables (a fresh schema)."""
     dsn = _dsn()
     import sqlalchemy

@@ -2,7 +2,7 @@
 
     nice -n 10 python benchmarks/practitioner/run.py all ZOO --out RUNS --methods default --seconds 180 \\
         --slots 2 --cores-per-job 1 [--only NAME ...]
-    python benchmarks/practitioner/run.py table --out RUNS
+    python benchmarks/practitioner/run.py table --out RUNS      # also: pivot, fits, membership
 
 Each job (one victim × one method) is :func:`exhume.audit` with the victim's ``audit.toml``
 settings (read by ``exhume audit``'s own config loading) plus the method's extra keyword arguments,
@@ -128,8 +128,8 @@ def run_audit(folder: Path, method: str, seconds: float, seed: int, out: Path):
     attack_args = {**(cfg.attack_args or {}), **extra.pop("attack_args", {})}
     model = load_weights(load_model_class(cfg.model, cfg.model_args), cfg.weights)
     x, y = load_images(cfg.train, need_labels=True)
-    unseen, _ = load_images(cfg.unseen, need_labels=False)
-    return exhume.audit(model, (x, y), unseen, loss=cfg.loss, weight_decay=cfg.weight_decay,
+    unseen, unseen_y = load_images(cfg.unseen, need_labels=False)  # the labels, when kept, score membership fairly
+    return exhume.audit(model, (x, y), unseen if unseen_y is None else (unseen, unseen_y), loss=cfg.loss, weight_decay=cfg.weight_decay,
                         normalize=parse_normalize(cfg.normalize), max_seconds=seconds, attack_args=attack_args,
                         out=out, seed=seed, progress=False, force=True, **extra)
 
@@ -143,7 +143,19 @@ def row_of(victim: str, method: str, seed: int, seconds: float, wall: float, res
             "control": m.get("memorised_control"), "control_size": m.get("control_size"),
             "control_oracle": m.get("memorised_control_oracle"), "one_to_one": m.get("one_to_one_ssim>=0.4"),
             "one_to_one_control": m.get("one_to_one_ssim>=0.4_control"), "verdict": result.verdict, "p_value": m.get("p_value"),
-            "stationarity_residual": m["victim"].get("stationarity_residual"), "reason": result.reason}
+            "stationarity_residual": m["victim"].get("stationarity_residual"), "reason": result.reason, **owner_columns(m)}
+
+
+def owner_columns(m) -> dict[str, Any]:
+    """The audit's identifiability and membership-from-the-weights numbers (metrics.json), as results columns."""
+    ident, exposure = m.get("identifiability") or {}, m.get("membership_exposure") or {}
+    row = {"residual_at_training": ident.get("residual_at_training"), "attack_best_residual": ident.get("attack_best_residual"),
+           "attack_to_truth": ident.get("attack_to_truth"), "n_nonmembers": exposure.get("n_nonmembers")}
+    for name, s in (exposure.get("scores") or {}).items():
+        row[f"{name}_auc"] = [s["auc"]["value"], *s["auc"]["ci95"]]
+        row[f"{name}_tpr1"] = [s["tpr_at_0.01_fpr"]["value"], *s["tpr_at_0.01_fpr"]["ci95"]]
+        row[f"{name}_tpr01"] = [s["tpr_at_0.001_fpr"]["value"], *s["tpr_at_0.001_fpr"]["ci95"]]
+    return row
 
 
 def job(args) -> None:
@@ -248,32 +260,38 @@ def pivot(args) -> None:
 
 
 def fits(args) -> None:
-    """The equation at the truth against the attack's fit (EVALUATOR-SIDE: the first reads the training images).
-
-    Per audit: the residual the audit checked (the equation solved by least squares with the training images as
-    the candidates, the attack's own settings of ``c``, ``P`` and the multipliers' sign) beside the best final
-    residual of the attack's restarts (the same relative quantity, with its candidates; kkt runs only). Where the attack's
-    candidates explain the weights better than the training images do, more descent on this equation cannot
-    find them: other points satisfy it better.
-    """
+    """The equation at the truth against the attack's fit, as each audit measured it (EVALUATOR-SIDE; metrics.json's
+    ``identifiability``, :mod:`exhume.evaluation.identifiability`): where the attack's candidates explain the weights
+    better than the training images do, more descent on this equation cannot find them."""
     lines = ["| victim | method | residual at the training images | attack's best residual | attack / truth | memorised |",
              "|---|---|---:|---:|---:|---|"]
     for result in sorted((Path(args.out) / "results").glob("*.json")):
         r = json.loads(result.read_text())
-        recon = Path(args.out) / "audits" / result.stem / "reconstruction.json"
-        if not recon.is_file() or r["stationarity_residual"] is None:
+        if r.get("attack_to_truth") is None:
             continue
-        saved = json.loads(recon.read_text())
-        if saved.get("method") != "kkt":  # simulate's loss is 1 − cos, not this residual
+        lines.append(f"| {r['victim']} | {r['method']} | {r['residual_at_training']:.3f} | {r['attack_best_residual']:.3f} | "
+                     f"{r['attack_to_truth']:.2f} | {r['memorised']} / {r['n_train']} |")
+    print("\n".join(lines))
+
+
+def membership(args) -> None:
+    """Membership from the weights, per audit: AUC and TPR at 1 % / 0.1 % FPR with their 95 % intervals (EVALUATOR-SIDE)."""
+    names = ("loss", "loss_drop", "gradient_alignment", "gradient_alignment_start")
+    lines = ["| victim | method | members / unseen | " + " | ".join(f"{n}: AUC · TPR@1% · TPR@0.1%" for n in names) + " |",
+             "|---|---|---|" + "---|" * len(names)]
+
+    def cell(r, n):
+        if r.get(f"{n}_auc") is None:
+            return "–"
+        a, t1, t01 = r[f"{n}_auc"], r[f"{n}_tpr1"], r[f"{n}_tpr01"]
+        return f"{a[0]:.2f} [{a[1]:.2f}, {a[2]:.2f}] · {100 * t1[0]:.1f} % [{100 * t1[1]:.1f}, {100 * t1[2]:.1f}] · {100 * t01[0]:.1f} %"
+
+    for result in sorted((Path(args.out) / "results").glob("*.json")):
+        r = json.loads(result.read_text())
+        if r.get("n_nonmembers") is None:
             continue
-        summary = saved.get("summary", {})
-        got = summary.get("final_relative_stationarity_per_restart") or [summary.get("final_relative_stationarity")]
-        got = [g for g in got if g is not None]
-        if not got:
-            continue
-        truth, best = r["stationarity_residual"], min(got)
-        lines.append(f"| {r['victim']} | {r['method']} | {truth:.3f} | {best:.3f} | {best / truth:.2f} | "
-                     f"{r['memorised']} / {r['n_train']} |")
+        lines.append(f"| {r['victim']} | {r['method']} | {r['n_train']} / {r['n_nonmembers']} | "
+                     + " | ".join(cell(r, n) for n in names) + " |")
     print("\n".join(lines))
 
 
@@ -296,10 +314,10 @@ def main(argv=None) -> int:
     j.add_argument("--seconds", type=float, required=True)
     j.add_argument("--seed", type=int, default=0)
     j.add_argument("--threads", type=int, default=1)
-    for name in ("table", "pivot", "fits"):
+    for name in ("table", "pivot", "fits", "membership"):
         sub.add_parser(name).add_argument("--out", default="runs/practitioner")
     args = ap.parse_args(argv)
-    {"all": run_all, "job": job, "table": table, "pivot": pivot, "fits": fits}[args.cmd](args)
+    {"all": run_all, "job": job, "table": table, "pivot": pivot, "fits": fits, "membership": membership}[args.cmd](args)
     return 0
 
 

@@ -44,16 +44,17 @@ def reference_loss(model, params, x, y, lam, alpha: float | None = RECIPE["alpha
 
 
 def run_reference(view, seconds: float, iterations: int = 10_000_000, seed: int = 0, n: int | None = None,
-                  log_every: int = 500) -> Reconstruction:
-    """Run the recipe on ``view`` (an AttackerView) for ``seconds`` of wall time or ``iterations`` steps."""
+                  log_every: int = 500, device: str = "cpu") -> Reconstruction:
+    """Run the recipe on ``view`` (an AttackerView) for ``seconds`` of wall time or ``iterations`` steps, on ``device``
+    (the starting point is drawn on the CPU: the same on every device)."""
     dtype = torch.float64
-    model, params = attack_model(view.model, "cpu", dtype)
+    model, params = attack_model(view.model, device, dtype)
     n = n or view.n_train_hint or 100
     m = 2 * n
-    y = candidate_labels(view.task, m, view.num_classes, dtype)
+    y = candidate_labels(view.task, m, view.num_classes, dtype).to(device)
     gen = torch.Generator().manual_seed(seed)
-    x = (torch.randn(m, *view.input_shape, generator=gen, dtype=dtype) * RECIPE["init_scale"]).requires_grad_()
-    lam = torch.rand(m, generator=gen, dtype=dtype).requires_grad_()
+    x = (torch.randn(m, *view.input_shape, generator=gen, dtype=dtype) * RECIPE["init_scale"]).to(device).requires_grad_()
+    lam = torch.rand(m, generator=gen, dtype=dtype).to(device).requires_grad_()
     opt_x = torch.optim.SGD([x], lr=RECIPE["lr_x"], momentum=RECIPE["momentum"])
     opt_l = torch.optim.SGD([lam], lr=RECIPE["lr_lambda"], momentum=RECIPE["momentum"])
     history, t0, done, diverged = [], time.perf_counter(), 0, None
@@ -74,9 +75,9 @@ def run_reference(view, seconds: float, iterations: int = 10_000_000, seed: int 
         if time.perf_counter() - t0 >= seconds:
             break
     with torch.no_grad():
-        cands = (x.detach() + view.mean.to(dtype)).float()
+        cands = (x.detach().cpu() + view.mean.to(dtype)).float()
         cands = torch.nan_to_num(cands, nan=0.0)
-    return Reconstruction(method="reference-recipe", candidates=cands, labels=y, scores=lam.detach().float(),
+    return Reconstruction(method="reference-recipe", candidates=cands, labels=y.cpu(), scores=lam.detach().float().cpu(),
                           config={**RECIPE, "m": m, "n_guess": n}, seed=seed, loss_history=history,
                           summary={"iterations": done, "seconds": round(time.perf_counter() - t0, 3),
                                    "diverged_at": diverged})

@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from exhume.attacks.equations import Equation, Stationarity
 from exhume.attacks.workcopy import attack_model  # noqa: F401  (re-exported: every attack takes it from here)
+from exhume.choices import DTYPE_NAMES
 from exhume.errors import ConfigError, ExhumeError
 from exhume.files.jsonio import write_json
 from exhume.files.schemas import check_reconstruction_tensors, read_reconstruction_meta
@@ -21,6 +22,9 @@ from exhume.files.schemas import check_reconstruction_tensors, read_reconstructi
 class Param:
     """One keyword argument of an attack: its type, default, allowed range and meaning.
 
+    ``choices``: the values allowed (one of these names). ``words``: for a number (``kind`` int or
+    float), names allowed instead of one, e.g. ``("auto",)`` for "auto or a number"; ``low`` and
+    ``high`` bound the number, ``low_open``: ``low`` itself excluded (a number > ``low``).
     ``search``: the range a hyperparameter search (``exhume tune``) draws it from, as
     ``(low, high, "log")`` (log-uniform) or ``(low, high, "linear")``; None: not searched.
     """
@@ -33,6 +37,8 @@ class Param:
     choices: tuple[Any, ...] | None = None
     allow_none: bool = False
     search: tuple[float, float, str] | None = None
+    words: tuple[str, ...] = ()
+    low_open: bool = False
 
     def validate(self, name: str, value: Any) -> Any:
         if value is None:
@@ -43,24 +49,67 @@ class Param:
             if not isinstance(value, bool):
                 raise ConfigError(f"{name} must be True or False, got {value!r}")
             return value
+        if self.kind in (int, float) and self.words:
+            if value in self.words:
+                return value
+            try:
+                return self._number(name, value)
+            except ConfigError:
+                raise ConfigError(f"{name} must be {self.allowed()}, got {value!r}") from None
         if self.kind in (int, float):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ConfigError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
-            if self.kind is int and float(value) != int(value):
-                raise ConfigError(f"{name} must be an integer, got {value!r}")
-            value = self.kind(value)
-            if value != value or value in (float("inf"), float("-inf")):
-                raise ConfigError(f"{name} must be finite, got {value!r}")
-            if self.low is not None and value < self.low:
-                raise ConfigError(f"{name} must be >= {self.low}, got {value!r} ({self.help})")
-            if self.high is not None and value > self.high:
-                raise ConfigError(f"{name} must be <= {self.high}, got {value!r} ({self.help})")
-            return value
+            return self._number(name, value)
         if self.choices is not None and value not in self.choices:
             raise ConfigError(f"{name} must be one of {', '.join(map(str, self.choices))}; got {value!r}")
         if not isinstance(value, self.kind):
             raise ConfigError(f"{name} must be {self.kind.__name__}, got {value!r}")
         return value
+
+    def _number(self, name: str, value: Any) -> int | float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+        if self.kind is int and float(value) != int(value):
+            raise ConfigError(f"{name} must be an integer, got {value!r}")
+        value = self.kind(value)
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ConfigError(f"{name} must be finite, got {value!r}")
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            raise ConfigError(f"{name} must be {'>' if self.low_open else '>='} {self.low}, got {value!r} ({self.help})")
+        if self.high is not None and value > self.high:
+            raise ConfigError(f"{name} must be <= {self.high}, got {value!r} ({self.help})")
+        return value
+
+    def range_text(self) -> str:
+        """The allowed values as ``--list-params`` shows them: ``off | auto``, ``[0.0, 1.0]``, ``>= 0.0``, ``auto | > 0.0``."""
+        if self.choices is not None:
+            return " | ".join(map(str, self.choices))
+        low = None if self.low is None else f"{'(' if self.low_open else '['}{self.low}"
+        if low is not None and self.high is not None:
+            rng = f"{low}, {self.high}]"
+        elif low is not None or self.high is not None:
+            rng = f"{'>' if self.low_open else '>='} {self.low}" if low is not None else f"<= {self.high}"
+        else:
+            rng = self.kind.__name__ if self.kind is not object else "any"
+        return " | ".join((*self.words, rng))
+
+    def span(self) -> str:
+        """The numbers allowed, in words: ``in [0, 0.5]``, ``> 0``, ``>= 1`` (empty when unbounded)."""
+        low = None if self.low is None else f"{self.low:g}"
+        if low is not None and self.high is not None:
+            return f"in {'(' if self.low_open else '['}{low}, {self.high:g}]"
+        if low is not None:
+            return f"{'>' if self.low_open else '>='} {low}"
+        return "" if self.high is None else f"<= {self.high:g}"
+
+    def allowed(self) -> str:
+        """What a value may be, in words: ``'auto' or a number > 0``, ``one of off, auto``, ``an integer >= 1``."""
+        if self.choices is not None:
+            return f"one of {', '.join(map(str, self.choices))}"
+        if self.kind not in (int, float):
+            return "any value" if self.kind is object else f"a {self.kind.__name__}"
+        number = " ".join(("an integer" if self.kind is int else "a number", self.span())).strip()
+        if not self.words:
+            return number
+        return f"{', '.join(map(repr, self.words))} or {number}"
 
 
 #: a step budget that never binds: the run is bounded by ``max_seconds`` alone (see :meth:`Attack.time_budget`)
@@ -100,7 +149,9 @@ class Attack:
     - :meth:`search_space` (from ``Param.search``) and :meth:`search_start`, for ``exhume tune``;
     - :meth:`candidate_count`: how many candidates one run makes for ``n`` training points;
     - ``uses_start``: it uses the starting weights when the view has them (the known-start threat
-      model), and :meth:`equation_on` names the equation it then inverts.
+      model), and :meth:`equation_on` names the equation it then inverts;
+    - ``batchable``: its restarts can run as one batched problem (``exhume.portfolio.batched``: it
+      provides ``problem``, ``unknowns`` and ``open_state``).
     """
 
     name: ClassVar[str] = ""
@@ -111,6 +162,7 @@ class Attack:
     budget: ClassVar[str] = "iterations"
     multipliers: ClassVar[bool] = False
     uses_start: ClassVar[bool] = False  # a start in the view changes what it solves (exhume.attack refuses one otherwise)
+    batchable: ClassVar[bool] = False  # the portfolio may run its restarts as one batched problem
 
     def __init__(self, **kwargs: Any) -> None:
         unknown = sorted(set(kwargs) - set(self.params))
@@ -189,10 +241,13 @@ class Attack:
         return {cls.budget: NO_STEP_LIMIT, "max_seconds": float(seconds)}
 
 
+#: the initialisations built from the victim's data (evaluator-side, oracle tools; exhume.evaluation.inits builds them)
 ORACLE_INITS = ("ground-truth", "partition", "mix")
+#: the attack exhume runs when none is named (exhume.attack, the portfolio, tune, the audit, the command line)
+DEFAULT_METHOD = "kkt"
 
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 def initial_candidates(init: torch.Tensor | None, m: int | None, input_shape: tuple[int, ...], mean: torch.Tensor,

@@ -72,6 +72,14 @@ class Equation:
         """What the attack's own settings in ``recon`` say against the equation, given the real margins."""
         return []
 
+    def fit_at_truth(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str, measured: dict[str, Any],
+                     recon) -> dict[str, Any] | None:
+        """The attack's own final residual measure with the training data ``(x, y)`` (model inputs) as its candidates,
+        multipliers fitted by least squares with the run's settings (``recon.config``): ``{"value", "definition"}``, to
+        set beside the attack's best (identifiability); ``measured``: this equation's :meth:`residual` on them, reused
+        where it is that measure. None: the run reports no residual of this equation."""
+        return None
+
 
 @dataclass(frozen=True)
 class Stationarity(Equation):
@@ -100,6 +108,13 @@ class Stationarity(Equation):
     def run_failures(self, recon, margins, weight_decay: float) -> list[str]:
         return scale_failure(recon, margins, weight_decay) if self.multiplier_scale else []
 
+    def fit_at_truth(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str, measured: dict[str, Any],
+                     recon) -> dict[str, Any] | None:
+        cfg = getattr(recon, "config", None) or {}
+        if cfg.get("formulation") is None or (cfg.get("equation_used") or "stationary") != "stationary":
+            return None  # a run that recorded no stationarity formulation (e.g. bilevel) reports no such residual
+        return stationarity_fit(model, x, y, cfg.get("loss_assumed") or loss, cfg)
+
 
 @dataclass(frozen=True)
 class KnownStart(Equation):
@@ -117,6 +132,9 @@ class KnownStart(Equation):
     decay: Any = "auto"
     preconditioner: str = "auto"
     limit: float = STATIONARITY_LIMIT
+    formulation: str = "auto"  # the attack's h and, with ``nonnegative``, its multipliers' sign: the residual uses the same
+    nonnegative: bool = True
+    attack_residual: bool = True  # the run's final residual is this equation's (False: another quantity, e.g. simulate's)
 
     def layer_failures(self, model: nn.Module, sample: torch.Tensor) -> list[str]:
         # eval-mode BatchNorm is modelled (its affine part in the equation, the running statistics fixed): whether
@@ -128,8 +146,14 @@ class KnownStart(Equation):
             return {"value": None, "definition": f"{self.text} (the starting weights are not at hand here)", "limit": self.limit}
         from exhume.attacks.trajectory import known_start_residual
 
-        got = known_start_residual(self.view, x, y, self.kind, self.decay, self.preconditioner)
+        got = known_start_residual(self.view, x, y, self.kind, self.decay, self.preconditioner, self.formulation, self.nonnegative)
         return {"value": got["value"], "definition": got["definition"], "limit": self.limit}
+
+    def fit_at_truth(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str, measured: dict[str, Any],
+                     recon) -> dict[str, Any] | None:
+        if not self.attack_residual or measured.get("value") is None:
+            return None
+        return {"value": measured["value"], "definition": measured["definition"]}  # the check is the attack's measure
 
     def residual_failures(self, measured: dict[str, Any]) -> list[str]:
         value, limit = measured["value"], measured["limit"]
@@ -171,6 +195,12 @@ class ExactRun(Equation):
 
         got = exact_residual(self.view, x, y)
         return {"value": got["value"], "definition": got["definition"], "limit": self.limit}
+
+    def fit_at_truth(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str, measured: dict[str, Any],
+                     recon) -> dict[str, Any] | None:
+        if measured.get("value") is None:
+            return None
+        return {"value": measured["value"], "definition": measured["definition"]}  # the attack's own measure, hard labels
 
     def residual_failures(self, measured: dict[str, Any]) -> list[str]:
         value, limit = measured["value"], measured["limit"]
@@ -313,6 +343,47 @@ def _gram(model: nn.Module, params: dict[str, torch.Tensor], theta: torch.Tensor
                 del gb
         del ga
     return gram, gt
+
+
+def stationarity_fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str | None, cfg: dict[str, Any],
+                     memory: int | None = None) -> dict[str, Any]:
+    """``min_λ ‖t − Σ_i λ_i ∇_θ h(x_i, y_i)‖² / ‖t‖²`` at the training data: the kkt run's final residual measure
+    (``cfg``: its config; ``h`` its formulation, λ ≥ 0 but for ``output``, ``t`` = θ or, where the run denoised, the
+    learned part for its ``n_guess``), by least squares in float64 (:func:`~exhume.attacks.trajectory.explained`).
+    Value None when the ``n × p`` gradients (three copies) exceed ``memory`` (``LIMITS.gradient_matrix_bytes``)."""
+    from exhume.attacks.formulation import objective_for
+    from exhume.attacks.stationarity import gram_least_squares
+    from exhume.attacks.subspace import learned_part
+    from exhume.attacks.trajectory import StartEquation, per_sample
+    from exhume.attacks.workcopy import attack_model
+
+    form = cfg["formulation"]
+    how = (f"min over λ {'signed' if form == 'output' else '≥ 0'} of ‖t − Σ_i λ_i ∇θ h(x_i)‖² / ‖t‖² at the training "
+           f"images (h: the {form} formulation; t: θ")
+    work, params = attack_model(model, "cpu", torch.float64)
+    size = sum(v.numel() for v in params.values())
+    memory = LIMITS.gradient_matrix_bytes if memory is None else int(memory)
+    if 4 * size * len(x) > memory:  # the gradients are kept in float32
+        return {"value": None, "definition": how + f"); not measured: {len(x)} images' gradients of {size} parameters "
+                f"exceed LIMITS.gradient_matrix_bytes ({memory} bytes)"}
+    target = None
+    if (cfg.get("denoise") or "off") != "off":
+        target, _ = learned_part(params, int(cfg.get("n_guess") or len(x)))
+        how += ", its part above the initialisation's noise, as the run used" if target is not None else ""
+    target = params if target is None else target
+    eq = StartEquation(tuple(params), [params], target, None, 1.0)
+    objective = objective_for(form, loss, "classification" if form != "output" else "regression")  # the run validated it
+    jac = torch.cat([per_sample(work, eq, x[s:s + 32].double(), y[s:s + 32], objective).float() for s in range(0, len(x), 32)])
+    t = torch.cat([target[k].reshape(-1) for k in params]).double()
+    gram, jt = torch.zeros(len(x), len(x), dtype=torch.float64), torch.zeros(len(x), dtype=torch.float64)
+    for c in range(0, size, 1 << 16):  # J Jᵀ and J t in float64, a slice of columns at a time
+        part = jac[:, c:c + (1 << 16)].double()
+        gram += part @ part.T
+        jt += part @ t[c:c + (1 << 16)]
+    lam = gram_least_squares(gram, jt, nonnegative=form != "output")
+    t2 = float(t @ t)
+    rest = max(t2 - 2 * float(lam @ jt) + float(lam @ gram @ lam), 0.0)  # ‖t − Jᵀλ‖², J in float32
+    return {"value": rest / t2, "definition": how + "; gradients in float32)"}
 
 
 def relative_stationarity(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str, weight_decay: float) -> dict:

@@ -135,6 +135,21 @@ def form_for(view, form: str = "auto", loss: str | None = None) -> str:
     return auto_form(view.task, loss or view.loss) if form == "auto" else form
 
 
+def objective_for(form: str, loss: str | None, task: str) -> Objective:
+    """The ``h`` of formulation ``form`` (resolved, not ``auto``) for a victim of ``task`` trained with ``loss``."""
+    if form in MARGIN_FORMS:
+        if task == "regression":
+            raise ConfigError(f"a regression victim has no margin (formulation {form!r}); use formulation 'output' or 'loss'")
+        return margin if form == "margin" else soft_margin
+    if form == "output":
+        return output_objective
+    if loss is None:
+        raise ConfigError("formulation 'loss' needs the victim's training loss; state it with loss=...")
+    if task == "regression" and loss == "squared":
+        raise ConfigError("regression targets are unknown to the attacker: use formulation 'output' for squared-loss regression")
+    return negative_loss_objective(loss)
+
+
 def resolve(view, model: nn.Module, form: str, loss: str | None, weight_decay: float | None, scale: Any, params, n: int, m: int,
             dtype: torch.dtype) -> Formulation:
     """Pick the equation for ``view`` (an AttackerView) and the attack's settings; ``model`` and
@@ -144,18 +159,7 @@ def resolve(view, model: nn.Module, form: str, loss: str | None, weight_decay: f
     form, loss = form_for(view, form, loss), loss or view.loss
     wd = view.weight_decay if weight_decay is None else weight_decay
     wd = float(wd or 0.0)
-    if form in MARGIN_FORMS:
-        if view.task == "regression":
-            raise ConfigError(f"a regression victim has no margin (formulation {form!r}); use formulation 'output' or 'loss'")
-        objective: Objective = margin if form == "margin" else soft_margin
-    elif form == "output":
-        objective = output_objective
-    else:
-        if loss is None:
-            raise ConfigError("formulation 'loss' needs the victim's training loss; state it with loss=...")
-        if view.task == "regression" and loss == "squared":
-            raise ConfigError("regression targets are unknown to the attacker: use formulation 'output' for squared-loss regression")
-        objective = negative_loss_objective(loss)
+    objective = objective_for(form, loss, view.task)
     labels = candidate_labels(view.task, m, view.num_classes, dtype)
     if scale == "auto":
         s, info = lambda_scale(form, loss, wd, model, params, view.input_shape, n, dtype)

@@ -27,6 +27,7 @@ projection (``subspace="auto"``) and the hidden layers' noise left unexplained (
 ``tv_weight`` are off. ``run(..., fixed=(candidates, labels))`` is a deflation hook: fixed
 candidates get least-squares multipliers and the free ones solve for the rest of ``θ``. With the
 starting weights in the view, ``θ`` becomes what training added (§6, :mod:`exhume.attacks.trajectory`).
+``multipliers="closed-form"``: λ solved by least squares every step (:mod:`exhume.attacks.closed_form`).
 """
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ import torch
 
 from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, RestartPlan, attack_model, init_record, initial_candidates, register
 from exhume.attacks.checkpoint import BUDGET_SETTINGS, resumable_settings
+from exhume.attacks.closed_form import closed_form_residual, data_radius, homogeneous_in_input, on_sphere, one_point
 from exhume.attacks.equations import Equation, KnownStart, Stationarity
 from exhume.attacks.formulation import FORMULATIONS, MARGIN_FORMS, Formulation, form_for, resolve
-from exhume.attacks.loop import CANDIDATE_PARAMS, attack_loop, budget_params, descend, make_optimizer, open_run
+from exhume.attacks.loop import BACKGROUND, CANDIDATE_PARAMS, START_DECAY, attack_loop, budget_params, descend, make_optimizer, open_run
 from exhume.attacks.priors import background_level, dark_floor, range_penalty, tv_term
 from exhume.attacks.snapshots import IterateTracker
 from exhume.attacks.stationarity import (
@@ -52,7 +54,7 @@ from exhume.attacks.stationarity import (
     residual_function,
     stationarity_residual_and_objective,
 )
-from exhume.attacks.subspace import Subspace, data_subspace, learned_part
+from exhume.attacks.subspace import Subspace, data_subspace, input_layer, learned_part
 from exhume.attacks.trajectory import (
     EQUATIONS,
     PRECONDITIONERS,
@@ -65,7 +67,7 @@ from exhume.attacks.trajectory import (
 )
 from exhume.errors import ConfigError, DivergenceError
 from exhume.files.runfolder import tensors_digest
-from exhume.losses import LOSSES
+from exhume.losses import CLASSIFIER_LOSSES, LOSSES
 from exhume.starts import start_digest
 
 #: lr_lambda="auto": the multipliers' learning rate for the margin formulations (binary, multiclass), where the
@@ -73,9 +75,12 @@ from exhume.starts import start_digest
 LR_LAMBDA_MARGIN = 1e-4
 #: ... and for the signed ones ('output', 'loss'), whose multipliers must find their signs
 LR_LAMBDA_SIGNED = 1e-2
-#: trace='auto' replays a traced step only once the run has spent this long in eager steps: tracing costs about a
-#: second once per process, which a run of a few seconds (a tuning trial) would not win back
+#: trace='auto' replays a traced step only once the run has spent this long in eager steps: tracing is paid once per
+#: process, which a run of a few seconds (a tuning trial) would not win back (benchmarks/README.md#kkts-run-time-defaults)
 TRACE_AFTER_SECONDS = 5.0
+
+#: how kkt's multipliers are found (the "multipliers" setting)
+MULTIPLIER_MODES = ("learned", "closed-form")
 
 #: start_equation="auto" with the starting weights known (exhume/attacks/trajectory.py)
 DEFAULT_START_EQUATION = "endpoints"
@@ -94,6 +99,11 @@ def equation_for(value: str, view) -> str:
         raise ConfigError(f"start_equation {value!r} needs the starting weights (start=..., --start-weights FILE); "
                           "this view has none")
     return value
+
+
+def frozen_layer_reason(layer: str) -> str:
+    """Why a known start's frozen input layer gives no span."""
+    return f"{layer} is frozen at its start: its weights show the data it was trained on before, not this training set"
 
 
 def candidate_count(m: int | None, candidates_per_point: float, n: int) -> int:
@@ -127,6 +137,8 @@ class Problem:
     span: Subspace = field(default_factory=lambda: Subspace(None))
     lr_lambda: float = LR_LAMBDA_MARGIN  # u's learning rate, 'auto' resolved for the formulation
     eq: StartEquation | None = None  # the known-start equation (exhume.attacks.trajectory), or the stationary one
+    closed: bool = False  # multipliers solved in closed form every step (exhume.attacks.closed_form), u not learned
+    radius: float | None = None  # candidates kept at this norm (centred), or None
 
 
 def consistency_term(lam: torch.Tensor, margins: torch.Tensor, n_w: float) -> torch.Tensor:
@@ -165,7 +177,7 @@ def check_consistency(form: Formulation, view, eq) -> None:
         raise ConfigError("consistency_weight needs the victim's weight decay w > 0 (λ_i = σ(−margin_i)/(n·w) holds "
                           "only with weight decay); pass weight_decay= if the metadata lacks it, or leave "
                           "consistency_weight at 0")
-    if form.info["loss_assumed"] not in ("logistic", "cross-entropy"):
+    if form.info["loss_assumed"] not in CLASSIFIER_LOSSES:
         raise ConfigError(f"consistency_weight needs a victim trained with the logistic or cross-entropy loss "
                           f"(λ_i = σ(−margin_i)/(n·w)); this victim's loss is {form.info['loss_assumed']!r} "
                           f"(pass loss= if the metadata lacks it)")
@@ -184,6 +196,7 @@ class KKTAttack(Attack):
     restart_plan = RestartPlan(variants=({}, {"lr_lambda": 1e-2}))
     multipliers = True
     uses_start = True  # a start in the view switches the equation (start_equation="auto")
+    batchable = True  # exhume/portfolio/batched.py stacks its restarts
     params = {
         "m": Param(None, int, "number of candidates (default: candidates_per_point × n, n the training-set size guess)",
                    low=1, allow_none=True),
@@ -193,11 +206,11 @@ class KKTAttack(Attack):
         # search ranges (exhume tune): log-uniform around the measured defaults
         "lr": replace(CANDIDATE_PARAMS["lr"], help="learning rate for x̂ (on the relative stationarity loss)", search=(2e-3, 5e-2, "log")),
         **budget_params(20_000, checkpoint_every=1000, log_every=100),
-        "lr_lambda": Param("auto", object, "learning rate for u (λ = S·u): a number, or 'auto': 1e-4 for the margin "
+        "lr_lambda": Param("auto", float, "learning rate for u (λ = S·u): a number, or 'auto': 1e-4 for the margin "
                            "formulations, 1e-2 for the signed ones ('output', 'loss'); the portfolio's other restarts use "
-                           "1e-2 (see the module docstring)", search=(3e-5, 5e-2, "log")),
+                           "1e-2 (see the module docstring)", low=0.0, words=("auto",), search=(3e-5, 5e-2, "log")),
         "lambda_min": Param(0.42, float, "dual-feasibility floor on u = λ/S", low=0.0, search=(0.1, 1.5, "log")),
-        "lambda_scale": Param("auto", object, "S in λ = S·u: 'auto' or a positive number"),
+        "lambda_scale": Param("auto", float, "S in λ = S·u: 'auto' or a positive number", low=0.0, low_open=True, words=("auto",)),
         "lambda_scale_factor": Param(1.0, float, "multiplies S (the 'auto' estimate or the given number); "
                                      "a portfolio variant", low=1e-6),
         "formulation": Param("auto", str, "stationarity equation (see exhume/attacks/formulation.py)", choices=FORMULATIONS),
@@ -223,18 +236,25 @@ class KKTAttack(Attack):
         "denoise": Param("auto", str, "'auto': the stationarity equation explains each weight matrix's part above its "
                          "initialisation's noise where that noise still shows (see exhume/attacks/subspace.py: learned_part); "
                          "'off': the weights as they are", choices=("off", "auto")),
-        "background": Param("auto", object, "soft threshold τ on the returned candidates, v ← max(v − τ, 0)/(1 − τ) in "
-                            "display space (a number in [0, 0.5]), or 'auto': 0.03 where the data mean shows a dark "
-                            "background, else 0 (see exhume/attacks/priors.py: background_level); output only, the "
-                            "optimisation is the same"),
+        "background": BACKGROUND,
         "start_equation": Param("auto", str, "which equation the candidates solve: 'stationary' (a stationary point of training), "
                           "'trajectory' (what training added, on gradients at the final weights, multipliers without a margin "
                           "relation; weights only: the weights' learned part) or, with the starting weights known, 'endpoints' "
                           "(on gradients at the start and the final weights); 'auto': "
                           f"{DEFAULT_START_EQUATION!r} when the view has a start, else 'stationary' (exhume/attacks/trajectory.py)",
                           choices=("auto", "stationary", *EQUATIONS)),
-        "start_decay": Param("auto", object, "known start: c in θ_T − c·θ_0, the start's share left by weight decay: 'auto' "
-                             "(from the training settings when they fix it, else fitted), 'fit', or a number in (0, 2]"),
+        "multipliers": Param("learned", str, "'learned': λ = S·u optimised with the candidates (the papers' loss); "
+                             "'closed-form': at every step λ minimises the equation's residual by least squares (signed, or "
+                             "non-negative where the formulation's sign holds), the coefficient-free loss of "
+                             "exhume/attacks/closed_form.py: no S, lr_lambda, lambda_min or dual term",
+                             choices=MULTIPLIER_MODES),
+        "sphere": Param("off", str, "keep each centred candidate at the norm a data-like input has (√Σμ(1−μ), μ the data mean): "
+                        "'auto' with closed-form multipliers where the model is positively homogeneous in its input and h "
+                        "is its margin or output (the equation then fixes a training point only up to a positive scale); "
+                        "'on'; 'off' (the default: that radius overestimates grey images' norm and the pixel-range prior "
+                        "then fights it; the prior alone sets the scale, benchmarks/README.md, 'Random features in the "
+                        "law's regime')", choices=("auto", "on", "off")),
+        "start_decay": START_DECAY,
         "start_multipliers": Param("auto", str, "known start: the multipliers' sign; 'auto': non-negative with a classifier's "
                                    "margin or loss (a training point's gradient enters with the sign its label gives), signed with "
                                    "'output'", choices=("auto", "nonnegative", "signed")),
@@ -256,16 +276,6 @@ class KKTAttack(Attack):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.given = frozenset(kwargs)  # the settings the caller chose (the known start has defaults of its own)
-        for name, ok, what in (("lambda_scale", lambda v: v > 0, "a positive number"), ("lr_lambda", lambda v: v >= 0, "a number >= 0"),
-                               ("background", lambda v: 0.0 <= v <= 0.5, "a number in [0, 0.5] (a share of the pixel range)")):
-            v = self.config[name]
-            number = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-            if not (v == "auto" or (number and ok(v))):
-                raise ConfigError(f"{name} must be 'auto' or {what}, got {v!r}")
-        v = self.config["start_decay"]
-        number = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        if not (v in ("auto", "fit") or (number and 0 < v <= 2)):
-            raise ConfigError(f"start_decay must be 'auto', 'fit' or a number in (0, 2], got {v!r}")
 
     def equation_used(self, view) -> str:
         """The equation a run on ``view`` solves: 'stationary', or with a start 'trajectory' / 'endpoints'
@@ -278,7 +288,8 @@ class KKTAttack(Attack):
         if used == "stationary":
             return self.equation
         return KnownStart(view=view if getattr(view, "start", None) is not None else None, kind=used,
-                          decay=self.config["start_decay"], preconditioner=self.config["preconditioner"])
+                          decay=self.config["start_decay"], preconditioner=self.config["preconditioner"],
+                          formulation=self.config["formulation"], nonnegative=self.config["start_multipliers"] != "signed")
 
     memory_knobs = {"m": "count", "dtype": "dtype"}
 
@@ -299,6 +310,8 @@ class KKTAttack(Attack):
         svd = self.config["subspace"] != "off" or self.config["denoise"] != "off"
         setup = (5.2 * 8 * p if svd else 2 * p * b) + 1.4 * m * d * b
         steps = 6.8 * p * b + 14.9 * m * d * b + 5.2 * b * (m * a.per_input + a.fixed)
+        if self.config["multipliers"] == "closed-form":  # Φ at up to two points, and its float64 copy: counted, not measured
+            steps += 2 * m * p * (b + 8)
         return int(mem.BASE_BYTES + max(setup, steps))
 
     def candidate_count(self, n: int) -> int:
@@ -336,14 +349,8 @@ class KKTAttack(Attack):
         self.check(view)
         cfg = self.config
         p = self.problem(view, torch.device(device), seed, init, fixed)
-        opt_x = make_optimizer(cfg["optimizer"], [p.x], cfg["lr"], cfg["momentum"])
-        opt_u = make_optimizer(cfg["optimizer"], [p.u], p.lr_lambda, cfg["momentum"])
-        tracker = IterateTracker({"x": p.x, "u": p.u}, cfg["average_decay"], cfg["snapshot_every"], cfg["keep"])
-        run = open_run(out, resume, {"x": p.x, "u": p.u, **tracker.state()}, {"opt_x": opt_x, "opt_u": opt_u},
-                       {"config": resumable_settings(cfg, BUDGET_SETTINGS + ("background",)), "seed": seed, "m": p.m,
-                        **({"fixed": p.fixed_info["fixed_digest"]} if p.fixed_info else {}),
-                        "start": start_digest(view.start)})
-        step = self.stepper(p, (opt_x, opt_u), run.history, tracker)
+        opts, tracker, run = self.open_state(view, p, out, resume, seed)
+        step = self.stepper(p, opts, run.history, tracker)
 
         tau, why = background_level(cfg["background"], view.mean, tuple(view.input_shape))
 
@@ -358,12 +365,29 @@ class KKTAttack(Attack):
             tracker.consider(end.done, self.criterion(p))
         return self.result(p, end, run, tracker, (tau, why), seed, init_name, view)
 
+    def open_state(self, view, p: Problem, out, resume: bool, seed: int):
+        """``((opt_x, opt_u), tracker, run)`` of a run on ``p``: its optimisers, averaged iterates and checkpoint
+        (restored in place on ``resume``); shared with the batched restarts (:mod:`exhume.portfolio.batched`)."""
+        cfg = self.config
+        opt_x = make_optimizer(cfg["optimizer"], [p.x], cfg["lr"], cfg["momentum"])
+        opt_u = make_optimizer(cfg["optimizer"], [p.u], p.lr_lambda, cfg["momentum"])
+        tracker = IterateTracker({"x": p.x, "u": p.u}, cfg["average_decay"], cfg["snapshot_every"], cfg["keep"])
+        run = open_run(out, resume, {"x": p.x, "u": p.u, **tracker.state()}, {"opt_x": opt_x, "opt_u": opt_u},
+                       {"config": resumable_settings(cfg, BUDGET_SETTINGS + ("background",)), "seed": seed, "m": p.m,
+                        **({"fixed": p.fixed_info["fixed_digest"]} if p.fixed_info else {}),
+                        "start": start_digest(view.start)})
+        return (opt_x, opt_u), tracker, run
+
     def result(self, p: Problem, end, run, tracker: IterateTracker, background: tuple[float, str], seed: int,
                init_name: str, view) -> Reconstruction:
         """The kept iterate as a Reconstruction: display-space candidates, their multipliers, settings and summary."""
         cfg = self.config
         tau, why = background
         kept_x, kept_u = tracker.best["x"], tracker.best["u"]
+        if p.closed:
+            kept_u = kept_u.clone()
+            with torch.no_grad():
+                self.terms(p, kept_x, kept_u)  # the closed-form multipliers of the kept candidates
         with torch.no_grad():
             final_stat = float(self.residual(p, kept_x, kept_u, None)[0] / p.norm2)
             candidates = dark_floor((kept_x + p.mean).float(), tau).cpu()
@@ -417,20 +441,21 @@ class KKTAttack(Attack):
         if equation != "stationary" and view.start is not None and "candidates_per_point" not in self.given:
             per_point = START_CANDIDATES_PER_POINT
         m = cfg["m"] or (init.shape[0] if init is not None else candidate_count(None, per_point, n))
-        target, denoised = learned_part(params, n) if cfg["denoise"] != "off" else (None, {})
+        # with a known start only the parameters whose start is unknown need their learned part (their weights' SVDs)
+        pool = params if equation == "stationary" or view.start is None else {k: v for k, v in params.items() if k not in view.start}
+        target, denoised = learned_part(pool, n) if cfg["denoise"] != "off" and pool else (None, {})
         eq = None
         if equation == "stationary":
             form = resolve(view, model, cfg["formulation"], cfg["loss"], cfg["weight_decay"], cfg["lambda_scale"], params, n, m, dtype)
             form.info.update(denoised)
         else:
             eq, form = self.start_equation(view, model, params, equation, n, m, dtype, target)
+            if cfg["multipliers"] == "closed-form":
+                eq = one_point(model, eq, view.mean.to(dev, dtype), form.labels, form.objective)
         form.scale *= cfg["lambda_scale_factor"]
         if cfg["consistency_weight"] > 0:
             check_consistency(form, view, eq)
-        gen = torch.Generator().manual_seed(seed)
-        x = initial_candidates(init, m, view.input_shape, view.mean, cfg["init_scale"], gen, dtype).to(dev).requires_grad_()
-        shape = (m,) if eq is None else (m, eq.multipliers)
-        u = (torch.randn if form.signed else torch.rand)(shape, generator=gen, dtype=dtype).to(dev).requires_grad_()
+        x, u = self.unknowns(view, m, form.signed, eq, seed, init, dev)
         mean = view.mean.to(dev, dtype)
         info = None
         if fixed is not None:
@@ -441,11 +466,40 @@ class KKTAttack(Attack):
                                           form.objective, form.signed, theta=target)
             info = {"fixed_candidates": int(fx.shape[0]), "fixed_share_explained": share, "fixed_digest": tensors_digest(fx, fy)[:16]}
         span = self.span(view, model, params, n, eq, x)
+        closed, radius = self.closed_form_setup(view, model, params, form, x, u)
         # the stationarity term is relative to what the free candidates must explain
         norm2 = eq.norm2 if eq is not None else sum((v**2).sum() for v in (params if target is None else target).values())
         lr_lambda = resolve_lr_lambda(cfg["lr_lambda"], form.name if eq is None else "output")
         return Problem(model, params, norm2, n, m, form, mean, form.labels.to(dev), x, u, target if eq is None else None, info,
-                       span, lr_lambda, eq)
+                       span, lr_lambda, eq, closed, radius)
+
+    def closed_form_setup(self, view, model, params, form: Formulation, x: torch.Tensor, u: torch.Tensor) -> tuple[bool, float | None]:
+        """``multipliers`` and ``sphere`` as used: u frozen when closed-form; the sphere's radius (x put on it) or None."""
+        cfg = self.config
+        closed = cfg["multipliers"] == "closed-form"
+        if closed and cfg["consistency_weight"] > 0:
+            raise ConfigError("consistency_weight ties learned multipliers to margins; with multipliers='closed-form' they are "
+                              "solved by least squares: leave consistency_weight at 0 or pass multipliers='learned'")
+        form.info["multipliers_solved"] = "closed-form least squares every step" if closed else "learned (λ = S·u)"
+        if closed:
+            u.requires_grad_(False)
+        sphere = cfg["sphere"] == "on" or (cfg["sphere"] == "auto" and closed and form.name in ("margin", "output")
+                                          and homogeneous_in_input(model, params, tuple(view.input_shape)))
+        radius = data_radius(view.mean) if sphere else None
+        form.info["sphere_radius"] = radius
+        if radius is not None:
+            on_sphere(x, radius)
+        return closed, radius
+
+    def unknowns(self, view, m: int, signed: bool, eq: StartEquation | None, seed: int, init: torch.Tensor | None,
+                 dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The starting candidates ``x`` (not yet projected onto the span) and multipliers ``u`` drawn from ``seed``."""
+        dtype = DTYPES[self.config["dtype"]]
+        gen = torch.Generator().manual_seed(seed)
+        x = initial_candidates(init, m, view.input_shape, view.mean, self.config["init_scale"], gen, dtype).to(dev).requires_grad_()
+        shape = (m,) if eq is None else (m, eq.multipliers)
+        u = (torch.randn if signed else torch.rand)(shape, generator=gen, dtype=dtype).to(dev).requires_grad_()
+        return x, u
 
     def start_equation(self, view, model, params, equation: str, n: int, m: int, dtype, learned) -> tuple[StartEquation, Formulation]:
         """The known-start equation and its formulation: the victim's ``h``, signed multipliers, the probe scale."""
@@ -472,13 +526,15 @@ class KKTAttack(Attack):
         trained_in = next((w.dtype for w in view.model.parameters()), None)  # the precision floor is the victim's, not the attack's
         extra: dict[str, Any] = {}
         if eq is not None and view.start is not None:
+            layer = input_layer(model, params, tuple(view.input_shape))
+            if layer is not None and layer not in eq.names:  # frozen: no SVD of it is needed to know it shows no span
+                return Subspace(None, {"subspace_used": "none", "subspace_layer": layer, "subspace_reason": frozen_layer_reason(layer)})
             start = {k: v.to(params[k]) for k, v in view.start.items()}
             params, extra = added_inputs_layer(eq, params, start, math.prod(view.input_shape))
         span = data_subspace(model, params, tuple(view.input_shape), n, precision=trained_in)
         layer = span.info.get("subspace_layer")
         if span.basis is not None and eq is not None and view.start is not None and layer not in eq.names:
-            span = Subspace(None, {"subspace_used": "none", "subspace_layer": layer, "subspace_reason": f"{layer} is frozen at "
-                                   "its start: its weights show the data it was trained on before, not this training set"})
+            span = Subspace(None, {"subspace_used": "none", "subspace_layer": layer, "subspace_reason": frozen_layer_reason(layer)})
         span.info.update(extra)
         with torch.no_grad():
             x.copy_(span.project(x))
@@ -490,14 +546,18 @@ class KKTAttack(Attack):
         cfg = self.config
         lo, hi, shift = (0.0, 1.0, p.mean) if cfg["prior"] == "display" else (-1.0, 1.0, torch.zeros_like(p.mean))
         # the per-candidate margins h come from the residual's own forward pass (used by the consistency term)
-        if p.eq is not None:  # the known-start equation: eager (its traced replay is not built)
+        if p.closed:  # the multipliers solved in closed form (u overwritten with them); h is not needed
+            stat, lam = closed_form_residual(p.model, x, p.y, p.form.objective, cfg["alpha"], not p.form.signed, p.eq, p.params, p.target)
+            with torch.no_grad():
+                u.copy_(lam / p.form.scale)
+        elif p.eq is not None:  # the known-start equation: eager (its traced replay is not built)
             stat, h = self.residual(p, x, u, cfg["alpha"])
         else:
             residual = residual or residual_function(cfg["mixed_derivative"])
             stat, h = residual(p.model, p.params, x, p.y, p.form.scale * u, cfg["alpha"], p.form.objective, p.target)
         stat = stat / p.norm2
         floor = cfg["lambda_min"] if p.eq is None else 0.0  # the known-start equation has no margin: λ ≥ 0 only
-        dual = u.new_zeros(()) if p.form.signed else (torch.relu(floor - u) ** 2).sum()
+        dual = u.new_zeros(()) if p.form.signed or p.closed else (torch.relu(floor - u) ** 2).sum()
         v = x + shift
         prior = range_penalty(v, lo, hi)
         loss = stat + cfg["dual_weight"] * dual + cfg["prior_weight"] * prior
@@ -512,7 +572,7 @@ class KKTAttack(Attack):
 
         def score(t: dict[str, torch.Tensor]) -> float:
             with torch.no_grad():
-                return float(self.terms(p, t["x"], t["u"])[0])
+                return float(self.terms(p, t["x"], t["u"].clone() if p.closed else t["u"])[0])
 
         return score
 
@@ -545,7 +605,9 @@ class KKTAttack(Attack):
             loss, stat, dual, prior = self.terms(p, p.x, p.u, replay)
             if not torch.isfinite(loss):
                 raise DivergenceError(f"kkt attack diverged at iteration {it} (loss {float(loss.detach())}); lower lr (now {cfg['lr']})")
-            descend(loss, opts, p.span, p.x)
+            descend(loss, opts[:1] if p.closed else opts, p.span, p.x)
+            if p.radius is not None:
+                on_sphere(p.x, p.radius)
             tracker.update({"x": p.x, "u": p.u})
             if it % cfg["snapshot_every"] == 0:
                 tracker.consider(it, score)

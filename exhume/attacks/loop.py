@@ -12,13 +12,16 @@ An attack supplies ``step(it, log, clock)``, which performs iteration ``it``, ap
 history record when ``log`` is true (``clock()`` gives the attack seconds so far) and returns the
 progress-bar postfix (or None); a step long enough to overrun the budget checks it inside
 (:func:`budget_spent`) and raises :class:`BudgetSpent` to be abandoned; ``save(done, elapsed)`` writes a checkpoint; ``emit(it, elapsed)``
-calls the user's callback.
+calls the user's callback. A caller that runs attacks under a wall-clock deadline (a portfolio: :func:`wall_deadline`)
+stops their loops there too, whatever their ``max_seconds``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,21 +30,29 @@ import torch
 
 from exhume.attacks.base import DTYPES, Param
 from exhume.attacks.checkpoint import load_checkpoint, save_checkpoint
+from exhume.choices import STEP_OPTIMIZERS
 from exhume.heap import retained_heap
 from exhume.interrupts import whole_step
 from exhume.progress import Progress
-
-OPTIMIZERS = ("adam", "sgd")
 
 # the parameters of the attacks that optimise candidate images directly (kkt, bilevel)
 CANDIDATE_PARAMS: dict[str, Param] = {
     "n_guess": Param(None, int, "attacker's guess of n (default from the victim's metadata, else 100)", low=1, allow_none=True),
     "lr": Param(1e-2, float, "learning rate for the candidates x̂", low=0.0),
-    "optimizer": Param("adam", str, "optimiser of the candidates (and of kkt's multipliers)", choices=OPTIMIZERS),
+    "optimizer": Param("adam", str, "optimiser of the candidates (and of kkt's multipliers)", choices=STEP_OPTIMIZERS),
     "momentum": Param(0.9, float, "SGD momentum (sgd only)", low=0.0, high=1.0),
     "weight_decay": Param(None, float, "the victim's weight decay w, if its metadata lacks it", low=0.0, allow_none=True),
     "dtype": Param("float32", str, "computation precision", choices=tuple(DTYPES)),
 }
+
+#: the known start's decay c and the output's soft threshold, as kkt and simulate declare them
+START_DECAY = Param("auto", float, "known start: c in θ_T − c·θ_0, the start's share left by weight decay: 'auto' "
+                    "(from the training settings when they fix it, else fitted), 'fit', or a number in (0, 2]",
+                    low=0.0, low_open=True, high=2.0, words=("auto", "fit"))
+BACKGROUND = Param("auto", float, "soft threshold τ on the returned candidates, v ← max(v − τ, 0)/(1 − τ) in "
+                   "display space (a number in [0, 0.5]), or 'auto': 0.03 where the data mean shows a dark "
+                   "background, else 0 (see exhume/attacks/priors.py: background_level); output only, the "
+                   "optimisation is the same", low=0.0, high=0.5, words=("auto",))
 
 
 def budget_params(total: int, checkpoint_every: int, log_every: int, name: str = "iterations",
@@ -112,11 +123,35 @@ class BudgetSpent(Exception):
     """Raised by a step that its time budget ran out inside: the step is abandoned (its state untouched)."""
 
 
+_DEADLINE: ContextVar[float | None] = ContextVar("exhume_wall_deadline", default=None)
+
+
+@contextmanager
+def wall_deadline(at: float | None) -> Iterator[None]:
+    """Loops run inside stop once ``time.time()`` reaches ``at`` (None: no deadline), as at their ``max_seconds``.
+
+    The attack's set-up before its loop counts against it: a portfolio gives each restart the end of its
+    wave (:mod:`exhume.portfolio.runner`), so that spawned workers' start-up and slow first set-ups cannot
+    push the whole run past its budget. The last complete iteration is kept and checkpointed as usual.
+    """
+    token = _DEADLINE.set(at)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def past_deadline() -> bool:
+    at = _DEADLINE.get()
+    return at is not None and time.time() >= at
+
+
 def budget_spent(max_seconds: float | None, clock: Callable[[], float]) -> Callable[[], bool] | None:
-    """``stop()`` for the solvers inside a long step: true once ``clock()`` reaches ``max_seconds`` (None: no budget)."""
-    if max_seconds is None:
+    """``stop()`` for the solvers inside a long step: true once ``clock()`` reaches ``max_seconds`` or the
+    :func:`wall_deadline` passes (None: neither)."""
+    if max_seconds is None and _DEADLINE.get() is None:
         return None
-    return lambda: clock() >= max_seconds
+    return lambda: (max_seconds is not None and clock() >= max_seconds) or past_deadline()
 
 
 @dataclass
@@ -152,7 +187,7 @@ def run_loop(desc: str, total: int, max_seconds: float | None, start: int, elaps
                 pause = time.perf_counter()
                 emit(it, elapsed)
                 paused += time.perf_counter() - pause
-            if max_seconds is not None and elapsed >= max_seconds:
+            if (max_seconds is not None and elapsed >= max_seconds) or past_deadline():
                 break
     except BudgetSpent:
         pass  # the step the budget ran out in was abandoned: `done` is the last complete one

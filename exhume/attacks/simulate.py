@@ -36,7 +36,7 @@ from exhume.attacks.checkpoint import resumable_settings
 from exhume.attacks.equations import Equation, ExactRun, KnownStart
 from exhume.attacks.exact import Replay, make_replay, relative_gap, replay, train_mode_failures
 from exhume.attacks.formulation import candidate_labels
-from exhume.attacks.loop import CANDIDATE_PARAMS, attack_loop, budget_params, descend, make_optimizer, open_run
+from exhume.attacks.loop import BACKGROUND, CANDIDATE_PARAMS, START_DECAY, attack_loop, budget_params, descend, make_optimizer, open_run
 from exhume.attacks.priors import background_level, dark_floor, range_penalty, tv_term
 from exhume.attacks.subspace import Subspace, data_subspace
 from exhume.attacks.surrogate import soft_activations
@@ -102,23 +102,13 @@ class SimulateAttack(Attack):
         "init_scale": Param(1.7e-3, float, "x̂ ~ N(0,1)·init_scale in centred space", low=0.0),
         "prior_weight": Param(1.0, float, "weight of the pixel-range prior (display range [0, 1])", low=0.0),
         "tv_weight": Param(0.0, float, "weight of the total-variation prior on image candidates (0 = off)", low=0.0),
-        "start_decay": Param("auto", object, "c in θ_T − c·θ_0: 'auto', 'fit' or a number in (0, 2] (as kkt's)"),
+        "start_decay": START_DECAY,
         "preconditioner": Param("auto", str, "Adam's √v̂ + ε on what training added (as kkt's)", choices=PRECONDITIONERS),
         "subspace": Param("auto", str, "project candidates onto the training inputs' span read from what training added to "
                           "the input layer ('off': do not; 'auto': off for the exact run, whose truth lies only near that span "
                           "where weight decay shrank the start)", choices=("off", "auto")),
-        "background": Param("auto", object, "soft threshold on the returned candidates (as kkt's)"),
+        "background": BACKGROUND,
     }
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        v = self.config["start_decay"]
-        number = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        if not (v in ("auto", "fit") or (number and 0 < v <= 2)):
-            raise ConfigError(f"start_decay must be 'auto', 'fit' or a number in (0, 2], got {v!r}")
-        b = self.config["background"]
-        if not (b == "auto" or (isinstance(b, (int, float)) and not isinstance(b, bool) and 0.0 <= b <= 0.5)):
-            raise ConfigError(f"background must be 'auto' or a number in [0, 0.5], got {b!r}")
 
     memory_knobs = {"m": "count", "dtype": "dtype"}
 
@@ -145,7 +135,8 @@ class SimulateAttack(Attack):
         if self.config["run"] == "exact":
             return ExactRun(view=view if getattr(view, "start", None) is not None else None)
         return KnownStart(view=view if getattr(view, "start", None) is not None else None, kind="endpoints",
-                          decay=self.config["start_decay"], preconditioner=self.config["preconditioner"])
+                          decay=self.config["start_decay"], preconditioner=self.config["preconditioner"],
+                          attack_residual=False)  # its final residual is 1 − cos², not this equation's
 
     def candidate_count(self, n: int) -> int:
         """How many candidates one run makes for ``n`` training points."""

@@ -272,19 +272,9 @@ def fixed_part(
     Memory: the per-candidate gradients, ``k × P`` float64 numbers (100 candidates of a 1000-1000
     MLP on MNIST: about 1.4 GB).
     """
-    import numpy as np
-    from scipy.optimize import lsq_linear, nnls
-
     J = per_candidate_gradients(model, params, x, y, objective).double()
     theta = torch.cat([(params if theta is None else theta)[k].reshape(-1) for k in params]).double()
-    gram = J @ J.T
-    gram = gram + 1e-10 * gram.diagonal().mean().clamp_min(1e-30) * torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
-    b = J @ theta
-    chol = torch.linalg.cholesky(gram)
-    rhs = torch.linalg.solve_triangular(chol, b[:, None], upper=False)[:, 0]
-    a, r = chol.T.cpu().numpy(), rhs.cpu().numpy()
-    lam_np = lsq_linear(a, r).x if signed else nnls(a, r, maxiter=50 * a.shape[1])[0]
-    lam = torch.as_tensor(np.asarray(lam_np), dtype=theta.dtype, device=theta.device)
+    lam = least_squares(J, theta, nonnegative=not signed, ridge=1e-10)
     rest = theta - J.T @ lam
     share = float(1.0 - (rest @ rest) / (theta @ theta))
     target, i = {}, 0
@@ -292,3 +282,33 @@ def fixed_part(
         target[k] = rest[i:i + v.numel()].reshape(v.shape).to(v.dtype)
         i += v.numel()
     return target, lam, share
+
+
+def least_squares(J: torch.Tensor, t: torch.Tensor, nonnegative: bool = False, free: int = 0, ridge: float = 1e-12) -> torch.Tensor:
+    """``argmin_c ‖t − Jᵀc‖² + ε‖c‖²`` for rows ``J`` ``(k, P)`` and ``t`` ``(P,)``, in ``J``'s dtype.
+
+    Solved through the ``k × k`` Gram matrix ``A = JJᵀ`` (``v = Jt``) by :func:`gram_least_squares`. Shared by
+    the evaluator's checks, the deflation's fixed candidates and kkt's closed-form multipliers.
+    """
+    return gram_least_squares(J @ J.T, J @ t, nonnegative, free, ridge)
+
+
+def gram_least_squares(gram: torch.Tensor, b: torch.Tensor, nonnegative: bool = False, free: int = 0,
+                       ridge: float = 1e-12) -> torch.Tensor:
+    """``argmin_c ‖t − Jᵀc‖² + ε‖c‖²`` from ``gram = JJᵀ`` and ``b = Jt`` alone (signed: ``c = (A + εI)⁻¹b``).
+
+    ``ε = ridge × mean(diag A)``. ``nonnegative``: ``c ≥ 0`` except the last ``free`` coefficients (bounded least
+    squares, scipy's BVLS, on the Cholesky factor of ``A + εI``); for callers that accumulate the Gram matrix in blocks.
+    """
+    gram = gram + ridge * gram.diagonal().mean().clamp_min(1e-300) * torch.eye(len(gram), dtype=gram.dtype, device=gram.device)
+    if not nonnegative:
+        return torch.linalg.solve(gram, b)
+    import numpy as np
+    from scipy.optimize import lsq_linear
+
+    chol = torch.linalg.cholesky(gram)
+    rhs = torch.linalg.solve_triangular(chol, b[:, None], upper=False)[:, 0]
+    lo = np.zeros(len(gram))
+    lo[len(gram) - free:] = -np.inf
+    got = lsq_linear(chol.T.cpu().double().numpy(), rhs.cpu().double().numpy(), bounds=(lo, np.inf), method="bvls").x
+    return torch.as_tensor(got, dtype=b.dtype, device=b.device)

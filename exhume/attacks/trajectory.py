@@ -39,7 +39,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad
 
-from exhume.attacks.stationarity import Objective
+from exhume.attacks.stationarity import Objective, least_squares
 from exhume.attacks.surrogate import soft_activations
 from exhume.errors import ConfigError
 from exhume.starts import frozen_names
@@ -230,19 +230,7 @@ def explained(model: nn.Module, eq: StartEquation, x: torch.Tensor, y: torch.Ten
     t = torch.cat([eq.target[k].reshape(-1) for k in eq.names]).double()
     if eq.direction is not None:
         J = torch.cat([J, torch.cat([eq.direction[k].reshape(-1) for k in eq.names]).double()[None]])
-    gram = J @ J.T
-    gram = gram + 1e-12 * gram.diagonal().mean().clamp_min(1e-300) * torch.eye(len(gram), dtype=gram.dtype, device=gram.device)
-    coef = torch.linalg.solve(gram, J @ t)
-    if nonnegative:  # λ ≥ 0 (the start's coefficient stays free): the same least squares through the Cholesky factor
-        import numpy as np
-        from scipy.optimize import lsq_linear
-
-        chol = torch.linalg.cholesky(gram)
-        rhs = torch.linalg.solve_triangular(chol, (J @ t)[:, None], upper=False)[:, 0]
-        lo = np.zeros(len(gram))
-        if eq.direction is not None:
-            lo[-1] = -np.inf
-        coef = torch.as_tensor(lsq_linear(chol.T.cpu().numpy(), rhs.cpu().numpy(), bounds=(lo, np.inf), method="bvls").x, dtype=t.dtype)
+    coef = least_squares(J, t, nonnegative, free=int(eq.direction is not None))  # λ ≥ 0 if asked; the start's c stays free
     rest = t - J.T @ coef
     return {"relative_residual": float(rest @ rest) / eq.norm2,
             "decay_fitted": float(coef[-1]) if eq.direction is not None else math.nan}

@@ -54,12 +54,13 @@ def run(args: argparse.Namespace) -> int:
     cfg = settings(args)
     model = load_weights(load_model_class(cfg.model, cfg.model_args), cfg.weights)
     x, y = load_images(cfg.train, need_labels=True)
-    unseen, _ = load_images(cfg.unseen, need_labels=False)
+    unseen, unseen_y = load_images(cfg.unseen, need_labels=False)  # labels, when given, score membership fairly
     if unseen.shape[1:] != x.shape[1:]:
         raise DataError(f"{cfg.unseen}: images of shape {unseen.shape[1:]}, but {cfg.train} holds {x.shape[1:]}; "
                         "the unseen images must be of the same kind and size as the training images")
     try:
-        result = audit(model, (x, y), unseen, config=cfg, progress=not args.no_progress, force=args.force, resume=args.resume,
+        unseen_given = unseen if unseen_y is None else (unseen, unseen_y)
+        result = audit(model, (x, y), unseen_given, config=cfg, progress=not args.no_progress, force=args.force, resume=args.resume,
                        settings=cfg.given(RECORDED))
     except DataError as e:  # about the training data and the model: name the file
         raise DataError(f"{cfg.train}: {e}") from None
@@ -74,4 +75,12 @@ def _print_verdict(result, out: Path) -> None:
           f"{m.get('memorised_control')} / {m.get('control_size')} (oracle {m.get('memorised_control_oracle')}: the training images "
           f"themselves as candidates), one-sided Fisher p = {p}, alpha {m['alpha']})")
     print(f"reason: {result.reason}")
+    if m.get("law"):
+        print(law_line(m["law"]))
     print(f"metrics: {out / 'evaluation' / 'metrics.json'}   report: {out / 'report.html'}")
+
+
+def law_line(law: dict) -> str:
+    """The summary's line placing the model on the law of data reconstruction (:mod:`exhume.audit.law`)."""
+    return (f"law: p = {law['p']:,} trained parameters, d = {law['d']:,}, n = {law['n']:,}, p/(d·n) = {law['p_over_dn']:.3g}: "
+            f"{law['regime']}")

@@ -17,11 +17,12 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from exhume.attacks.base import DEFAULT_METHOD
 from exhume.errors import ConfigError
 from exhume.files.fields import check_setting
+from exhume.losses import CLASSIFIER_LOSSES, LOSS_ALIASES
 
-LOSS_NAMES = {"logistic": "logistic", "bce": "logistic", "bce-with-logits": "logistic", "binary-cross-entropy": "logistic",
-              "cross-entropy": "cross-entropy", "ce": "cross-entropy"}
+LOSS_NAMES = {**{name: name for name in CLASSIFIER_LOSSES}, **LOSS_ALIASES}  # the losses an audit takes, by any of their names
 DEFAULT_OUT = "runs/audit"
 
 
@@ -62,7 +63,7 @@ class AuditConfig:
     positive_class: int | None = setting(None, "binary: the label counted as +1 (default: the larger label with one logit, "
                                          "class 1 with two logits)", type=int)
     max_seconds: float = setting(300.0, "attack budget in seconds (default 300)", type=float)
-    method: str = setting("kkt", "attack name (default kkt)")
+    method: str = setting(DEFAULT_METHOD, f"attack name (default {DEFAULT_METHOD})")
     attack_args: dict[str, Any] = setting({}, "an attack parameter, e.g. -p lr=0.02", flags=("-p", "--param"), action="append",
                                           metavar="KEY=VALUE")
     alpha: float = setting(0.05, "significance level of the one-sided Fisher test (default 0.05)", type=float)

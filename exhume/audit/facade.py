@@ -178,6 +178,8 @@ class _Audited:
     failures: list[str]
     measured: dict[str, Any]
     equation: Any
+    unseen_y: torch.Tensor | None = None  # the unseen images' labels in exhume's convention, when given
+    mean: torch.Tensor | None = None  # the normalisation's mean: the model takes x - mean
 
 
 def _audited(model: nn.Module, train, unseen, cfg: AuditConfig) -> _Audited:
@@ -190,6 +192,7 @@ def _audited(model: nn.Module, train, unseen, cfg: AuditConfig) -> _Audited:
         raise ConfigError("train must be (x, y): the training images and their labels")
     x = _tensor_images(train[0], "training images")
     unseen_x = _tensor_images(unseen[0] if isinstance(unseen, (tuple, list)) else unseen, "unseen images")
+    unseen_labels = unseen[1] if isinstance(unseen, (tuple, list)) and len(unseen) > 1 else None
     if len(train[1]) != len(x):
         raise DataError(f"{len(x)} training images but {len(train[1])} labels")
     _check_matching_size(len(x), cfg.method, cfg.attack_args)
@@ -213,7 +216,18 @@ def _audited(model: nn.Module, train, unseen, cfg: AuditConfig) -> _Audited:
     info = {"model": type(user).__name__, "task": task, "outputs": k, "positive_class": pos, "loss": loss,
             "weight_decay": cfg.weight_decay, "normalisation": norm_text, "n_train": len(x), "n_unseen": len(unseen_x),
             "threat_model": view.threat_model}
-    return _Audited(user, wrapped, view, x, centred, y, unseen_x, loss, info, failures, measured, equation)
+    unseen_y = None if unseen_labels is None else _unseen_labels(unseen_labels, len(unseen_x), task, k, pos)
+    return _Audited(user, wrapped, view, x, centred, y, unseen_x, loss, info, failures, measured, equation, unseen_y, mean)
+
+
+def _unseen_labels(labels, count: int, task: str, k: int, pos) -> torch.Tensor:
+    """The unseen images' labels in exhume's convention (binary ±1 with the training labels' positive class)."""
+    y = np.asarray(labels).reshape(-1).astype(np.int64)
+    if len(y) != count:
+        raise DataError(f"{count} unseen images but {len(y)} labels")
+    if task == "multiclass":
+        return torch.from_numpy(y)
+    return torch.from_numpy(np.where(y == pos, 1.0, -1.0).astype(np.float32))
 
 
 def _with_start(view, cfg: AuditConfig):
@@ -237,6 +251,13 @@ def _start_record(view, cfg: AuditConfig) -> dict[str, Any]:
             "training": None if view.training is None else view.training.record()}
 
 
+def _law(data: _Audited) -> dict[str, Any]:
+    """Where the model sits against the law of data reconstruction (:mod:`exhume.audit.law`)."""
+    from exhume.audit.law import law_record
+
+    return law_record(data.wrapped, data.view.start, data.view.input_shape, len(data.x))
+
+
 def _attack(data: _Audited, cfg: AuditConfig, progress: bool, force: bool, resume: bool):
     """The public :func:`exhume.attack` on the attacker's view, within the audit's time budget."""
     import exhume  # the public exhume.attack: whatever runs it (e.g. a restart portfolio) applies here
@@ -257,16 +278,51 @@ def _judge(data: _Audited, recon, cfg: AuditConfig, settings: dict[str, Any] | N
     margins, support_margins = margins_of(data.wrapped, data.centred, data.y, data.info["task"], data.loss)
     equation = data.equation
     failures = data.failures + equation.fit_failures(margins, cfg.weight_decay) + equation.run_failures(recon, margins, cfg.weight_decay)
+    findings, scores = _owner_findings(data, recon, cfg)
     result = evaluate(recon, train=(data.x, None), unseen=data.unseen, margins=margins, support_margins=support_margins,
                       assumptions=failures, alpha=cfg.alpha, out=None if out is None else out / "evaluation",
-                      threat_model=data.view.threat_model)
+                      threat_model=data.view.threat_model, owner_findings=findings)
     m = result.metrics
     m["victim"] = {**data.info, "stationarity_residual": data.measured["value"], "stationarity_definition": data.measured["definition"],
                    "stationarity_limit": data.measured["limit"],
                    "train_accuracy": float((torch.as_tensor(margins) > 0).double().mean())}
     m["audit"] = {**(settings or {}), "method": cfg.method, "max_seconds": cfg.max_seconds, "seed": cfg.seed,
                   "wall_seconds": round(time.perf_counter() - t0, 1), **_start_record(data.view, cfg)}
+    m["law"] = _law(data)
     if out is not None:
         result.save(out / "evaluation")
+        _write_scores(scores, out / "evaluation")
         write_report(out)
     return AuditResult(verdict=m["verdict"], reason=m["verdict_reason"], metrics=m, reconstruction=recon, out=out)
+
+
+#: at most this many unseen images are scored for membership (or as many as the training images, if more)
+MEMBERSHIP_NONMEMBERS = 1000
+
+
+def _owner_findings(data: _Audited, recon, cfg: AuditConfig) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """What only the owner can measure (EVALUATOR-SIDE: it reads the training images): the equation's identifiability
+    (:mod:`exhume.evaluation.identifiability`) and the membership exposure from the weights
+    (:mod:`exhume.evaluation.weights_membership`) on the training images and up to ``MEMBERSHIP_NONMEMBERS`` unseen ones."""
+    from exhume.evaluation.identifiability import identifiability
+    from exhume.evaluation.weights_membership import membership_exposure
+
+    ident = identifiability(data.equation, data.wrapped, data.centred, data.y, data.loss, data.measured, recon)
+    count = min(len(data.unseen), max(len(data.x), MEMBERSHIP_NONMEMBERS))
+    pick = torch.from_numpy(np.sort(np.random.default_rng(cfg.seed).permutation(len(data.unseen))[:count]))
+    labels = None if data.unseen_y is None else data.unseen_y[pick]
+    exposure, scores = membership_exposure(data.view, data.centred, data.y, data.unseen[pick] - data.mean, labels, seed=cfg.seed)
+    return {"identifiability": ident, "membership_exposure": exposure}, scores
+
+
+def _write_scores(scores: dict[str, np.ndarray], folder: Path) -> None:
+    """The per-record membership scores (``membership_scores.npz``) and their ROC (``membership_roc.png``)."""
+    import io
+
+    from exhume.evaluation.weights_membership import plot_roc
+    from exhume.files.jsonio import atomic_write
+
+    buffer = io.BytesIO()
+    np.savez(buffer, **scores)
+    atomic_write(folder / "membership_scores.npz", buffer.getvalue())
+    plot_roc(scores, folder / "membership_roc.png")

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from exhume.attacks.base import ORACLE_INITS
 from exhume.errors import ConfigError
 
-INIT_KINDS = ("noise", "ground-truth", "partition", "mix")
+INIT_KINDS = ("noise", *ORACLE_INITS)
 
 
 @dataclass

@@ -112,8 +112,12 @@ class Metrics(Record):
     assumption_failures: list[str] | None = entry(group="verdict")
     # what the attacker knew: "weights only", or the start (and, where the attack left the start out, why)
     threat_model: str | None = entry(group="verdict", omit_none=True)
+    # what only the owner's audit measures (exhume.evaluation.identifiability, exhume.evaluation.weights_membership)
+    identifiability: dict[str, Any] | None = entry(group="verdict", omit_none=True)
+    membership_exposure: dict[str, Any] | None = entry(group="verdict", omit_none=True)
     evaluation_seconds: float | None = entry(omit_none=True, low=0.0)
     audit: dict[str, Any] | None = entry(omit_none=True)  # the audit's settings (exhume.audit)
+    law: dict[str, Any] | None = entry(omit_none=True)  # p, d, n and p/(d·n) (exhume.audit.law)
     demo_wall_seconds: float | None = entry(omit_none=True, low=0.0)
     extra: dict[str, Any] = field(default_factory=dict)
 

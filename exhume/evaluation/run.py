@@ -55,7 +55,8 @@ def margins_of(model, centred, y, task: str, loss: str | None) -> tuple[np.ndarr
 @holding_output(lambda a: a["out"])  # the run folder's lock (RUN/evaluation) or out's own, while it evaluates and writes
 def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assumptions: list[str] | None = None,
              alpha: float = ALPHA, pool_size: int = 1000, match: str = "ssim", out: str | Path | None = None,
-             pool_seed: int = 1, figures: bool = True, support_margins=None, threat_model: str | None = None) -> EvalResult:
+             pool_seed: int = 1, figures: bool = True, support_margins=None, threat_model: str | None = None,
+             owner_findings: dict[str, Any] | None = None, candidate_scale: str = "clip") -> EvalResult:
     """Judge ``recon`` (its candidates in display space) against a training set; return metrics with a verdict.
 
     Two forms:
@@ -84,12 +85,15 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
     stationarity and layers), else *no evidence*. With ``out``, writes ``metrics.json``,
     ``arrays.npz`` and the figures there. ``threat_model``: what the attacker knew, in words (default:
     what the run recorded, e.g. ``"weights only"``); metrics.json and the verdict's reason state it.
+    ``owner_findings``: fields the verdict reads, measured by the audit (``identifiability``, ``membership_exposure``).
+    ``candidate_scale``: ``"clip"`` (default) or ``"minmax"``, each candidate rescaled by its own range before
+    matching, the same candidate images against training images, pool and control (:data:`CANDIDATE_SCALES`).
     """
     t0 = time.perf_counter()
     alpha = check_alpha(alpha)
     equation = equation_of(recon.method, recon=recon)  # which assumptions of the attack to check
     given = _inputs(recon, victim, train, unseen, margins, support_margins, assumptions, pool_size, pool_seed, equation)
-    candidates = recon.candidates.float().clamp(0, 1)
+    candidates = scaled_candidates(recon.candidates, candidate_scale)
     if tuple(candidates.shape[1:]) != tuple(given.train_x.shape[1:]):
         raise DataError(f"the reconstruction's candidates have shape {tuple(candidates.shape[1:])} but the training images "
                         f"have {tuple(given.train_x.shape[1:])}; evaluate against the data the attacked model takes")
@@ -105,11 +109,33 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
     threat = threat_model or (recon.config or {}).get("threat_model")
     unused = (recon.config or {}).get("start_unused")  # a known start the attack left out, and why
     result.metrics.threat_model = f"{threat}; solved {unused}" if threat and unused else threat
+    vars(result.metrics).update(owner_findings or {})  # plain dataclass fields of Metrics
     result.metrics.set_verdict(decide(result.metrics, failures, alpha))
     result.metrics.evaluation_seconds = round(time.perf_counter() - t0, 3)
+    if candidate_scale != "clip":
+        result.metrics.extra["candidate_scale"] = CANDIDATE_SCALES[candidate_scale]
     if out is not None:
         _write(result, candidates, given.train_x, given.pool, Path(out), figures)
     return result
+
+
+#: how candidates are brought to display space before matching (``candidate_scale``): every rule acts on each candidate alone,
+#: so training images, pool and control are matched against the same images and the control stays honest
+CANDIDATE_SCALES = {"clip": "clipped to [0, 1]",
+                    "minmax": "each candidate rescaled to [0, 1] by its own minimum and maximum (scale- and offset-free: "
+                              "for attacks that fix a training image only up to a positive scale)"}
+
+
+def scaled_candidates(candidates: torch.Tensor, rule: str = "clip") -> torch.Tensor:
+    """``candidates`` in display space by ``rule`` (:data:`CANDIDATE_SCALES`)."""
+    if rule not in CANDIDATE_SCALES:
+        raise ConfigError(f"unknown candidate_scale {rule!r}; expected one of {', '.join(CANDIDATE_SCALES)}")
+    c = candidates.float()
+    if rule == "clip":
+        return c.clamp(0, 1)
+    flat = c.reshape(len(c), -1)
+    lo, hi = flat.min(1, keepdim=True).values, flat.max(1, keepdim=True).values
+    return ((flat - lo) / (hi - lo).clamp_min(1e-12)).reshape(c.shape)
 
 
 class _Given(NamedTuple):
@@ -316,10 +342,28 @@ def summary_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("initialisation", f"{cfg.get('init')} (ORACLE: built from the victim's data)"))
     if metrics.get("membership_auc") is not None:
         rows.append(("membership AUC (0.5: candidates cannot tell members)", f"{metrics['membership_auc']:.3f}"))
+    rows += owner_rows(metrics)
     rows.append(("SSIM window", metrics["ssim_window"]))
     if metrics.get("verdict") is not None:
         p = metrics.get("p_value")
         rows.append(("VERDICT", f"{str(metrics['verdict']).upper()}" + ("" if p is None else f" (p = {p:.2g})")))
+    return rows
+
+
+def owner_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
+    """The audit's identifiability and membership-from-the-weights rows (none when not measured)."""
+    from exhume.evaluation.identifiability import identifiability_line
+
+    rows = []
+    line = identifiability_line(metrics.get("identifiability"))
+    if line:
+        rows.append(("identifiability (EVALUATOR: residual at the training images)", line))
+    exposure = metrics.get("membership_exposure")
+    for name, s in ((exposure or {}).get("scores") or {}).items():
+        t1, t01, auc = s["tpr_at_0.01_fpr"], s["tpr_at_0.001_fpr"], s["auc"]
+        rows.append((f"membership {name}: TPR at 1 % / 0.1 % FPR, AUC",
+                     f"{100 * t1['value']:.1f} % [{100 * t1['ci95'][0]:.1f}, {100 * t1['ci95'][1]:.1f}] / "
+                     f"{100 * t01['value']:.1f} % / {auc['value']:.3f} [{auc['ci95'][0]:.3f}, {auc['ci95'][1]:.3f}]"))
     return rows
 
 

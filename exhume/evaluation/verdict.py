@@ -10,7 +10,10 @@ Otherwise: **inconclusive** when the attack's assumptions fail (``failures``: th
 from a stationary point, the attack's own residual high, layers the attack does not model, no
 control measured) or the unseen images cannot show it (exact copies of training images among
 them, a pool under ``MIN_POOL`` or a control under ``MIN_CONTROL`` images), since an attack that
-finds nothing then says little; **no evidence** when they hold. "No evidence" is never a clean
+finds nothing then says little, or the attack's equation admits other images that fit the weights
+better than the training images do (:mod:`exhume.evaluation.identifiability`: finding none of them
+proves nothing); **no evidence** when they hold. The owner's audit adds its identifiability and
+membership-from-the-weights findings to the reason. "No evidence" is never a clean
 bill of health: it says that this attack, with this budget, found nothing significant; a
 stronger attack may.
 """
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exhume.errors import ConfigError
+from exhume.evaluation.identifiability import identifiability_failure, identifiability_line
 
 ALPHA = 0.05
 VERDICTS = ("leaks", "no evidence", "inconclusive")
@@ -93,11 +97,12 @@ def decide(metrics: Mapping[str, Any], failures: list[str] | None = None, alpha:
     else:
         p = fisher_p(k, n, c, nc)
     failures += _unseen_failures(metrics)
+    failures += identifiability_failure(metrics.get("identifiability"))
     if p is not None and p < alpha and k > 0:
         word = "leaks"
     else:
         word = "inconclusive" if failures else "no evidence"
-    reason = _reason(word, counts, p, alpha, failures)
+    reason = _reason(word, counts, p, alpha, failures) + _owner_findings(metrics, word)
     threat = metrics.get("threat_model")
     if threat:  # the promise is about one threat model: name it
         reason += f" Threat model audited: {threat}."
@@ -116,6 +121,18 @@ def _reason(word: str, counts: Counts, p: float | None, alpha: float, failures: 
     return (f"{k} of {n} training images against {c} of {nc} unseen control images (p = {p:.2g} ≥ {alpha:g}): "
             "no evidence of leakage from this attack and budget. This is not proof that the model does not leak; "
             "a stronger or longer attack may find some.")
+
+
+def _owner_findings(metrics: Mapping[str, Any], word: str) -> str:
+    """The identifiability (unless the failures already state it) and membership findings, as sentences of the reason."""
+    ident, out = metrics.get("identifiability"), ""
+    line = identifiability_line(ident)
+    if line and not (word == "inconclusive" and ident.get("admits_other_images")):
+        out += f" Identifiability: {line}."
+    exposure = metrics.get("membership_exposure")
+    if exposure and exposure.get("finding"):
+        out += " " + exposure["finding"]
+    return out
 
 
 def _unseen_failures(metrics: Mapping[str, Any]) -> list[str]:

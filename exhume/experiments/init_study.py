@@ -48,9 +48,8 @@ HELP = ("Runkel et al.'s initialisation study for kkt and bilevel: a grid of mix
         "||theta*-theta||^2 (bilevel), membership AUC, heatmaps, line plots and a verdict table. CPU default: "
         "n=40 MNIST odd/even digits, 3x3 grid (0,0.5,1), kkt on a 784-256-256-1 ReLU net with biases (2,000 Adam steps), "
         "bilevel on a 784-32-1 ReLU net with biases (30 outer steps, smoothed lower level solved by Newton-CG); the "
-        "lambda2=0 row (pure noise) is run once per attack; measured 419 s of CPU time on one thread (43 min wall on a "
-        "2-core machine shared by six jobs). --full: the 5x5 grid, n=500, kkt on 784-1000-1000-1 for 20k steps, bilevel "
-        "on 784-1000-1 for 1000 steps (hours; a GPU). Finished cells are reused with --resume.")
+        "lambda2=0 row (pure noise) is run once per attack. --full: the 5x5 grid, n=500, kkt on 784-1000-1000-1 for 20k "
+        "steps, bilevel on 784-1000-1 for 1000 steps (for a GPU). Finished cells are reused with --resume.")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

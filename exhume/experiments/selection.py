@@ -14,18 +14,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from exhume.attacks.base import DEFAULT_METHOD
 from exhume.errors import ConfigError
 from exhume.experiments.registry import register_experiment
 
 HELP = ("rank correlation between the tuner's attacker-side score and the oracle counts (SSIM>=0.4, memorised) across "
         "the trials of a study, and the oracle count of the attacker-selected trial vs the best one. With --study-dir it "
-        "judges an existing 'exhume tune' folder (about 2 s per trial); without, it trains the demo victim for 30 s and "
-        "tunes 8 trials of 20 s first (about 5 minutes on 1 CPU core; --full: 20 trials of 75 s)")
+        "judges an existing 'exhume tune' folder; without, it trains the demo victim for 30 s and tunes 8 trials of 20 s "
+        "first (--full: 20 trials of 75 s)")
 
 COMPONENTS = ("score", "explained", "plausible", "distinct", "non_degenerate", "in_range", "margin_consistent")
 
@@ -33,9 +35,10 @@ COMPONENTS = ("score", "explained", "plausible", "distinct", "non_degenerate", "
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--study-dir", default=None, help="an 'exhume tune' output folder (its tune.db and trials/)")
     p.add_argument("--storage", default=None, help="the study's storage URL if not STUDY_DIR/tune.db")
-    p.add_argument("--study-name", default="exhume-kkt", help="study name in the storage (default exhume-kkt)")
+    p.add_argument("--study-name", default=f"exhume-{DEFAULT_METHOD}", help=f"study name in the storage (default exhume-{DEFAULT_METHOD})")
     p.add_argument("--against", default=None, help="victim folder (default: the one recorded in the study)")
     p.add_argument("--pool-size", type=int, default=1000, help="unseen images for the memorisation count (default 1000)")
+    p.add_argument("--resume", action="store_true", help="without --study-dir: reuse the victim in --out and continue its study")
 
 
 def _spearman(a: list[float], b: list[float]) -> float | None:
@@ -130,9 +133,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from exhume.victim import TrainConfig, make_victim
 
         victim_dir = out / "victim"
-        if (victim_dir / "victim.json").is_file():
+        if args.resume and (victim_dir / "victim.json").is_file():
             victim = exhume.load_victim(victim_dir)
         else:
+            shutil.rmtree(out / "tune", ignore_errors=True)  # the study of the victim replaced (--force)
             cfg = TrainConfig(**{**DEMO_TRAIN, "max_seconds": DEMO_TRAIN["max_seconds"] if args.full else 30.0})
             victim = make_victim(DEMO_DATA["data"], DEMO_DATA["task"], DEMO_DATA["n"], DEMO_DATA["arch"], cfg, seed=args.seed, progress=progress)
             victim.save(victim_dir)

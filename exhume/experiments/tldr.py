@@ -20,7 +20,7 @@ from exhume.errors import ConfigError
 from exhume.experiments.registry import register_experiment
 
 HELP = ("TLDR: inversion vs tldr reconstruction on a convnet victim, then tldr quality vs training-set size. "
-        "CPU default (bundled MNIST, sizes 1000,2000,5000, 300 generator steps): about 8 min on 1 thread (measured 7.4 min on a shared 2-core machine). "
+        "CPU default: bundled MNIST, sizes 1000,2000,5000, 300 generator steps, one thread. "
         "--full: the paper's scale (Fashion-MNIST 1k/10k/50k, 5000 steps; needs dataset-fashion-mnist and a GPU).")
 
 PAPER_CLAIM = ("reconstructions of MNIST / Fashion-MNIST look like training images at 1k training samples and "
@@ -43,7 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.add_argument("--max-seconds", type=float, default=None,
                    help="wall-time cap per attack; a capped attack is finished by running the same command again "
-                        "(it resumes from its checkpoint)")
+                        "with --resume (it resumes from its checkpoint)")
+    p.add_argument("--resume", action="store_true", help="reuse the victims and finished attacks in --out and continue the "
+                   "capped ones from their checkpoints")
     p.add_argument("--methods", default=",".join(METHODS), help=f"attacks on the first size (default {','.join(METHODS)}; "
                    f"later sizes run {EVERY_SIZE} only)")
 
@@ -58,10 +60,10 @@ def _parse_sizes(text: str) -> list[int]:
     return sizes
 
 
-def _victim(data, root, arch, n, epochs, wd, seed, progress, folder: Path):
+def _victim(data, root, arch, n, epochs, wd, seed, progress, folder: Path, resume: bool):
     from exhume.victim import MiniBatchConfig, load_victim, make_minibatch_victim
 
-    if (folder / "victim.json").is_file():
+    if resume and (folder / "victim.json").is_file():
         return load_victim(folder)
     v = make_minibatch_victim(data, "multiclass", n, arch, MiniBatchConfig(epochs=epochs, weight_decay=wd), seed=seed,
                               root=root, progress=progress)
@@ -79,15 +81,15 @@ def _heldout(victim, seed: int):
 
 
 def _attack_and_judge(method: str, victim, held, out: Path, cfg: dict[str, Any], seed: int, progress: bool,
-                      device: str = "cpu") -> dict[str, Any]:
+                      device: str = "cpu", resume: bool = False) -> dict[str, Any]:
     from exhume.attacks import get_attack, load_reconstruction
     from exhume.evaluation.trainlike import class_grid, per_class_evaluation
     from exhume.evaluation.trainlike_stats import membership_tests
 
     folder = out / method
-    recon = load_reconstruction(folder) if (folder / "reconstruction.json").is_file() else None
+    recon = load_reconstruction(folder) if resume and (folder / "reconstruction.json").is_file() else None
     if recon is None or recon.summary["iterations"] < cfg["steps"]:  # absent, or capped by --max-seconds: resume
-        recon = get_attack(method, **cfg).run(victim.attacker_view(), out=folder, seed=seed, progress=progress, resume=True,
+        recon = get_attack(method, **cfg).run(victim.attacker_view(), out=folder, seed=seed, progress=progress, resume=resume,
                                               device=device)
         recon.save(folder)
     train = victim.train_set
@@ -157,14 +159,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows = []
     for i, n in enumerate(sizes):
         vdir = out / f"n{n}"
-        victim = _victim(data, args.root, args.arch, n, epochs, args.wd, args.seed, progress, vdir / "victim")
+        victim = _victim(data, args.root, args.arch, n, epochs, args.wd, args.seed, progress, vdir / "victim", args.resume)
         held = _heldout(victim, args.seed + 777)
         sep = _victim_separation(victim, held, 0.05)
         results.setdefault("victim_signal_separation", {})[f"n{n}"] = sep
         rows.append(_signal_row(n, sep))
         methods = first_methods if i == 0 else [EVERY_SIZE]
         for method in methods:
-            r = _attack_and_judge(method, victim, held, vdir, cfg, args.seed, progress, args.device)
+            r = _attack_and_judge(method, victim, held, vdir, cfg, args.seed, progress, args.device, args.resume)
             r.update(n_train=n, n_heldout=len(held), victim_train_accuracy=victim.metrics.get("train_accuracy"),
                      victim_test_accuracy=victim.metrics.get("test_accuracy"), label=f"{method} n={n}")
             results["runs"].append(r)

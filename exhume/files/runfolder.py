@@ -145,13 +145,16 @@ def _held(folder: Path, force: bool, can_force: bool) -> Iterator[bool]:
 
 @contextmanager
 def own_run_folder(folder: str | Path, resume: bool = False, force: bool = False, run_files: tuple[str, ...] = RUN_FILES,
-                   resume_from: str = "checkpoint.pt", can_force: bool = True) -> Iterator[Path]:
+                   resume_from: str | None = "checkpoint.pt", can_force: bool = True, holds: str = "a run",
+                   can_resume: bool = True) -> Iterator[Path]:
     """Hold ``folder``'s lock while the body runs; refuse an existing run unless resumed or forced.
 
     ``run_files``: the entries that mean a run is already there (a restart portfolio keeps its
-    restarts in ``restarts/``); ``resume_from``: the entry a resumed run continues from.
-    ``can_force``: whether the command offers ``--force`` (named in the refusal of a foreign lock).
-    The lock's semantics are in the module docstring and :mod:`exhume.files.runlock`.
+    restarts in ``restarts/``; a victim its ``victim.json``), removed by ``force``; ``resume_from``:
+    the entry a resumed run continues from (None: a resumed run needs none). ``can_force``: whether
+    the command offers ``--force`` (named in the refusal of a foreign lock); ``holds`` and
+    ``can_resume`` word the refusal of an existing run. The lock's semantics are in the module
+    docstring and :mod:`exhume.files.runlock`.
     """
     if resume and force:
         raise ConfigError("--resume and --force exclude each other: continue the run or replace it")
@@ -160,11 +163,8 @@ def own_run_folder(folder: str | Path, resume: bool = False, force: bool = False
     _prepare(folder)
     try:
         with _held(folder, force, can_force):
-            existing = [n for n in run_files if (folder / n).exists()]
-            if existing and not (resume or force):
-                raise RunFolderError(f"output folder {folder} already holds a run ({', '.join(existing)}); "
-                                     "pass --resume to continue it, --force to replace it, or choose another -o")
-            if resume and not (folder / resume_from).exists():
+            refuse_existing(folder, run_files, resume or force, holds, can_resume)
+            if resume and resume_from is not None and not (folder / resume_from).exists():
                 raise RunFolderError(f"cannot resume: {folder / resume_from} does not exist (no run was checkpointed there)")
             if force:
                 for n in run_files:
@@ -178,6 +178,15 @@ def own_run_folder(folder: str | Path, resume: bool = False, force: bool = False
         if created and folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()  # a run refused or failed before writing anything leaves no empty folder behind
         raise
+
+
+def refuse_existing(folder: str | Path, names: tuple[str, ...], allowed: bool, holds: str = "a run", can_resume: bool = False) -> None:
+    """Refuse, in one line naming ``--force``, a ``folder`` holding any of ``names`` unless ``allowed``
+    (the command was given ``--force`` or ``--resume``): no command replaces an output silently."""
+    existing = [n for n in names if (Path(folder) / n).exists()]
+    if existing and not allowed:
+        raise RunFolderError(f"output folder {folder} already holds {holds} ({', '.join(existing)}); pass "
+                             + ("--resume to continue it, " if can_resume else "") + "--force to replace it, or choose another -o")
 
 
 def _is_run(folder: Path) -> bool:

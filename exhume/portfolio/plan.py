@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exhume.errors import ConfigError
+from exhume.params import parse_restarts
 from exhume.portfolio.variants import default_restarts, seconds_per_restart, variants_for
 
 MAX_DEFAULT_WORKERS = 8
@@ -74,13 +75,8 @@ def default_workers() -> int:
 
 def resolve_restarts(restarts: int | str | None, max_seconds: float | None, workers: int,
                      per_restart: float | None = None) -> int:
-    if restarts is None or restarts == "auto":
-        return default_restarts(max_seconds, workers, per_restart)
-    if isinstance(restarts, str) and restarts.isdigit():
-        restarts = int(restarts)
-    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 1:
-        raise ConfigError(f"restarts must be a positive integer or 'auto', got {restarts!r}")
-    return restarts
+    restarts = parse_restarts(restarts)
+    return default_restarts(max_seconds, workers, per_restart) if restarts in (None, "auto") else restarts
 
 
 def make_plan(method: str, restarts: int | str | None, *, seed: int = 0, max_seconds: float | None = None,

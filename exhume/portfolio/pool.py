@@ -39,7 +39,7 @@ import torch
 
 from exhume.attacks import Reconstruction
 from exhume.evaluation.matching import unit_rows
-from exhume.evaluation.ssim import ssim_pairs
+from exhume.evaluation.ssim import ssim_pairs_separable
 from exhume.files import LIMITS
 
 DUPLICATE_NCC = 0.95
@@ -74,71 +74,174 @@ def near_duplicates(candidates: torch.Tensor, labels: torch.Tensor, order: torch
     above ``threshold`` is a duplicate only if the SSIM of the two clipped images is above
     ``ssim_threshold`` as well (None: the correlation alone; other inputs: always).
 
-    Memory: the merge goes down ``order`` a block of still-unowned rows at a time (at most
-    ``LIMITS.candidates_x_pool_block`` correlations, and so flagged pairs, at once): each block's
-    correlations with every candidate are computed, the pairs whose partner is still unowned are
-    confirmed by SSIM as each row claims them in order (a partner already claimed is not compared:
-    time near-linear when candidates collapse, 20,000 copies of one image in seconds). A long
-    portfolio's pool (64 restarts of 2n candidates each) never holds an m × m matrix (12,800 candidates: 1.3 GB in
-    float64; 128,000: 131 GB), nor a list of every flagged pair, which is m²/2 pairs when the
-    candidates have collapsed onto one image (4 restarts of 4,000 candidates still near the data
-    mean: 2.8 GB and over 10 minutes of SSIM on the pair list before; now the first block claims them).
+    Time and memory: candidates are merged only within their label, so each label's candidates are
+    taken apart, in ``order``. Every candidate ranked above another has been decided (kept, or
+    claimed) when that one's row comes, so a block of rows is correlated with the still-unowned
+    candidates ranked at or below it only: at most half the pairs, in float32 (pairs within the
+    float32 rounding bound of ``threshold`` are decided again in float64, the rule of
+    :func:`exhume.evaluation.matching.ncc_matrix`). At most ``LIMITS.candidates_x_pool_block``
+    correlations are held at once, never an m × m matrix. The pairs a row flags are confirmed (pixel
+    bound, then SSIM) for many rows at once (:func:`_claim`), and a partner already claimed is
+    never compared: 20,000 copies of one image, or 20,000 distinct images, merge in seconds
+    (``benchmarks/pool_merge.py``).
     """
     m = candidates.shape[0]
     clipped = candidates.float().clamp(0, 1)
     c = clipped
     if mean is not None:
         c = c - mean.float().clamp(0, 1).reshape(1, *c.shape[1:])
-    z = unit_rows(c.flatten(1))
-    del c
-    lab = labels.reshape(m, -1)
+    flat = c.flatten(1)
+    z = flat - flat.mean(1, keepdim=True)  # the rows of unit_rows in float32: a screen, the doubtful pairs redone in float64
+    z = torch.where(z.norm(dim=1, keepdim=True) > 0, z / z.norm(dim=1, keepdim=True).clamp_min(1e-30), torch.zeros_like(z))
     confirm = ssim_threshold is not None and clipped.dim() == 4
-    rows = max(1, min(m, LIMITS.candidates_x_pool_block // max(m, 1)))
     owner = np.full(m, -1, dtype=np.int64)
-    kept: list[int] = []
-    sequence = order.tolist()
-    at = 0
-    while at < len(sequence):
-        block = []
-        while at < len(sequence) and len(block) < rows:
-            if owner[sequence[at]] < 0:
-                block.append(sequence[at])
-            at += 1
-        if not block:
-            break
-        bi = torch.tensor(block, dtype=torch.long)
-        hit = (z[bi] @ z.T).clamp_(-1.0, 1.0) > threshold
-        hit &= (lab[bi, None, :] == lab[None, :, :]).all(dim=-1)
-        hit &= torch.from_numpy(owner < 0)[None, :]  # an owned candidate is never claimed again
-        hit[torch.arange(len(block)), bi] = False
-        r, j = torch.nonzero(hit, as_tuple=True)  # row-major: grouped by the block's rows, in order
-        del hit
-        _claim(block, r.numpy(), j.numpy(), owner, kept, clipped if confirm else None, ssim_threshold)
+    seq = order.reshape(-1).long()
+    _, group = torch.unique(labels.reshape(m, -1), dim=0, return_inverse=True)
+    seq = seq[torch.argsort(group[seq], stable=True)]  # label by label, each in `order`
+    sizes = torch.bincount(group[seq]).tolist()
+    for idx in torch.split(seq, [s for s in sizes if s > 0]):
+        if idx.numel() == 1:
+            owner[int(idx)] = int(idx)
+            continue
+        _merge_label(z[idx], flat[idx], clipped[idx] if confirm else None, idx.numpy(), owner, threshold, ssim_threshold)
+    kept = [a for a in order.reshape(-1).tolist() if owner[a] == a]
     return torch.tensor(kept, dtype=torch.long), torch.from_numpy(owner)
 
 
-def _claim(block: list[int], r: np.ndarray, j: np.ndarray, owner: np.ndarray, kept: list[int], images: torch.Tensor | None,
-           ssim_threshold: float | None) -> None:
-    """The block's rows, in order, keep themselves (unless claimed already) and claim their flagged partners that are
-    still unowned; with ``images``, only those whose SSIM confirms it. A pair whose partner an earlier row claimed is
-    never compared, so a collapsed pool costs one SSIM per candidate, not one per pair."""
-    bounds = np.searchsorted(r, np.arange(len(block) + 1))
-    for k, a in enumerate(block):
-        if owner[a] >= 0:  # claimed by an earlier row of this block
+def _merge_label(z32: torch.Tensor, flat: torch.Tensor, images: torch.Tensor | None, ids: np.ndarray, owner: np.ndarray,
+                 threshold: float, ssim_threshold: float | None) -> None:
+    """The greedy merge of one label's candidates (rows of ``z32``, their unit rows in float32, and of ``flat``, in
+    rank order; ``ids`` their indices in the pool)."""
+    g = z32.shape[0]
+    slack = 4.0 * (z32.shape[1] + 2) * 2.0 ** -24  # bound on the error of a float32 correlation (normalising and dot)
+    screen = _Screen(z32, slack) if g >= SCREEN_MIN else None
+    local = np.full(g, -1, dtype=np.int64)
+    s = 0
+    while s < g:
+        cols = s + np.flatnonzero(local[s:] < 0)  # the still-unowned candidates ranked at or below row s
+        rows = max(1, LIMITS.candidates_x_pool_block // max(cols.size, 1))
+        block = [i for i in range(s, min(g, s + rows)) if local[i] < 0]
+        s += rows
+        if not block:
             continue
-        owner[a] = a
-        kept.append(a)
-        near = j[bounds[k]:bounds[k + 1]]
-        near = near[owner[near] < 0]
-        if images is not None and near.size:
-            gap = np.concatenate([(images[torch.from_numpy(near[s:s + PAIR_CHUNK])] - images[a]).abs().flatten(1).amax(1).numpy()
-                                  for s in range(0, near.size, PAIR_CHUNK)])
-            doubt = gap > certain_gap(ssim_threshold)  # the others are above the threshold by the bound: no SSIM needed
-            if doubt.any():
-                idx = torch.from_numpy(near[doubt])
-                doubt[doubt] = ~_confirmed_by_ssim(images, torch.full((idx.numel(),), a), idx, ssim_threshold).numpy()
-            near = near[~doubt]
-        owner[near] = a
+        bi = torch.tensor(block, dtype=torch.long)
+        whole = 2 * cols.size >= g - (s - rows)  # mostly unowned: every row from the block's on, the owned ones masked
+        if whole:
+            cols = np.arange(s - rows, g)
+        r, j, near = _correlated(z32, bi, torch.from_numpy(cols), threshold - slack, screen)
+        if whole:
+            unowned = local[cols[j.numpy()]] < 0
+            r, j, near = r[unowned], j[unowned], near[unowned]
+        if screen is not None and screen.failed:
+            screen = None  # candidates the bound cannot tell apart (noise): dense blocks from here on
+        doubt = (near <= threshold + slack).numpy()
+        if doubt.any():  # decided again in float64
+            exact = ((unit_rows(flat[bi[r[doubt]]]) * unit_rows(flat[cols[j[doubt].numpy()]])).sum(1) > threshold).numpy()
+            keep = np.ones(r.numel(), dtype=bool)
+            keep[doubt] = exact
+            r, j = r[keep], j[keep]
+        _claim(block, r.numpy(), cols[j.numpy()], local, images, ssim_threshold)
+    owner[ids] = ids[local]
+
+
+#: a label with at least this many candidates is screened by a bound (:class:`_Screen`) before its correlations
+SCREEN_MIN = 1024
+#: ... and a block whose pairs pass the screen more often than this is correlated densely instead
+SCREEN_DENSE_SHARE = 0.002
+
+
+class _Screen:
+    """An upper bound on every correlation of unit rows, from a ``k``-dimensional orthonormal basis ``P`` (about the
+    leading principal directions of a sample of rows, by one randomised power step; any orthonormal basis keeps the
+    bound): ``z_i·z_j ≤ Pz_i·Pz_j + ‖z_i − P'Pz_i‖‖z_j − P'Pz_j‖`` (Cauchy-Schwarz on the part outside the span).
+    Pairs the bound rules out are never correlated in full: reconstructions of distinct images mostly differ inside
+    a few directions. Noise does not, and gets dense blocks."""
+
+    def __init__(self, z32: torch.Tensor, slack: float, k: int = 96, sample: int = 2048) -> None:
+        g, d = z32.shape
+        rows = z32[torch.linspace(0, g - 1, min(g, sample)).long()]
+        probe = torch.randn(d, min(k, d), generator=torch.Generator().manual_seed(0))
+        self.basis, _ = torch.linalg.qr(rows.T @ (rows @ probe))  # the sample's leading directions, orthonormal (d, k)
+        self.y = z32 @ self.basis
+        outside = ((z32 * z32).sum(1) - (self.y * self.y).sum(1)).clamp_min(0.0)
+        self.q = (outside + slack).sqrt()  # never below the true norm outside the span
+        self.failed = False
+
+
+def _correlated(z32: torch.Tensor, bi: torch.Tensor, ci: torch.Tensor, cut: float, screen: _Screen | None):
+    """``(r, j, correlation)`` of the pairs (row ``bi[r]``, column ``ci[j]``, row-major) whose float32 correlation is
+    above ``cut``, a row never with itself."""
+    if screen is not None:
+        bound = screen.y[bi] @ screen.y[ci].T + screen.q[bi, None] * screen.q[None, ci] > cut
+        bound[bi[:, None] == ci[None, :]] = False
+        if int(bound.sum()) <= SCREEN_DENSE_SHARE * bound.numel():
+            r, j = torch.nonzero(bound, as_tuple=True)
+            near = (z32[bi[r]] * z32[ci[j]]).sum(1)
+            hit = near > cut
+            return r[hit], j[hit], near[hit]
+        screen.failed = True
+    contiguous = bool(ci.numel()) and int(ci[-1] - ci[0]) + 1 == ci.numel()
+    dots = z32[bi] @ (z32[int(ci[0]):int(ci[-1]) + 1] if contiguous else z32[ci]).T
+    hit = dots > cut
+    hit[bi[:, None] == ci[None, :]] = False
+    r, j = torch.nonzero(hit, as_tuple=True)
+    return r, j, dots[r, j]
+
+
+def _claim(block: list[int], r: np.ndarray, j: np.ndarray, owner: np.ndarray, images: torch.Tensor | None,
+           ssim_threshold: float | None) -> None:
+    """The block's rows, in order, keep themselves (unless claimed already) and claim their flagged partners ``j``
+    (grouped by row ``r``) that are still unowned; with ``images``, only those whose SSIM confirms it.
+
+    The confirmations are computed for a run of rows at once (their partners still unowned when the run begins, at
+    most ``PAIR_CHUNK`` pairs unless one row has more); a run ends before a row that an earlier row of it flagged (that
+    row may be claimed), so no comparison is made for a row that is then claimed. A pair whose partner was claimed before its run is never
+    compared, so a collapsed pool costs one comparison per candidate, not one per pair."""
+    bounds = np.searchsorted(r, np.arange(len(block) + 1))
+    flagged = np.zeros(owner.size, dtype=bool)  # partners flagged by a row of the current run
+    k = 0
+    while k < len(block):
+        run, pairs, count = [], [], 0
+        while k < len(block) and (not run or (count < PAIR_CHUNK and not flagged[block[k]])):
+            a = block[k]
+            near = j[bounds[k]:bounds[k + 1]]
+            near = near[owner[near] < 0]
+            if owner[a] < 0:
+                run.append((a, len(pairs)))
+                pairs.append(near)
+                count += near.size
+                flagged[near] = True
+            k += 1
+        for near in pairs:
+            flagged[near] = False
+        ok = _confirmed([(a, pairs[i]) for a, i in run], images, ssim_threshold) if images is not None else None
+        at = 0
+        for a, i in run:
+            near = pairs[i]
+            if owner[a] >= 0:  # claimed by an earlier row of this run
+                at += near.size
+                continue
+            owner[a] = a
+            sure = ok[at:at + near.size] if ok is not None else np.ones(near.size, dtype=bool)
+            at += near.size
+            near = near[sure & (owner[near] < 0)]
+            owner[near] = a
+
+
+def _confirmed(run: list[tuple[int, np.ndarray]], images: torch.Tensor, ssim_threshold: float) -> np.ndarray:
+    """Whether each pair ``(a, b)`` of the run (every ``b`` of each ``(a, bs)``, in order) is a duplicate by the
+    pixel bound (:func:`certain_gap`) or, where the bound cannot tell, by SSIM."""
+    if sum(bs.size for _, bs in run) == 0:
+        return np.zeros(0, dtype=bool)
+    a = torch.from_numpy(np.concatenate([np.full(bs.size, x, dtype=np.int64) for x, bs in run]))
+    b = torch.from_numpy(np.concatenate([bs for _, bs in run]).astype(np.int64))
+    gap = torch.cat([(images[a[s:s + PAIR_CHUNK]] - images[b[s:s + PAIR_CHUNK]]).abs().flatten(1).amax(1)
+                     for s in range(0, a.numel(), PAIR_CHUNK)])
+    ok = gap <= certain_gap(ssim_threshold)  # above the SSIM threshold by the bound: no SSIM needed
+    if not bool(ok.all()):
+        doubt = ~ok
+        ok[doubt] = _confirmed_by_ssim(images, a[doubt], b[doubt], ssim_threshold)
+    return ok.numpy()
 
 
 def certain_gap(ssim_threshold: float) -> float:
@@ -181,7 +284,7 @@ def _confirmed_by_ssim(images: torch.Tensor, i: torch.Tensor, j: torch.Tensor, t
     """Which pairs ``(i, j)`` (the correlation flagged) have an SSIM above ``threshold`` (a mask)."""
     keep = torch.zeros(i.numel(), dtype=torch.bool)
     for s in range(0, i.numel(), PAIR_CHUNK):
-        keep[s:s + PAIR_CHUNK] = ssim_pairs(images[i[s:s + PAIR_CHUNK]], images[j[s:s + PAIR_CHUNK]]) > threshold
+        keep[s:s + PAIR_CHUNK] = ssim_pairs_separable(images[i[s:s + PAIR_CHUNK]], images[j[s:s + PAIR_CHUNK]], check=False) > threshold
     return keep
 
 

@@ -7,20 +7,23 @@ from pathlib import Path
 from typing import Any
 
 from exhume.attacks import Reconstruction
+from exhume.attacks.base import DEFAULT_METHOD
 from exhume.errors import ConfigError
 from exhume.files.runfolder import fingerprint
 from exhume.portfolio import sizing as sizing_mod
+from exhume.portfolio.batched import Batching
 from exhume.portfolio.plan import DEFAULT_STUDY, Plan, as_view, default_workers, make_plan
 from exhume.portfolio.pool import DUPLICATE_NCC, pool
 from exhume.portfolio.store import LocalStore
 from exhume.portfolio.variants import variants_for
 
 
-def run_portfolio(victim, method: str = "kkt", *, max_seconds: float | None = None, restarts: int | str | None = None,
+def run_portfolio(victim, method: str = DEFAULT_METHOD, *, max_seconds: float | None = None, restarts: int | str | None = None,
                   workers: int | None = None, seed: int = 0, out: str | Path | None = None, resume: bool = False,
                   storage: str | None = None, study_name: str | None = None, variants: list[dict[str, Any]] | None = None,
                   device: str = "cpu", progress: bool = True, merge_threshold: float = DUPLICATE_NCC,
-                  start: Any = None, training: Any = None, start_partial: bool = False, **attack_kwargs: Any) -> Reconstruction:
+                  start: Any = None, training: Any = None, start_partial: bool = False, batch_restarts: str = "auto",
+                  **attack_kwargs: Any) -> Reconstruction:
     """Run ``restarts`` restarts of the attack ``method`` and return one pooled Reconstruction.
 
     Each restart is one run of the registered attack from its own seed (``seed + k``) with the
@@ -40,17 +43,19 @@ def run_portfolio(victim, method: str = "kkt", *, max_seconds: float | None = No
     ``merge_threshold``: the NCC above which two same-label candidates are merged (1.0: never); image
     candidates must also have an SSIM above ``DUPLICATE_SSIM`` (0.98) with each other. ``start``, ``training``,
     ``start_partial``: the start, in every restart's view (:func:`exhume.victim.start.view_with_start`).
+    ``batch_restarts``: 'auto' (on a CUDA device the restarts run as one batched problem in this process,
+    :mod:`exhume.portfolio.batched`), 'on' or 'off' (worker processes).
     """
     from exhume.device import check_device
     from exhume.victim.start import view_with_start
 
+    t0, began = time.perf_counter(), time.time()  # the budget counts from here: probe, start-up, pooling, saving
     check_device(device)
     if not 0.0 <= merge_threshold <= 1.0:
         raise ConfigError(f"merge_threshold must be in [0, 1] (1 = never merge), got {merge_threshold!r}")
     view = as_view(view_with_start(victim, start, training, start_partial))
     check_portfolio_memory(view, method, attack_kwargs, variants, workers, restarts, device)
-    t0 = time.perf_counter()
-    sizing = None
+    sizing, budget = None, max_seconds
     if restarts in (None, "auto") and max_seconds is not None:
         make_plan(method, 1, seed=seed, max_seconds=max_seconds, workers=workers, variants=variants,
                   attack_kwargs=attack_kwargs)  # every setting is validated before the probe runs
@@ -58,13 +63,16 @@ def run_portfolio(victim, method: str = "kkt", *, max_seconds: float | None = No
         restarts, workers, max_seconds = sizing.restarts, sizing.workers, sizing.seconds
     plan = make_plan(method, restarts, seed=seed, max_seconds=max_seconds, workers=workers, variants=variants,
                      attack_kwargs=attack_kwargs)
+    batching = Batching.choose(batch_restarts, device, method, storage)
     if storage is None:
-        results, rows = run_local(view, plan, out, resume, device, progress)
+        deadline = None if budget is None else began + float(budget) - pooling_reserve(view, plan, float(budget))
+        results, rows = run_local(view, plan, out, resume, device, progress, batching.groups if batching.used else None, deadline)
     else:
         from exhume.portfolio.shared import run_shared
 
         plan, results, rows = run_shared(view, plan, storage, study_name or DEFAULT_STUDY, out, resume, device, progress)
     recon = pool(view, plan, results, rows, merge_threshold)
+    recon.config["portfolio"]["batched"] = batching.record()
     return _pooled(recon, victim, view, t0, None if storage is None else study_name or DEFAULT_STUDY, sizing, out)
 
 
@@ -99,8 +107,27 @@ def check_portfolio_memory(view, method: str, attack_kwargs: dict[str, Any], var
     check_memory(largest, view, device, copies=min(plan.workers, len(plan.restarts)), what="'s portfolio")
 
 
-def run_local(view, plan: Plan, out, resume: bool, device: str, progress: bool):
-    """Run the plan's unfinished restarts on this machine; returns ``(results, rows)`` by restart index."""
+#: seconds of pooling per candidate kept aside from a time budget, at least POOL_RESERVE[0] seconds and at most the
+#: share POOL_RESERVE[1] of the budget (benchmarks/README.md#the-portfolios-deadline-and-pooling-reserve)
+POOL_SECONDS_PER_CANDIDATE = 5e-4
+POOL_RESERVE = (2.0, 0.1)
+
+
+def pooling_reserve(view, plan: Plan, budget: float) -> float:
+    """The seconds kept from ``budget`` for pooling and saving after the restarts (see :data:`POOL_SECONDS_PER_CANDIDATE`)."""
+    from exhume.attacks import get_attack
+
+    per = get_attack(plan.method, **plan.restarts[0].kwargs).candidate_count(view.n_train_hint or 100) or 0
+    low, share = POOL_RESERVE
+    return min(share * budget, max(low, POOL_SECONDS_PER_CANDIDATE * per * len(plan.restarts)))
+
+
+def run_local(view, plan: Plan, out, resume: bool, device: str, progress: bool, batches: list | None = None,
+              deadline: float | None = None):
+    """Run the plan's unfinished restarts on this machine; returns ``(results, rows)`` by restart index.
+    ``batches``: a list, to run them batched in this process (:mod:`exhume.portfolio.batched`; its records appended).
+    ``deadline`` (``time.time()``): every restart ends by then, set-up and worker start-up included
+    (:func:`exhume.portfolio.runner.restart_ends`; a batch stops there through :func:`exhume.attacks.loop.wall_deadline`)."""
     from tqdm.auto import tqdm
 
     from exhume.portfolio.runner import run_pending
@@ -117,7 +144,7 @@ def run_local(view, plan: Plan, out, resume: bool, device: str, progress: bool):
         if got[0] is not None:
             results[r.index] = got[0]
         rows[r.index] = {**got[1], "reused": True}
-    parallel = min(plan.workers, len(pending)) > 1
+    parallel = min(plan.workers, len(pending)) > 1 and batches is None
     bar = tqdm(total=len(plan.restarts), initial=len(plan.restarts) - len(pending), desc=f"{plan.method} portfolio",
                unit="restart", disable=not (progress and parallel))
 
@@ -129,7 +156,14 @@ def run_local(view, plan: Plan, out, resume: bool, device: str, progress: bool):
         bar.set_postfix({"last": f"#{k} {row.get('iterations', row['status'])} it"}, refresh=False)
 
     try:
-        run_pending(view, plan, pending, store, plan.workers, resume, device, progress and not parallel, done)
+        if batches is not None:
+            from exhume.attacks.loop import wall_deadline
+            from exhume.portfolio.batched import run_batched
+
+            with wall_deadline(deadline):
+                batches.extend(run_batched(view, plan, pending, store, resume, device, progress, done))
+        else:
+            run_pending(view, plan, pending, store, plan.workers, resume, device, progress and not parallel, done, deadline)
     finally:
         bar.close()
     if not results:

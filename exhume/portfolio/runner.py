@@ -7,20 +7,29 @@ parallel region that its parent already used (GNU libgomp is not fork-safe), so 
 worker runs torch with **one thread**; the default number of workers is the number of cores.
 Elsewhere (macOS, Windows, or a GPU device, where a forked child cannot use CUDA) workers are
 **spawned** (fresh interpreters), each with ``max(1, cores // workers)`` torch threads; the view
-travels pickled in memory (never through a file), so the module's class must be importable and
-a script must guard its entry point as :mod:`multiprocessing` requires.
+travels pickled in memory (never through a file) through a queue that every worker reads once it
+has started, so the workers start side by side (as start-up arguments it would be written to each
+new interpreter only after the one before had imported torch), the module's class must be
+importable and a script must guard its entry point as :mod:`multiprocessing` requires.
+
+With a time budget, each pending restart ends at the end of its wave (:func:`restart_ends`: the
+time left until the portfolio's deadline, split into equal waves), a wall-clock deadline its
+attack's loop keeps (:func:`exhume.attacks.loop.wall_deadline`): worker start-up and a restart's
+set-up come out of its own wave, and a wave that starts late gets only what is left.
 """
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import pickle
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import ALL_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any
 
 from exhume.errors import ConfigError, DivergenceError
@@ -30,18 +39,36 @@ from exhume.portfolio.pool import restart_record
 HOST = socket.gethostname()
 
 
-def run_restart(view, method: str, restart: Restart, folder, resume: bool, device: str, progress: bool):
+#: status of a restart not started, or stopped, because the portfolio's deadline had passed (not stored as finished:
+#: ``--resume`` runs it, from its checkpoint if it has one)
+UNFINISHED = "not finished: the budget was spent"
+
+
+def run_restart(view, method: str, restart: Restart, folder, resume: bool, device: str, progress: bool,
+                end: float | None = None, deadline: float | None = None):
     """One restart: one run of the registered attack. Returns ``(reconstruction or None, table row)``.
 
     A run that diverges (DivergenceError) is a failed restart, not a failed portfolio: its row
     says so and the other restarts still count. A bad setting (ConfigError) stops the portfolio.
+    ``end`` (``time.time()``): the restart stops there, set-up included (its ``max_seconds`` is at most
+    what is left); a restart that starts after its ``end`` gets what is left until ``deadline``, and one
+    that starts after ``deadline`` is not run (its row says :data:`UNFINISHED`).
     """
     from exhume.attacks import get_attack
+    from exhume.attacks.loop import wall_deadline
 
-    atk = get_attack(method, **restart.kwargs)
+    kwargs = restart.kwargs
+    if end is not None:
+        now = time.time()
+        end = end if end > now or deadline is None else deadline
+        if end <= now:
+            return None, {**restart_record(restart, None, UNFINISHED, HOST), "iterations": 0}
+        kwargs = {**kwargs, "max_seconds": round(min(kwargs.get("max_seconds") or math.inf, end - now), 3)}
+    atk = get_attack(method, **kwargs)
     try:
-        recon = atk.run(view, out=folder, seed=restart.seed, device=device, resume=resume and folder is not None,
-                        progress=progress)
+        with wall_deadline(end):
+            recon = atk.run(view, out=folder, seed=restart.seed, device=device, resume=resume and folder is not None,
+                            progress=progress)
     except DivergenceError as e:
         row = restart_record(restart, None, "diverged", HOST)
         row["error"] = str(e)
@@ -97,12 +124,12 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _init_worker(view_bytes: bytes, threads: int) -> None:
+def _init_worker(views, threads: int) -> None:
     import torch
 
     _worker_signals()
     torch.set_num_threads(threads)
-    _STATE["view"] = pickle.loads(view_bytes)  # noqa: S301 - bytes made by the parent process, not a file
+    _STATE["view"] = pickle.loads(views.get())  # noqa: S301 - bytes made by the parent process, not a file
 
 
 def _init_forked(threads: int) -> None:
@@ -112,18 +139,19 @@ def _init_forked(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _run_local(method: str, rec: dict[str, Any], folder, resume: bool, device: str):
+def _run_local(method: str, rec: dict[str, Any], folder, resume: bool, device: str, end: float | None = None,
+               deadline: float | None = None):
     from exhume.portfolio.store import LocalStore
 
     restart = Restart.from_record(rec)
     _STATE["busy"] = True
     try:
-        recon, row = run_restart(_STATE["view"], method, restart, folder, resume, device, False)
+        recon, row = run_restart(_STATE["view"], method, restart, folder, resume, device, False, end, deadline)
     except KeyboardInterrupt:  # SIGTERM/SIGINT: the restart has checkpointed; a stopped worker takes no more work
         os._exit(130)
     finally:
         _STATE["busy"] = False
-    if folder is not None:
+    if folder is not None and row["status"] != UNFINISHED:
         LocalStore(folder.parent.parent).save(restart, recon, row)
     return rec["restart"], recon, row
 
@@ -139,35 +167,92 @@ def executor(view, workers: int, device: str) -> ProcessPoolExecutor:
         torch.optim.Adam([torch.zeros(1, requires_grad=True)])  # imports torch._dynamo (seconds) once, before forking
         _STATE["view"] = view  # inherited by the forked children
         return ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_forked, initargs=(threads,))
-    return ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                               initargs=(pickled_view(view), threads))
+    views = ctx.Queue()  # one copy for each worker, read once it has started (see the module's docstring)
+    payload = pickled_view(view)
+    for _ in range(workers):
+        views.put(payload)
+    views.cancel_join_thread()  # a worker that never started must not hold this process at its exit
+    return ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(views, threads))
+
+
+def restart_ends(pending: list[Restart], workers: int, deadline: float | None) -> dict[int, float | None]:
+    """When each pending restart ends (``time.time()``): the time until ``deadline`` split into equal waves of
+    ``workers`` restarts, in the order they are handed out (all None without a deadline)."""
+    if deadline is None or not pending:
+        return {r.index: None for r in pending}
+    workers = max(1, min(workers, len(pending)))
+    waves = math.ceil(len(pending) / workers)
+    now = time.time()
+    slot = max(deadline - now, 0.0) / waves
+    return {r.index: now + (k // workers + 1) * slot for k, r in enumerate(pending)}
+
+
+#: seconds past the portfolio's deadline that the workers get to hand back their last restarts before they are stopped
+STOP_GRACE = 2.0
 
 
 def run_pending(view, plan, pending: list[Restart], store, workers: int, resume: bool, device: str, progress: bool,
-                on_done: Callable[[int, Any, dict[str, Any]], None]) -> None:
-    """Run the ``pending`` restarts, in this process (one worker) or in ``workers`` processes."""
+                on_done: Callable[[int, Any, dict[str, Any]], None], deadline: float | None = None) -> None:
+    """Run the ``pending`` restarts, in this process (one worker) or in ``workers`` processes, each by the end of
+    its wave before ``deadline`` (``time.time()``; None: each restart by its own budget).
+
+    With several workers this process is one of them: it runs the first restart of every wave itself (warm: no
+    start-up) while ``workers - 1`` worker processes run the others, so a portfolio whose workers start slowly still
+    has results by its deadline. Workers still busy ``STOP_GRACE`` seconds after the deadline are stopped (each
+    checkpoints its restart, which ``--resume`` continues); their rows say :data:`UNFINISHED`."""
     workers = min(workers, len(pending)) if pending else 0
-    if workers <= 1:
-        for restart in pending:
-            folder = store.folder(restart.index)
-            recon, row = run_restart(view, plan.method, restart, folder, resume, device, progress)
-            store.save(restart, recon, row)
-            on_done(restart.index, recon, row)
-        return
-    pool = executor(view, workers, device)
+    ends = restart_ends(pending, workers, deadline)
+    here = pending[::max(workers, 1)]
+    there = [r for r in pending if r.index not in {h.index for h in here}]
+    pool = executor(view, workers - 1, device) if there else None
     try:
-        futures = {pool.submit(_run_local, plan.method, r.record(), store.folder(r.index), resume, device) for r in pending}
-        while futures:
-            finished, futures = wait(futures, return_when=FIRST_COMPLETED)
-            for f in finished:
-                on_done(*f.result())
+        futures = {pool.submit(_run_local, plan.method, r.record(), store.folder(r.index), resume, device, ends[r.index], deadline): r
+                   for r in there}
+        threads = threads_per_worker(workers, start_method(device)) if pool is not None else None
+        for restart in here:
+            _run_here(view, plan.method, restart, store, resume, device, progress and pool is None, ends[restart.index],
+                      deadline, threads, on_done)
+            futures = _collect(futures, on_done, 0.0)
+        futures = _collect(futures, on_done, None if deadline is None else max(0.0, deadline + STOP_GRACE - time.time()))
     except BaseException:  # Ctrl-C, SIGTERM, a failed restart: stop the workers, each checkpointing its restart
-        stop_workers(pool)
+        if pool is not None:
+            stop_workers(pool)
         raise
-    else:
-        pool.shutdown(wait=True)
     finally:
         _STATE.clear()
+    if pool is not None:
+        if futures:  # past the deadline: stopped, their restarts checkpointed
+            stop_workers(pool)
+        pool.shutdown(wait=True)
+    for restart in futures.values():
+        on_done(restart.index, None, {**restart_record(restart, None, UNFINISHED, HOST), "iterations": 0})
+
+
+def _run_here(view, method: str, restart: Restart, store, resume: bool, device: str, progress: bool, end, deadline,
+              threads: int | None, on_done) -> None:
+    """One restart in this process (at ``threads`` torch threads, as a worker would run it), stored and reported."""
+    import torch
+
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        recon, row = run_restart(view, method, restart, store.folder(restart.index), resume, device, progress, end, deadline)
+    finally:
+        torch.set_num_threads(before)
+    if row["status"] != UNFINISHED:
+        store.save(restart, recon, row)
+    on_done(restart.index, recon, row)
+
+
+def _collect(futures: dict, on_done, timeout: float | None) -> dict:
+    """Report the finished ``futures`` (waiting at most ``timeout`` seconds for all; None: no limit); the others."""
+    if futures:
+        done, _ = wait(futures, timeout=timeout, return_when=ALL_COMPLETED)
+        for f in done:
+            on_done(*f.result())
+        futures = {f: r for f, r in futures.items() if f not in done}
+    return futures
 
 
 def stop_workers(pool: ProcessPoolExecutor, timeout: float = 120.0) -> None:
@@ -185,4 +270,4 @@ def stop_workers(pool: ProcessPoolExecutor, timeout: float = 120.0) -> None:
         proc.join(timeout)
 
 
-__all__ = ["run_restart", "run_pending", "executor"]
+__all__ = ["UNFINISHED", "executor", "restart_ends", "run_pending", "run_restart"]

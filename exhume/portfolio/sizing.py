@@ -1,7 +1,7 @@
 """How many restarts a time budget buys, from the attack's measured iteration rate.
 
-A fixed restart length does not transfer between victims: 45 s is thousands of kkt iterations on
-a small victim and hundreds on a 1000-1000 one, too few to leave the data mean. So
+A fixed restart length does not transfer between victims: the same seconds are many times more kkt
+iterations on a small victim than on a 1000-1000 one, where they can be too few to leave the data mean. So
 ``restarts="auto"`` with a time budget first **probes** the attack: one short run (``PROBE_SHARE`` of the budget, between
 ``PROBE_SECONDS``), in this process, at the thread count a restart will get (one thread for
 forked parallel workers, see :mod:`exhume.portfolio.runner`), discarded afterwards. Its wall
@@ -12,15 +12,15 @@ decides:
   probe's rate × ``PARALLEL_EFFICIENCY`` when workers share the machine; the number of waves this
   allows is rounded to the nearest, so a restart gets at least 3/4 of it) and about
   ``SECONDS_PER_RESTART`` seconds each (the number of waves rounded) where the rate allows more.
-  Rounded rather than floored: two restarts of 2,000 iterations found more than one of 4,000
-  (``benchmarks/README.md``, "How long a restart should be, with constant rates");
+  Rounded rather than floored: two shorter restarts found more than one twice as long;
 - when even one wave of parallel restarts would leave each below that floor, and the caller did
   not fix the number of workers, the budget goes to **one run with all the cores**, which is the
   old single run with kkt's current defaults.
 
 The decision and the measurement are kept in ``config["portfolio"]["sizing"]``; a resumed
 portfolio reuses the stored decision (``OUT/restarts/sizing.json``) instead of probing again, so
-that its finished restarts still match the plan.
+that its finished restarts still match the plan. The measurements behind the constants:
+``benchmarks/README.md#restart-sizing``.
 """
 
 from __future__ import annotations
@@ -38,9 +38,7 @@ MIN_ITERATIONS_PER_RESTART = 2000  # for an attack whose restart plan does not s
 PROBE_SHARE = 0.03
 PROBE_SECONDS = (1.0, 5.0)
 # Iterations per second of one restart among parallel workers, over the same restart alone (the
-# probe runs alone). Measured on this project's 2-core machine with two forked one-thread workers:
-# 0.995 on the demo's 256-256 victim (73 it/s alone), 1.03 on a 1000-1000 one (14.7 it/s alone);
-# 0.95 leaves a margin for machines whose cores share less well.
+# probe runs alone): about 1 where measured, less here for machines whose cores share less well.
 PARALLEL_EFFICIENCY = 0.95
 SIZING_FILE = "sizing.json"
 

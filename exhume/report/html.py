@@ -90,8 +90,8 @@ def verdict(metrics: Mapping[str, Any]) -> tuple[str, bool]:
 
     The verdict itself (leaks / no evidence / inconclusive), its reason and the p-value are
     computed once, by :mod:`exhume.evaluation.verdict`, and stored in ``metrics.json``; this
-    function words them. For a metrics.json written before the verdict was stored, the one-sided
-    Fisher exact test (p < 0.05) is recomputed by the same function.
+    function words them. For a metrics.json written before the verdict was stored, the verdict
+    is decided from its counts by :func:`exhume.evaluation.verdict.decide`, as the evaluation does.
     """
     text, leaks = explain(metrics)
     stated = metrics.get("verdict")
@@ -101,7 +101,7 @@ def verdict(metrics: Mapping[str, Any]) -> tuple[str, bool]:
 def explain(metrics: Mapping[str, Any], failures: bool = True) -> tuple[str, bool]:
     """:func:`verdict`'s text without its first words; ``failures=False`` leaves out the failed assumptions
     (for a page that shows the stored reason, which lists them, beside it)."""
-    from exhume.evaluation.verdict import ALPHA, fisher_p
+    from exhume.evaluation.verdict import ALPHA, decide
 
     n, k, pool = metrics.get("n_train"), metrics.get("memorised"), metrics.get("pool_size")
     c, nc = metrics.get("memorised_control"), metrics.get("control_size")
@@ -114,9 +114,9 @@ def explain(metrics: Mapping[str, Any], failures: bool = True) -> tuple[str, boo
             f"produced an image that resembles it (SSIM) more closely than any of {pool} unseen images of the same classes does. ")
     alpha = metrics.get("alpha") or ALPHA
     if c is not None and nc:
-        p = metrics.get("p_value")
-        p = fisher_p(k, n, c, nc) if p is None else float(p)
-        leaks = stated == "leaks" if stated else (p < alpha and k > 0)
+        decided = decide(metrics, alpha=alpha)  # what the evaluation decides from these counts (stored since the verdict is)
+        p = decided.p_value if metrics.get("p_value") is None else float(metrics["p_value"])
+        leaks = (stated or decided.verdict) == "leaks"
         text += (f"The same test run on {nc} unseen images that were not in the training set (the control) passes for {c} of them "
                  f"(one-sided Fisher exact test: p = {p:.2g}, alpha = {alpha:g}). ") + _oracle_sentence(metrics)
     else:
@@ -154,10 +154,11 @@ def render(run: str | Path) -> str:
     ev = run / "evaluation"
     metrics, attack = _load(run, ev)
     parts = [_head(run, attack), _first_screen(metrics, attack, ev), _counts_section(metrics), _victim_section(metrics),
-             _attack_section(attack)]
+             _law_section(metrics), _attack_section(attack)]
     portfolio = (attack.get("config") or {}).get("portfolio")
     if isinstance(portfolio, dict):
         parts.append(_portfolio_section(portfolio, attack, metrics))
+    parts.append(_membership_section(metrics, ev))
     parts.append(_figures_section(ev))
     parts.append("</body></html>")
     return "\n".join(parts)
@@ -202,6 +203,7 @@ def _first_screen(metrics, attack: dict[str, Any], ev: Path) -> str:
         left.insert(1, f"<p class=\"threat\" id=\"threat-model\"><b>Threat model audited</b>: {_e(threat)}"
                     + ("" if threat == "weights only" else " (an attacker who has them; without them the verdict may differ)")
                     + ".</p>")
+    left[1:1] = _owner_lines(metrics)
     if cfg.get("oracle_init"):
         left.append(f"<p class=\"verdict\">This run started from an oracle initialisation ({_e(cfg.get('init'))}) built from real "
                     "data: its numbers do not describe an attacker who has the weights only.</p>")
@@ -210,6 +212,44 @@ def _first_screen(metrics, attack: dict[str, Any], ev: Path) -> str:
     right = (f"<figure id=\"best-pairs\">{_img(path, title)}<figcaption><b>{_e(title)}</b>. {_e(caption)}</figcaption></figure>"
              if path.is_file() else f"<p class=\"note\" id=\"best-pairs\">{_e(title)}: figure {_e(fname)} not found in {_e(ev)}.</p>")
     return f"<section class=\"first\" id=\"first-screen\"><div>{''.join(left)}</div>{right}</section>"
+
+
+def _owner_lines(metrics) -> list[str]:
+    """The first screen's identifiability and membership lines (the owner's audit; none when not measured)."""
+    from exhume.evaluation.identifiability import identifiability_line
+
+    out = []
+    line = identifiability_line(metrics.get("identifiability"))
+    if line:
+        out.append(f"<p class=\"threat\" id=\"identifiability\"><b>Identifiability</b> (EVALUATOR, the equation at the "
+                   f"training images): {_e(line)}.</p>")
+    exposure = metrics.get("membership_exposure") or {}
+    if exposure.get("finding"):
+        out.append(f"<p class=\"threat\" id=\"membership-finding\">{_e(exposure['finding'])} "
+                   "<a href=\"#membership-exposure\">ROC</a></p>")
+    return out
+
+
+def _membership_section(metrics, ev: Path) -> str:
+    """Every membership score's AUC and TPR at low FPR with their intervals, and the log–log ROC."""
+    exposure = metrics.get("membership_exposure") or {}
+    if not exposure.get("scores"):
+        return ""
+
+    def cell(v: dict, pct: bool) -> str:
+        f = (lambda a: f"{100 * a:.2f} %") if pct else (lambda a: f"{a:.3f}")
+        return f"{f(v['value'])} [{f(v['ci95'][0])}, {f(v['ci95'][1])}]"
+
+    rows = "".join(f"<tr><td>{_e(k)}</td><td>{_e(v['definition'])}</td><td>{cell(v['auc'], False)}</td>"
+                   f"<td>{cell(v['tpr_at_0.01_fpr'], True)}</td><td>{cell(v['tpr_at_0.001_fpr'], True)}</td></tr>"
+                   for k, v in exposure["scores"].items())
+    path = ev / "membership_roc.png"
+    fig = f"<figure>{_img(path, 'membership ROC')}<figcaption>ROC on log–log axes.</figcaption></figure>" if path.is_file() else ""
+    return (f"<section id=\"membership-exposure\"><h2>Membership from the weights</h2><p>{exposure['n_members']} training "
+            f"images against {exposure['n_nonmembers']} unseen images (their labels: {_e(exposure['nonmember_labels'])}); "
+            f"95 % intervals from {_e(exposure['bootstrap'])}; the lowest FPR resolved is {exposure['lowest_fpr_resolved']:.2g}.</p>"
+            f"<table><tr><th>score</th><th>definition</th><th>AUC</th><th>TPR at 1 % FPR</th><th>TPR at 0.1 % FPR</th></tr>"
+            f"{rows}</table>{fig}</section>")
 
 
 def _glossary(metrics) -> str:
@@ -278,6 +318,18 @@ def _victim_section(metrics) -> str:
     if metrics.get("assumption_failures"):
         rows.append(("assumptions of the attack that fail", "; ".join(metrics["assumption_failures"]), False))
     return "<h2>The model (victim)</h2>" + _rows(rows)
+
+
+def _law_section(metrics) -> str:
+    """Where the model sits against the law of data reconstruction (an audit's ``law``; nothing without one)."""
+    law = metrics.get("law")
+    if not isinstance(law, dict):
+        return ""
+    rows = [("trained parameters p", law.get("p"), False), ("input dimension d", law.get("d"), False),
+            ("training samples n", law.get("n"), False), ("p/(d·n)", law.get("p_over_dn"), False), ("regime", law.get("regime"), False),
+            ("p counted as", law.get("p_counted"), False)]
+    return ("<h2 id=\"law\">The law of data reconstruction</h2><p class=\"note\">" + _e(law.get("definition")) + "; see "
+            "docs/audit.md.</p>" + _rows(rows))
 
 
 def _attack_section(attack: dict[str, Any]) -> str:

@@ -30,6 +30,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from exhume.attacks import ATTACKS, attack_class, get_attack
+from exhume.attacks.base import DEFAULT_METHOD
 from exhume.errors import ConfigError, DivergenceError
 from exhume.studies import GRACE_PERIOD, HEARTBEAT_INTERVAL, counts, create_or_load, load_optuna, make_storage, open_study, redact, work
 
@@ -39,12 +40,12 @@ __all__ = ["DEFAULTS", "GRACE_PERIOD", "HEARTBEAT_INTERVAL", "SEARCH_SPACE", "de
 SCORE_NOTE = "attacker-side (weights and candidates only): (1 - relative stationarity residual) x plausible share"
 
 
-def search_space(method: str = "kkt") -> dict[str, tuple[float, float, bool]]:
+def search_space(method: str = DEFAULT_METHOD) -> dict[str, tuple[float, float, bool]]:
     """``name: (low, high, log)`` for each parameter of ``method`` that declares a search range (``Param.search``)."""
     return attack_class(method).search_space()
 
 
-def defaults_for(view, fixed: dict[str, Any], method: str = "kkt") -> dict[str, float]:
+def defaults_for(view, fixed: dict[str, Any], method: str = DEFAULT_METHOD) -> dict[str, float]:
     """The first trial of a study on ``view``: the attack's own values of the searched parameters, as they resolve there."""
     return get_attack(method, **fixed).search_start(view)
 
@@ -183,7 +184,7 @@ def tune(view, trials: int, out: str | Path, trial_seconds: float = 60.0, storag
          study_name: str | None = None, seed: int = 0, device: str = "cpu", prune: bool = True,
          progress: bool = True, report_every: int = 500, victim_path: str | None = None,
          heartbeat_interval: int = HEARTBEAT_INTERVAL, grace_period: int = GRACE_PERIOD,
-         fixed: dict[str, Any] | None = None, method: str = "kkt") -> dict[str, Any]:
+         fixed: dict[str, Any] | None = None, method: str = DEFAULT_METHOD) -> dict[str, Any]:
     """Search the hyperparameters of the attack ``method`` on ``view`` (an :class:`~exhume.victim.AttackerView`).
 
     Returns a summary: the best trial's number, score, parameters and folder, and the study's
@@ -196,6 +197,7 @@ def tune(view, trials: int, out: str | Path, trial_seconds: float = 60.0, storag
 
     study_name = study_name or f"exhume-{method}"
     out = Path(out)
+    _refuse_foreign(out)
     out.mkdir(parents=True, exist_ok=True)
     record = {"method": method, "seed": seed, "trials": trials, "trial_seconds": trial_seconds, "victim_path": victim_path,
               "settings": {"trial_seconds": float(trial_seconds), "victim_fingerprint": fingerprint(view.model),
@@ -205,6 +207,17 @@ def tune(view, trials: int, out: str | Path, trial_seconds: float = 60.0, storag
     t0 = time.perf_counter()
     _run_trials(study, objective, trials, f"tune {study_name}", progress, min(heartbeat_interval, 2))
     return _summary(study, study_name, storage, out, round(time.perf_counter() - t0, 1))
+
+
+def _refuse_foreign(out: Path) -> None:
+    """``out`` holds this study (continued: trials are added) or nothing of exhume's; never a victim or an attack run."""
+    from exhume.files.runfolder import RUN_FILES, RunFolderError
+    from exhume.victim.victim import VICTIM_FILES
+
+    found = [n for n in (*VICTIM_FILES, *RUN_FILES, "restarts") if (out / n).exists()]
+    if found:
+        raise RunFolderError(f"output folder {out} holds a victim or an attack run ({', '.join(found)}); exhume tune writes "
+                             "its study (tune.db, trials/, best/) into a folder of its own: choose another -o")
 
 
 def _run_trials(study, objective, trials: int, desc: str, progress: bool, poll_seconds: float) -> None:
@@ -274,6 +287,6 @@ def _best(study):
     return max(done, key=lambda t: t.value) if done else None
 
 
-def load_study(storage: str | None, out: str | Path, study_name: str = "exhume-kkt"):
+def load_study(storage: str | None, out: str | Path, study_name: str = f"exhume-{DEFAULT_METHOD}"):
     """Open an existing study (read-only use)."""
     return open_study(storage, out, study_name)

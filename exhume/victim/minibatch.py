@@ -20,13 +20,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from exhume.choices import STEP_OPTIMIZERS
 from exhume.errors import DivergenceError
 from exhume.files.fields import check_setting
 from exhume.losses import margin, per_sample_loss
 from exhume.progress import Progress
 from exhume.victim.train import check_training
-
-MINIBATCH_OPTIMIZERS = ("sgd", "adam")
 
 
 @dataclass
@@ -45,7 +44,7 @@ class MiniBatchConfig:
 
     def validate(self) -> None:
         """Refuse (one line) a setting that is not finite or out of range; run again by :func:`exhume.victim.make_victim`."""
-        check_training(self.loss, self.optimizer, MINIBATCH_OPTIMIZERS, self.lr, self.weight_decay, what="mini-batch optimizer",
+        check_training(self.loss, self.optimizer, STEP_OPTIMIZERS, self.lr, self.weight_decay, what="mini-batch optimizer",
                        max_seconds=self.max_seconds)
         check_setting("momentum", self.momentum, low=0.0, high=1.0)
         check_setting("batch_size", self.batch_size, integer=True, low=1)

@@ -28,17 +28,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from exhume.choices import TRAINING_OPTIMIZERS
 from exhume.errors import ConfigError, VictimError
 from exhume.files.weights import read_tensors
 from exhume.replay import SAMPLERS, steps_per_epoch
 from exhume.starts import frozen_names, start_digest  # noqa: F401  (the victim room's names for them)
 
-OPTIMIZERS = ("sgd", "adam", "adamw")
 SETTING_KEYS = ("optimizer", "lr", "momentum", "betas", "eps", "weight_decay", "steps", "epochs", "batch_size", "adam_step",
                 "sampler", "seed", "nesterov", "drop_last")
 #: torch's defaults, filled in where a setting is not stated (TrainingSettings.given keeps which were)
 DEFAULTS: dict[str, Any] = {"momentum": 0.0, "betas": (0.9, 0.999), "eps": 1e-8, "nesterov": False, "drop_last": False}
-
 
 def _aligned(start: dict[str, torch.Tensor], names: set[str], prefix: str) -> dict[str, torch.Tensor]:
     """``start`` keyed like ``names``: a wrapper's parameters carry ``prefix`` (e.g. ``model.``), the user's file does not."""
@@ -175,8 +174,8 @@ def _number(name: str, value: Any, low: float, high: float | None = None, low_op
 
 def check_settings(s: TrainingSettings) -> None:
     """One :class:`ConfigError` per bad training setting."""
-    if s.optimizer is not None and s.optimizer not in OPTIMIZERS:
-        raise ConfigError(f"training setting optimizer must be one of {', '.join(OPTIMIZERS)}, got {s.optimizer!r}")
+    if s.optimizer is not None and s.optimizer not in TRAINING_OPTIMIZERS:
+        raise ConfigError(f"training setting optimizer must be one of {', '.join(TRAINING_OPTIMIZERS)}, got {s.optimizer!r}")
     checks = (("lr", s.lr, 0.0, None, True, False), ("momentum", s.momentum, 0.0, 1.0, False, False),
               ("eps", s.eps, 0.0, None, False, False), ("weight_decay", s.weight_decay, 0.0, None, False, False),
               ("steps", s.steps, 1, None, False, True), ("epochs", s.epochs, 1, None, False, True),

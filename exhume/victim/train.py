@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from exhume.choices import FULL_BATCH_OPTIMIZERS
 from exhume.errors import ConfigError, DivergenceError, ExhumeError
 from exhume.files.fields import check_setting
 from exhume.files.runfolder import tensors_digest
@@ -19,8 +20,6 @@ from exhume.interrupts import whole_step
 from exhume.losses import check_loss, per_sample_loss
 from exhume.losses import relative_objective_gradient as stationarity_residual  # ‖∇ objective‖ / ‖w·θ‖
 from exhume.progress import Progress
-
-OPTIMIZERS = ("gd", "adam")
 
 
 def check_training(loss: str, optimizer: str, known: tuple[str, ...], lr: float, weight_decay: float, what: str = "optimizer",
@@ -61,7 +60,7 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Refuse (one line) a setting that is not finite or out of range; run again by :func:`exhume.victim.make_victim`."""
-        check_training(self.loss, self.optimizer, OPTIMIZERS, self.lr, self.weight_decay, max_seconds=self.max_seconds)
+        check_training(self.loss, self.optimizer, FULL_BATCH_OPTIMIZERS, self.lr, self.weight_decay, max_seconds=self.max_seconds)
         check_setting("max_epochs", self.max_epochs, integer=True, low=1)
         check_setting("loss_threshold", self.loss_threshold, low=0.0, optional=True)
         check_setting("residual_threshold", self.residual_threshold, low=0.0, optional=True)

@@ -36,6 +36,8 @@ from exhume.victim.start import TrainingSettings, check_start, frozen_names, tra
 from exhume.victim.wrap import Audited, two_logit_probe
 
 FORMAT_VERSION = 1
+#: the files of a victim folder (``victim.json`` written last: a folder holding it is complete)
+VICTIM_FILES = ("victim.json", "model.safetensors", "train_indices.npy")
 
 
 @dataclass

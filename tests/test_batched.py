@@ -1,0 +1,219 @@
+"""The batched restarts (exhume/portfolio/batched.py): the same candidates as the restarts run one by one at equal
+iterations (float64), a divergent restart leaving the batch alone, resume from a batched checkpoint, the choice of path
+('auto' batches on a CUDA device string, without needing CUDA) and the CLI's --batch-restarts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import exhume
+from exhume.cli import main
+from exhume.errors import ConfigError
+from exhume.portfolio import make_plan, run_portfolio
+from exhume.portfolio.batched import batch_key, groups, use_batched
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# float64 and snapshots inside the run: the averaged iterates and the kept snapshot are compared too
+EXACT = {"iterations": 60, "dtype": "float64", "snapshot_every": 20, "checkpoint_every": 25, "lr": 0.05}
+
+
+def _restarts(out, count: int):
+    return [exhume.load_reconstruction(out / "restarts" / str(k)) for k in range(count)]
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "traced"])
+def test_batched_restarts_equal_the_restarts_run_one_by_one(victim_dir, tmp_path, monkeypatch, traced):
+    import exhume.attacks.kkt as kkt_mod
+    import exhume.portfolio.batched as batched_mod
+
+    # the lone runs stay eager however loaded the machine; the batch replays its traced graph from the first step or never
+    monkeypatch.setattr(kkt_mod, "TRACE_AFTER_SECONDS", 1e9)
+    monkeypatch.setattr(batched_mod, "TRACE_AFTER_SECONDS", 0.0 if traced else 1e9)
+    victim = exhume.load_victim(victim_dir)
+    one = run_portfolio(victim, restarts=3, workers=1, out=tmp_path / "one", progress=False, batch_restarts="off", **EXACT)
+    batched = run_portfolio(victim, restarts=3, workers=1, out=tmp_path / "batched", progress=False, batch_restarts="on", **EXACT)
+    assert batched.config["portfolio"]["batched"]["used"] and not one.config["portfolio"]["batched"]["used"]
+    assert batched.config["portfolio"]["batched"]["groups"][0] == {"restarts": [0, 1, 2], "batched": True, "seconds_given": None,
+                                                                  "tf32": False}
+    for a, b in zip(_restarts(tmp_path / "one", 3), _restarts(tmp_path / "batched", 3), strict=True):
+        assert a.summary["iterations"] == b.summary["iterations"] == 60
+        assert a.summary["kept_iteration"] == b.summary["kept_iteration"]
+        assert a.config["lr_lambda_used"] == b.config["lr_lambda_used"]  # the variants alternate inside the batch
+        assert torch.allclose(a.candidates, b.candidates, rtol=0, atol=1e-6)  # float32 on output, float64 inside
+        assert torch.allclose(a.scores, b.scores, rtol=1e-6, atol=1e-9)
+        assert a.summary["final_relative_stationarity"] == pytest.approx(b.summary["final_relative_stationarity"], rel=1e-9)
+        assert [h["stationarity"] for h in a.loss_history] == pytest.approx([h["stationarity"] for h in b.loss_history], rel=1e-9)
+    assert b.config["batched_restarts"] == 3 and b.config["residual_traced"] is traced
+    assert torch.allclose(one.candidates, batched.candidates, atol=1e-6)  # the same pooled result
+
+
+def test_restarts_that_differ_in_more_than_their_rates_run_in_separate_batches(victim_dir, tmp_path):
+    victim = exhume.load_victim(victim_dir)
+    variants = [{}, {"lr_lambda": 1e-2}, {"alpha": 10.0}]
+    plan = make_plan("kkt", 3, workers=1, variants=variants, attack_kwargs={"iterations": 10})
+    assert [[r.index for r in g] for g in groups(list(plan.restarts))] == [[0, 1], [2]]
+    assert batch_key(plan.restarts[0]) == batch_key(plan.restarts[1]) != batch_key(plan.restarts[2])
+    assert [[r.index for r in g] for g in groups(list(plan.restarts), capacity=1)] == [[0], [1], [2]]  # memory for one at a time
+    r = run_portfolio(victim, restarts=3, workers=1, progress=False, batch_restarts="on", variants=variants, iterations=10)
+    assert [g["restarts"] for g in r.config["portfolio"]["batched"]["groups"]] == [[0, 1], [2]]
+    assert all(row["iterations"] == 10 for row in r.config["portfolio"]["restarts"])
+
+
+def test_a_divergent_restart_leaves_the_batch_and_the_others_are_unchanged(victim_dir):
+    victim = exhume.load_victim(victim_dir)
+    kw = dict(restarts=2, workers=1, progress=False, iterations=30, dtype="float64")
+    variants = [{"lr": 0.05}, {"lr": 1e200}]  # the second blows up at once
+    ref = run_portfolio(victim, batch_restarts="off", variants=variants, **kw)
+    got = run_portfolio(victim, batch_restarts="on", variants=variants, **kw)
+    assert ref.config["portfolio"]["restarts"][1]["status"] == "diverged"
+    rows = {row["restart"]: row for row in got.config["portfolio"]["restarts"]}
+    assert rows[1]["status"] == "diverged" and "diverged at iteration" in rows[1]["error"]
+    assert rows[0]["status"] == "complete" and rows[0]["iterations"] == 30
+    assert torch.allclose(ref.candidates, got.candidates, atol=1e-6)
+
+
+def test_an_interrupted_batch_resumes_to_the_uninterrupted_result(victim_dir, tmp_path):
+    victim = exhume.load_victim(victim_dir)
+    kw = dict(restarts=2, workers=1, progress=False, batch_restarts="on", dtype="float64", checkpoint_every=20, lr=0.05)
+    whole = run_portfolio(victim, out=tmp_path / "whole", iterations=40, **kw)
+    run_portfolio(victim, out=tmp_path / "cut", iterations=20, **kw)
+    for k in range(2):  # what a run stopped at iteration 20 of 40 leaves: its checkpoint, no finished restart
+        (tmp_path / "cut" / "restarts" / str(k) / "reconstruction.json").unlink()
+    resumed = run_portfolio(victim, out=tmp_path / "cut", iterations=40, resume=True, **{**kw, "checkpoint_every": 20})
+    assert [row["iterations"] for row in resumed.config["portfolio"]["restarts"]] == [40, 40]
+    assert torch.allclose(whole.candidates, resumed.candidates, atol=1e-6)
+
+
+def test_tf32_is_off_inside_a_batch_and_restored_after():
+    from exhume.portfolio.batched import no_tf32
+
+    before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = True
+    try:
+        with no_tf32():
+            assert torch.get_float32_matmul_precision() == "highest" and not torch.backends.cudnn.allow_tf32
+        assert torch.backends.cudnn.allow_tf32
+    finally:
+        torch.set_float32_matmul_precision(before[0])
+        torch.backends.cudnn.allow_tf32 = before[1]
+
+
+def test_auto_batches_on_a_cuda_device_and_nowhere_else():
+    assert use_batched("auto", "cuda", "kkt", None)[0]
+    assert use_batched("auto", "cuda:1", "kkt", None)[0]
+    assert not use_batched("auto", "cpu", "kkt", None)[0]
+    assert not use_batched("auto", "cuda", "bilevel", None)[0]  # no batched path: worker processes
+    assert not use_batched("auto", "cuda", "kkt", "sqlite:///s.db")[0]  # a shared study: one restart per process
+    assert use_batched("on", "cpu", "kkt", None)[0] and not use_batched("off", "cuda", "kkt", None)[0]
+    with pytest.raises(ConfigError, match="batch_restarts='on' cannot apply: a shared study"):
+        use_batched("on", "cuda", "kkt", "sqlite:///s.db")
+    with pytest.raises(ConfigError, match="batch_restarts must be one of auto, on, off"):
+        use_batched("yes", "cuda", "kkt", None)
+
+
+def test_the_cli_passes_batch_restarts(victim_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["attack", str(victim_dir), "--out", str(out), "--restarts", "2", "--workers", "1", "--batch-restarts", "on",
+                 "--iterations", "10", "--no-progress"]) == 0
+    assert "restarts batched in one process (exhume/portfolio/batched.py): asked for" in capsys.readouterr().out
+    got = exhume.load_reconstruction(out)
+    assert got.config["portfolio"]["batched"]["used"] and got.config["portfolio"]["batched"]["why"].startswith("asked for")
+    assert main(["attack", str(victim_dir), "--out", str(tmp_path / "cpu"), "--restarts", "2", "--workers", "1",
+                 "--iterations", "10", "--no-progress"]) == 0
+    assert exhume.load_reconstruction(tmp_path / "cpu").config["portfolio"]["batched"] == {
+        "used": False, "why": "auto: on CPU, one forked worker per core"}
+    with pytest.raises(SystemExit):
+        main(["attack", str(victim_dir), "--out", str(tmp_path / "x"), "--batch-restarts", "maybe", "--no-progress"])
+
+
+class _Branchy(torch.nn.Module):
+    """A user's module with control flow on a tensor's value: vmap cannot run it, a lone run can."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(16, 8, bias=False)
+        self.b = torch.nn.Linear(8, 1, bias=False)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x.flatten(1)))
+        if h.sum() > 1e9:  # never true; data-dependent all the same
+            h = h * 0
+        return self.b(h).squeeze(-1)
+
+
+def test_a_module_vmap_cannot_run_falls_back_to_one_restart_after_another():
+    from exhume.victim import AttackerView
+
+    torch.manual_seed(0)
+    view = AttackerView(model=_Branchy(), task="binary", input_shape=(1, 4, 4), mean=torch.full((1, 4, 4), 0.3),
+                        loss="logistic", weight_decay=1e-2, n_train_hint=4)
+    r = run_portfolio(view, restarts=2, workers=1, progress=False, batch_restarts="on", iterations=5, trace="off")
+    group = r.config["portfolio"]["batched"]["groups"][0]
+    assert group["batched"] is False and "torch.func.vmap cannot run this module" in group["reason"]
+    assert [row["iterations"] for row in r.config["portfolio"]["restarts"]] == [5, 5]
+
+
+def test_exhume_attack_device_cuda_takes_the_batched_path(victim_dir, tmp_path, monkeypatch):
+    """The wiring from the command line to the batched path, on a machine without CUDA: the device check and the memory
+    check are passed over and the run stops where the restarts would start, recording which path it was given."""
+    import exhume.device
+    import exhume.portfolio.run as run_mod
+
+    class Reached(Exception):
+        pass
+
+    seen = {}
+
+    def stop(view, plan, out, resume, device, progress, batches=None, deadline=None):
+        seen.update(device=device, batched=batches is not None, restarts=len(plan.restarts))
+        raise Reached
+
+    import exhume.api
+
+    for module in (exhume.device, exhume.api):
+        monkeypatch.setattr(module, "check_device", lambda device: device)
+    monkeypatch.setattr(run_mod, "check_portfolio_memory", lambda *a, **k: None)
+    monkeypatch.setattr(run_mod, "run_local", stop)
+    for flag, batched in (([], True), (["--batch-restarts", "off"], False)):
+        with pytest.raises(Reached):
+            main(["attack", str(victim_dir), "--out", str(tmp_path / f"run{batched}"), "--device", "cuda", "--restarts", "3",
+                  "--iterations", "10", "--no-progress", *flag])
+        assert seen == {"device": "cuda", "batched": batched, "restarts": 3}
+
+
+def test_a_cnn_batched_equals_its_restarts_one_by_one(monkeypatch):
+    """A 28×28 CNN whose activations take the surrogate ReLU's one-node path under vmap (more than 2^16 elements)."""
+    import exhume.attacks.kkt as kkt_mod
+    from exhume.models.builders import build_model
+    from exhume.victim import AttackerView
+
+    monkeypatch.setattr(kkt_mod, "TRACE_AFTER_SECONDS", 1e9)
+    torch.manual_seed(0)
+    view = AttackerView(model=build_model("cnn:4;fc=16;pool=avg", (1, 28, 28), 1), task="binary", input_shape=(1, 28, 28),
+                        mean=torch.full((1, 28, 28), 0.13), loss="logistic", weight_decay=5e-3, n_train_hint=12)
+    kw = dict(restarts=2, workers=1, progress=False, iterations=20, dtype="float64", lr=0.05)
+    one, batched = (run_portfolio(view, batch_restarts=b, **kw) for b in ("off", "on"))
+    assert batched.config["portfolio"]["batched"]["groups"][0]["batched"]
+    assert one.candidates.shape == batched.candidates.shape and torch.allclose(one.candidates, batched.candidates, atol=1e-6)
+    assert [r["final_relative_stationarity"] for r in one.config["portfolio"]["restarts"]] == pytest.approx(
+        [r["final_relative_stationarity"] for r in batched.config["portfolio"]["restarts"]], rel=1e-9)
+
+
+def test_the_known_start_equation_batched_equals_its_restarts_one_by_one(monkeypatch):
+    from _start_cases import fine_tuned
+
+    import exhume.attacks.kkt as kkt_mod
+    from exhume.victim import AttackerView
+
+    monkeypatch.setattr(kkt_mod, "TRACE_AFTER_SECONDS", 1e9)
+    model, start, _ = fine_tuned()
+    view = AttackerView(model=model, task="binary", input_shape=(1, 4, 4), mean=torch.full((1, 4, 4), 0.5), loss="logistic",
+                        weight_decay=1e-3, n_train_hint=4)
+    kw = dict(restarts=2, workers=1, progress=False, iterations=30, dtype="float64", start=start)
+    one, batched = (run_portfolio(view, batch_restarts=b, **kw) for b in ("off", "on"))
+    assert batched.config["equation_used"] == "endpoints" and batched.config["portfolio"]["batched"]["groups"][0]["batched"]
+    assert torch.allclose(one.candidates, batched.candidates, atol=1e-6)
+    assert [r["final_relative_stationarity"] for r in one.config["portfolio"]["restarts"]] == pytest.approx(
+        [r["final_relative_stationarity"] for r in batched.config["portfolio"]["restarts"]], rel=1e-9)

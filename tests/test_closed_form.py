@@ -1,0 +1,142 @@
+"""kkt's closed-form multipliers (the coefficient-free loss): equal to a reference least squares, differentiated exactly
+through the solve, and recovering the training digits of a random-features victim in the law's regime."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.optimize import nnls
+from sklearn.datasets import load_digits
+from torch import nn
+
+from exhume.attacks import get_attack
+from exhume.attacks.closed_form import closed_form_residual, gradient_rows, homogeneous_in_input, projection_residual
+from exhume.attacks.trajectory import build_equation
+from exhume.errors import ConfigError
+from exhume.evaluation.ssim import ssim_matrix
+from exhume.losses import margin
+from exhume.victim import AttackerView
+
+
+def random_features(n: int = 4, width: int = 2000, seed: int = 0):
+    """A 64 → width ReLU layer (no bias) frozen at its initialisation and a bias-free readout trained from its known start
+    on ``n`` sklearn digits (0 against 1): p/(d·n) = width/(64·n)."""
+    digits = load_digits()
+    x = torch.tensor(digits.images, dtype=torch.float32)[:, None] / 16.0
+    labels = torch.tensor(digits.target)
+    idx = torch.cat([torch.where(labels == 0)[0][: (n + 1) // 2], torch.where(labels == 1)[0][: n // 2]])
+    train, y, mean = x[idx], torch.where(labels[idx] == 0, 1.0, -1.0), x.mean(0)
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, width, bias=False), nn.ReLU(), nn.Linear(width, 1, bias=False), nn.Flatten(0))
+    model[1].weight.requires_grad_(False)
+    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    opt = torch.optim.SGD([model[3].weight], lr=0.5)
+    for _ in range(300):
+        opt.zero_grad()
+        nn.functional.softplus(-y * model(train - mean)).mean().backward()
+        opt.step()
+    view = AttackerView(model=model, task="binary", input_shape=(1, 8, 8), mean=mean, start=start, loss="logistic", n_train_hint=n)
+    return view, train
+
+
+def _small(seed: int = 0):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 1), nn.Flatten(0)).double()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    x = torch.randn(3, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
+    return model, params, x, torch.tensor([1.0, -1.0, 1.0], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("nonnegative", [False, True])
+def test_the_closed_form_multipliers_are_the_reference_least_squares(nonnegative):
+    model, params, x, y = _small()
+    _, lam = closed_form_residual(model, x, y, margin, None, nonnegative, params=params)
+    J = gradient_rows(model, x, y, margin, None, params=params).T.numpy()
+    theta = torch.cat([v.reshape(-1) for v in params.values()]).numpy()
+    ref = nnls(J, theta)[0] if nonnegative else np.linalg.lstsq(J, theta, rcond=None)[0]
+    assert np.allclose(lam.numpy(), ref, rtol=1e-5, atol=1e-8)
+    if nonnegative:
+        assert (lam >= 0).all()
+
+
+def test_the_gradient_through_the_solve_is_the_explicit_formula_s():
+    """The envelope gradient (λ* held fixed) equals autograd through (‖w‖² − vᵀA⁻¹v)/‖w‖² with Φ built differentiably."""
+    model, params, x, y = _small()
+    x = x.clone().requires_grad_()
+    value, _ = closed_form_residual(model, x, y, margin, 5.0, False, params=params)
+    (fast,) = torch.autograd.grad(value, x)
+    w = torch.cat([v.reshape(-1) for v in params.values()])
+    x2 = x.detach().clone().requires_grad_()
+    reference = projection_residual(gradient_rows(model, x2, y, margin, 5.0, params=params), w)
+    (slow,) = torch.autograd.grad(reference, x2)
+    assert torch.allclose(value / (w @ w), reference, rtol=1e-6, atol=1e-9)
+    assert torch.allclose(fast / (w @ w), slow, rtol=1e-5, atol=1e-9 * float(slow.abs().max()))
+
+
+def test_the_start_s_share_is_fitted_jointly_with_the_multipliers():
+    model, params, x, y = _small()
+    gen = torch.Generator().manual_seed(3)
+    start = {k: 0.9 * v + 0.1 * torch.randn(v.shape, generator=gen, dtype=v.dtype) for k, v in params.items()}
+    view = AttackerView(model=model, task="binary", input_shape=(5,), mean=torch.zeros(5), start=start)
+    eq = build_equation(view, model, params, "trajectory", 3, "fit")
+    value, lam = closed_form_residual(model, x, y, margin, None, False, eq=eq)
+    J = gradient_rows(model, x, y, margin, None, eq=eq)
+    d = torch.cat([eq.direction[k].reshape(-1) for k in eq.names])
+    t = torch.cat([eq.target[k].reshape(-1) for k in eq.names])
+    rows = torch.cat([J, d[None]]).T
+    coef = torch.linalg.lstsq(rows, t[:, None]).solution[:, 0]
+    assert lam.shape == (3, 1) and torch.allclose(lam[:, 0], coef[:3], rtol=1e-5, atol=1e-6 * float(coef.abs().max()))
+    assert torch.isclose(value, ((t - rows @ coef) ** 2).sum(), rtol=1e-5)
+
+
+def test_a_random_features_victim_s_training_digits_are_recovered_with_closed_form_multipliers():
+    view, train = random_features()
+    recon = get_attack("kkt", multipliers="closed-form", lr=3e-2, iterations=300).run(view, progress=False)
+    best = ssim_matrix(train, recon.candidates.clamp(0, 1)).max(1).values
+    assert recon.config["multipliers_solved"].startswith("closed-form")
+    assert recon.config["start_gradient_points_used"].startswith("1 of 2")  # the readout enters linearly
+    assert best.min() > 0.8, best
+    assert recon.summary["final_relative_stationarity"] < 0.05
+
+
+def test_the_sphere_needs_a_model_homogeneous_in_its_input():
+    view, _ = random_features(n=2, width=50)
+    params = {k: v.detach() for k, v in view.model.named_parameters()}
+    assert homogeneous_in_input(view.model, params, (1, 8, 8))
+    biased = nn.Sequential(nn.Flatten(), nn.Linear(64, 10), nn.ReLU(), nn.Linear(10, 1), nn.Flatten(0))
+    assert not homogeneous_in_input(biased, {k: v.detach() for k, v in biased.named_parameters()}, (1, 8, 8))
+    recon = get_attack("kkt", multipliers="closed-form", sphere="on", background=0.0, iterations=3).run(view, progress=False)
+    x = recon.candidates - view.mean
+    assert recon.config["sphere_radius"] is not None
+    assert torch.allclose(x.flatten(1).norm(dim=1), torch.full((len(x),), recon.config["sphere_radius"]), rtol=0.2)
+
+
+@pytest.mark.parametrize("kwargs,message", [({"multipliers": "solved"}, "multipliers"), ({"sphere": "yes"}, "sphere"),
+                                            ({"multipliers": "closed-form", "consistency_weight": 1.0}, "consistency_weight")])
+def test_bad_closed_form_settings_are_refused_by_name(kwargs, message):
+    view, _ = random_features(n=2, width=50)
+    with pytest.raises(ConfigError, match=message):
+        get_attack("kkt", iterations=1, **kwargs).run(view, progress=False)
+
+
+def test_minmax_candidate_scale_matches_a_dimmed_reconstruction_and_treats_the_control_alike():
+    """A candidate that is a training digit at a third of its brightness: clipped it stays dim, rescaled by its own range it
+    is the digit; the control images, judged against the same rescaled candidates, gain nothing."""
+    import exhume
+    from exhume.attacks.base import Reconstruction
+    from exhume.data.datasets import load_bundled_mnist
+    from exhume.evaluation.run import scaled_candidates
+
+    ds = load_bundled_mnist()
+    idx = torch.randperm(len(ds.images), generator=torch.Generator().manual_seed(0))
+    images = torch.tensor(ds.images)[idx]
+    train, unseen = images[:8], images[8:260]
+    recon = Reconstruction("kkt", candidates=train / 3.0, labels=torch.ones(8), scores=None, config={}, seed=0)
+    clip = exhume.evaluate(recon, train=(train, None), unseen=unseen, figures=False).metrics
+    minmax = exhume.evaluate(recon, train=(train, None), unseen=unseen, figures=False, candidate_scale="minmax").metrics
+    assert minmax["one_to_one_ssim_mean"] > 0.99 > clip["one_to_one_ssim_mean"]
+    assert minmax["memorised"] == 8 and minmax["memorised_control"] == 0 and minmax["candidate_scale"].startswith("each candidate")
+    assert torch.equal(scaled_candidates(recon.candidates, "clip"), recon.candidates.clamp(0, 1))
+    with pytest.raises(ConfigError, match="candidate_scale"):
+        scaled_candidates(recon.candidates, "affine")
