@@ -120,8 +120,8 @@ def test_an_unknown_training_setting_of_the_audit_is_refused_naming_it():
     import exhume
 
     model, start, train, unseen = _audit_data()
-    with pytest.raises(ConfigError, match="unknown training setting.*nesterov"):
-        exhume.audit(model, train, unseen, start=start, training={"nesterov": True}, **AUDIT)
+    with pytest.raises(ConfigError, match="unknown training setting.*dampening"):
+        exhume.audit(model, train, unseen, start=start, training={"dampening": True}, **AUDIT)
 
 
 def test_a_start_for_an_attack_that_ignores_it_is_refused_by_the_audit():

@@ -42,6 +42,19 @@ def owner_training(training: dict) -> dict[str, Any]:
     return out
 
 
+def exact_recipe(training: dict) -> dict[str, Any]:
+    """The whole recipe from the victim's training.json, as exhume's training settings (the exact run's threat model):
+    build.py's loop is one ``DataLoader(shuffle=True, generator=torch.Generator().manual_seed(seed))`` iterated once an
+    epoch (full batch: no shuffling)."""
+    opt = training["optimizer"]
+    out = {"optimizer": opt["name"], "lr": opt["lr"], "weight_decay": opt["weight_decay"], "epochs": training["epochs"],
+           "batch_size": training["batch_size"] or training["n"], "drop_last": bool(training.get("drop_last", False))}
+    out.update({"momentum": opt["momentum"], "nesterov": opt["nesterov"]} if opt["name"] == "sgd" else
+               {"betas": tuple(opt["betas"]), "eps": opt["eps"]})
+    out.update({"sampler": "random", "seed": training["seed"]} if training["shuffle"] else {"sampler": "sequential"})
+    return out
+
+
 def known_start(folder: Path, training: dict) -> dict[str, Any]:
     """The owner's known-start audit: the start, the training settings and (Adam) the optimiser's final state."""
     kw: dict[str, Any] = {"start": folder / "start.safetensors", "training": owner_training(training)}
@@ -62,6 +75,8 @@ METHODS = {
     "start-only": lambda folder, training: {"start": folder / "start.safetensors"},  # an attacker with the public start
     "loo": lambda folder, training: {"start": folder / "start.safetensors", "attack_args": dict(LOO)},  # the reference
     "simulate": lambda folder, training: {**known_start(folder, training), "method": "simulate"},  # SimuDy's idea, owner's knowledge
+    "exact": lambda folder, training: {"start": folder / "start.safetensors", "training": exact_recipe(training), "method": "simulate",
+                                       "attack_args": {"run": "exact", "restarts": 1}},  # the owner's whole recipe replayed
 }
 ROW_KEYS = ("victim", "method", "seed", "budget_s", "wall_s", "attack_s", "iterations", "restarts", "memorised", "n_train",
             "control", "control_size", "control_oracle", "one_to_one", "one_to_one_control", "verdict", "p_value",
@@ -85,9 +100,13 @@ def method_kwargs(method: str, folder: Path, training: dict) -> dict[str, Any]:
         return json.loads(body)
     if sep and kind == "kkt":
         return {"attack_args": json.loads(body)}
+    if sep and kind == "exact":  # the owner's whole recipe with these attack arguments
+        kw = METHODS["exact"](folder, training)
+        return {**kw, "attack_args": {**kw["attack_args"], **json.loads(body)}}
     if sep and kind == "start":  # the owner's known start with these attack arguments
         return {**known_start(folder, training), "attack_args": json.loads(body)}
-    raise SystemExit(f"unknown method {method!r}; known: {', '.join(METHODS)}, audit:{{json}}, kkt:{{json}}, start:{{json}}")
+    raise SystemExit(f"unknown method {method!r}; known: {', '.join(METHODS)}, audit:{{json}}, kkt:{{json}}, start:{{json}}, "
+                     "exact:{{json}}")
 
 
 def audit_settings(config: Path):

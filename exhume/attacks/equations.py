@@ -8,6 +8,8 @@ holds the training set, asks it which of the attack's assumptions fail for the m
 - :class:`KnownStart`: with the starting weights known, what training added is a sum of the
   training points' gradients (:mod:`exhume.attacks.trajectory`); its residual on the training
   data is the check;
+- :class:`ExactRun`: the owner's whole recipe replayed on the training data reproduces the weights
+  (to rounding when the recipe is the one that ran);
 - :class:`Stationarity`: ``θ = Σ_i λ_i ∇_θ h(Φ(θ; x_i), y_i)``, which holds when training ended at
   (or near) a stationary point of ``mean_i ℓ_i + (w/2)‖θ‖²`` (without weight decay, near the
   max-margin KKT point) and the network is what the attack differentiates (piecewise-linear
@@ -163,6 +165,53 @@ class KnownStart(Equation):
         return [f"even with the starting weights known, the training images' gradients explain little of what training added "
                 f"(relative residual {value:.3g} > {limit:g}): the start, the weight decay or the optimiser differ from what was "
                 "stated (Adam without its state is preconditioned differently), or the model was trained on other data"]
+
+
+#: the exact run's relative gap at the training data above which the stated recipe does not reproduce the weights
+EXACT_LIMIT = 1e-2
+
+
+@dataclass(frozen=True)
+class ExactRun(Equation):
+    """``θ_T = Run(θ_0; x_1 … x_n)``: the owner's whole recipe replayed from the start (:mod:`exhume.attacks.exact`).
+
+    ``view``: the attacker's view with the start and the recipe (None: not at hand, the check cannot be made). Its
+    residual is :func:`~exhume.attacks.exact.exact_residual`: 0 up to rounding when the recipe is the one that ran.
+    """
+
+    text: str = "θ_T = Run(θ_0; x_1 … x_n): the owner's recipe replayed exactly from the start"
+    view: Any = None
+    limit: float = EXACT_LIMIT
+
+    def layer_failures(self, model: nn.Module, sample: torch.Tensor) -> list[str]:
+        from exhume.attacks.exact import train_mode_failures
+
+        return train_mode_failures(model)
+
+    def residual(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str, weight_decay: float) -> dict[str, Any]:
+        if self.view is None or getattr(self.view, "start", None) is None:
+            return {"value": None, "definition": f"{self.text} (the starting weights are not at hand here)", "limit": self.limit}
+        from exhume.attacks.exact import exact_residual
+
+        got = exact_residual(self.view, x, y)
+        return {"value": got["value"], "definition": got["definition"], "limit": self.limit}
+
+    def fit_at_truth(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str, measured: dict[str, Any],
+                     recon) -> dict[str, Any] | None:
+        if measured.get("value") is None:
+            return None
+        return {"value": measured["value"], "definition": measured["definition"]}  # the attack's own measure, hard labels
+
+    def residual_failures(self, measured: dict[str, Any]) -> list[str]:
+        value, limit = measured["value"], measured["limit"]
+        if value is None:
+            return ["the exact run could not be replayed on the training data (the starting weights are not at hand), so "
+                    "whether the stated recipe is the one that ran is unknown"]
+        if value <= limit:
+            return []
+        return [f"the stated recipe replayed on the training images does not reproduce the weights (relative gap {value:.3g} "
+                f"> {limit:g}): a setting differs from the run that made them (optimiser, learning rate, momentum or betas, "
+                "weight decay, batch size, epochs, the sampler's seed, the loss or the normalisation), or the data do"]
 
 
 _SMOOTH = {F.gelu: "GELU", torch.tanh: "tanh", F.tanh: "tanh", torch.Tensor.tanh: "tanh", torch.sigmoid: "sigmoid",

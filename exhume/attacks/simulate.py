@@ -14,6 +14,10 @@ start where its decay ``c`` is fitted, as in :mod:`exhume.attacks.trajectory` (w
 preconditioner and frozen parameters this attack shares). Every trained parameter's start must be
 known (the simulation starts there). ReLUs get the ``sigmoid(α·z)`` derivative so that the
 second-order terms move ``x̂``. The cost of one step is about ``3·S`` forward-backward passes.
+
+``run="exact"``: the owner's whole recipe instead (:mod:`exhume.attacks.exact`: every step of the
+stated optimiser on the batches its sampler drew, one candidate per training point), and the loss
+``‖Run(θ_0; x̂, q) − θ_T‖² / ‖θ_T − θ_0‖²``: no step sizes to learn, no start decay to fit, exact ReLUs.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from torch.func import functional_call, grad
 
 from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_model, init_record, initial_candidates, register
 from exhume.attacks.checkpoint import resumable_settings
-from exhume.attacks.equations import Equation, KnownStart
+from exhume.attacks.equations import Equation, ExactRun, KnownStart
+from exhume.attacks.exact import Replay, make_replay, relative_gap, replay, train_mode_failures
 from exhume.attacks.formulation import candidate_labels
 from exhume.attacks.loop import BACKGROUND, CANDIDATE_PARAMS, START_DECAY, attack_loop, budget_params, descend, make_optimizer, open_run
 from exhume.attacks.priors import background_level, dark_floor, range_penalty, tv_term
@@ -37,7 +42,10 @@ from exhume.attacks.subspace import Subspace, data_subspace
 from exhume.attacks.surrogate import soft_activations
 from exhume.attacks.trajectory import PRECONDITIONERS, StartEquation, added_inputs_layer, build_equation, per_sample, probe_images
 from exhume.errors import ConfigError, DivergenceError
+from exhume.replay import check_exact, recipe
 from exhume.starts import start_digest
+
+RUNS = ("coarse", "exact")
 
 
 @dataclass
@@ -56,6 +64,8 @@ class SimProblem:
     logits: torch.Tensor
     rho: torch.Tensor
     span: Subspace
+    replay: Replay | None = None  # the exact run (None: the coarse simulation)
+    final: dict[str, torch.Tensor] | None = None  # θ_T on the replay's parameters
 
 
 def soft_label_loss(task: str, out: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -80,18 +90,23 @@ class SimulateAttack(Attack):
         "candidates_per_point": Param(1.0, float, "m = round(this × n) when m is not given", low=1e-3),
         **{k: v for k, v in CANDIDATE_PARAMS.items() if k != "weight_decay"},  # the simulation has none: c handles the start's decay
         **budget_params(2000, checkpoint_every=200, log_every=50),
+        "run": Param("coarse", str, "coarse: S full-batch steps with learnt step sizes; exact: the owner's recipe replayed "
+                     "(training settings with sampler and seed; see exhume.attacks.exact)", choices=RUNS),
+        "segment": Param(None, int, "exact run: steps per checkpointed segment (default: the shortest whose kept states fit 1 GiB)", low=1, allow_none=True),
         "steps": Param(4, int, "simulated full-batch gradient steps S from the start", low=1),
         "lr_labels": Param(1e-2, float, "learning rate of the soft labels' logits", low=0.0),
         "lr_rates": Param(1e-2, float, "learning rate of the log step sizes ρ_s", low=0.0),
         "step_scale": Param(1.0, float, "multiplies the simulation's step size η (see the module docstring)", low=1e-6),
-        "alpha": Param(19.0, float, "ReLU surrogate derivative sigmoid(α·z)", low=0.0),
+        "alpha": Param(19.0, float, "ReLU surrogate derivative sigmoid(α·z); exact run: the run stays exact, only ReLU's step "
+                       "gets the derivative α·σ'(α·z) (exhume.attacks.exact.smoothed_step)", low=0.0),
         "init_scale": Param(1.7e-3, float, "x̂ ~ N(0,1)·init_scale in centred space", low=0.0),
         "prior_weight": Param(1.0, float, "weight of the pixel-range prior (display range [0, 1])", low=0.0),
         "tv_weight": Param(0.0, float, "weight of the total-variation prior on image candidates (0 = off)", low=0.0),
         "start_decay": START_DECAY,
         "preconditioner": Param("auto", str, "Adam's √v̂ + ε on what training added (as kkt's)", choices=PRECONDITIONERS),
         "subspace": Param("auto", str, "project candidates onto the training inputs' span read from what training added to "
-                          "the input layer ('off': do not)", choices=("off", "auto")),
+                          "the input layer ('off': do not; 'auto': off for the exact run, whose truth lies only near that span "
+                          "where weight decay shrank the start)", choices=("off", "auto")),
         "background": BACKGROUND,
     }
 
@@ -111,11 +126,14 @@ class SimulateAttack(Attack):
 
     def equation_used(self, view) -> str:
         """The equation a run solves: training simulated from the start (its check: the known-start
-        residual, :func:`exhume.attacks.trajectory.known_start_residual`)."""
-        return "simulated training"
+        residual, :func:`exhume.attacks.trajectory.known_start_residual`), or the exact run (its own residual)."""
+        return "the exact training run" if self.config["run"] == "exact" else "simulated training"
 
     def equation_on(self, view) -> Equation:
-        """The known-start equation on gradients at the start and the final weights: what the simulation approximates."""
+        """The known-start equation on gradients at the start and the final weights: what the simulation approximates;
+        the exact run's own equation with ``run="exact"``."""
+        if self.config["run"] == "exact":
+            return ExactRun(view=view if getattr(view, "start", None) is not None else None)
         return KnownStart(view=view if getattr(view, "start", None) is not None else None, kind="endpoints",
                           decay=self.config["start_decay"], preconditioner=self.config["preconditioner"],
                           attack_residual=False)  # its final residual is 1 − cos², not this equation's
@@ -131,6 +149,20 @@ class SimulateAttack(Attack):
             raise ConfigError(f"the simulate attack handles classifiers; the victim's task is {view.task!r}")
         if self.config["tv_weight"] > 0 and len(view.input_shape) != 3:
             raise ConfigError(f"tv_weight needs image inputs (C, H, W); this victim's input shape is {tuple(view.input_shape)}")
+        if self.config["run"] == "exact":
+            self.check_exact(view)
+
+    def check_exact(self, view) -> None:
+        """The exact run's needs: the training-set size, a complete and consistent recipe, one candidate a point, layers it replays."""
+        n = self.config["n_guess"] or view.n_train_hint
+        if not n:
+            raise ConfigError("the exact training run needs the number of training points (n_guess=..., or the view's n_train_hint)")
+        check_exact(view.training, n)
+        if self.config["m"] not in (None, n):
+            raise ConfigError(f"the exact training run has one candidate per training point: m must be {n} (or left out), got {self.config['m']}")
+        failures = train_mode_failures(view.model)
+        if failures:
+            raise ConfigError(f"the exact training run cannot be replayed: {failures[0]}")
 
     def run(self, view, out: str | Path | None = None, seed: int = 0, device: str = "cpu", resume: bool = False,
             progress: bool = True, callback=None, callback_every: int = 100, init: torch.Tensor | None = None,
@@ -158,22 +190,26 @@ class SimulateAttack(Attack):
             labels = (torch.where(p.logits > 0, 1.0, -1.0) if p.task == "binary" else p.logits.argmax(1)).cpu()
         return Reconstruction(
             method=self.name, candidates=candidates, labels=labels, scores=None,
-            config={**cfg, "m": p.x.shape[0], "threat_model": view.threat_model, "equation_used": "simulated training",
+            config={**cfg, "m": p.x.shape[0], "threat_model": view.threat_model, "equation_used": self.equation_used(view),
+                    **({} if p.replay is None else {"recipe": recipe(view.training), "replayed_steps": len(p.replay.order),
+                                                    "replay_segment": p.replay.segment}),
                     "simulation_base_lr": p.base_lr, **{f"start_{k}" if not k.startswith("start_") else k: v
                                                          for k, v in p.eq.info.items() if k != "equation"},
                     "start_digest": start_digest(view.start), **p.span.info, **init_record(init_name),
                     "background_used": tau, "background_reason": why},
             seed=seed, loss_history=run.history,
             summary={"iterations": end.done, "seconds": round(end.elapsed, 3), "final_relative_stationarity": final,
-                     "final_relative_stationarity_note": "1 − cos² between what training added and the simulated change",
+                     "final_relative_stationarity_note": "1 − cos² between what training added and the simulated change"
+                     if p.replay is None else "‖Run(θ_0; candidates) − θ_T‖² / ‖θ_T − θ_0‖², the exact run's relative gap",
                      "threat_model": view.threat_model, "step_sizes": (p.base_lr * p.rho.detach().exp()).tolist()})
 
     def problem(self, view, dev: torch.device, seed: int, init: torch.Tensor | None) -> SimProblem:
         cfg = self.config
         dtype = DTYPES[cfg["dtype"]]
         model, params = attack_model(view.model, dev, dtype)
+        exact = cfg["run"] == "exact"
         n = cfg["n_guess"] or view.n_train_hint or 100
-        m = cfg["m"] or (init.shape[0] if init is not None else max(1, round(cfg["candidates_per_point"] * n)))
+        m = n if exact else cfg["m"] or (init.shape[0] if init is not None else max(1, round(cfg["candidates_per_point"] * n)))
         eq = build_equation(view, model, params, "trajectory", n, cfg["start_decay"], cfg["preconditioner"])
         unknown = eq.info["start_unknown_parameters"]
         if unknown:
@@ -187,16 +223,18 @@ class SimulateAttack(Attack):
         k = int(view.num_classes or 2)
         logits = (3.0 * labels if view.task == "binary" else 3.0 * nn.functional.one_hot(labels.long(), k).to(dtype)).to(dev)
         span = Subspace(None)
-        if cfg["subspace"] != "off":
+        if cfg["subspace"] != "off" and not exact:
             added, info = added_inputs_layer(eq, params, start, math.prod(view.input_shape))
             span = data_subspace(model, added, tuple(view.input_shape), n, precision=next(view.model.parameters()).dtype)
             span.info.update(info)
             with torch.no_grad():
                 x.copy_(span.project(x))
         mean = view.mean.to(dev, dtype)
-        base = cfg["step_scale"] * self.base_step(model, eq, start, mean, labels, m, view.task)
+        base = 0.0 if exact else cfg["step_scale"] * self.base_step(model, eq, start, mean, labels, m, view.task)
+        rp = make_replay(model, params, view.start, view.training, m, view.task, cfg["segment"], cfg["alpha"]) if exact else None
         return SimProblem(model, eq, start, rest, base, view.task, mean, labels.to(dev), x, logits.requires_grad_(),
-                          torch.zeros(cfg["steps"], dtype=dtype, device=dev, requires_grad=True), span)
+                          torch.zeros(0 if exact else cfg["steps"], dtype=dtype, device=dev, requires_grad=True), span, rp,
+                          None if rp is None else {k: params[k].detach() for k in rp.names})
 
     def base_step(self, model, eq: StartEquation, start, mean, labels, m: int, task: str) -> float:
         """``η`` such that ``S`` steps of a mean gradient over ``m`` candidates of probe-sized gradients move ``‖target‖``.
@@ -213,6 +251,10 @@ class SimulateAttack(Attack):
 
     def simulate(self, p: SimProblem, x: torch.Tensor, logits: torch.Tensor, rho: torch.Tensor) -> dict[str, torch.Tensor]:
         """``θ^(S) − θ_0`` over the equation's parameters (differentiable in ``x``, the labels and the step sizes)."""
+        if p.replay is not None:
+            q = torch.sigmoid(logits) if p.task == "binary" else torch.softmax(logits, 1)
+            theta = replay(p.replay, x, q)
+            return {k: theta[k] - p.start[k] for k in p.eq.names}
         theta = dict(p.start)
 
         def loss(sub):
@@ -229,6 +271,12 @@ class SimulateAttack(Attack):
         """``(loss, 1 − cos², prior)``: the module docstring's loss and how much of what training added is left unexplained."""
         cfg = self.config
         d = self.simulate(p, p.x, p.logits, p.rho)
+        v = p.x + p.mean
+        rng = range_penalty(v, 0.0, 1.0)
+        prior = cfg["prior_weight"] * rng + (cfg["tv_weight"] * tv_term(v) if cfg["tv_weight"] > 0 else 0.0)
+        if p.replay is not None:  # the exact run: the relative squared gap to the final weights
+            gap = relative_gap(p.replay, {k: p.start[k] + d[k] for k in p.eq.names}, p.final)
+            return gap + prior, gap, rng
         t, dd = p.eq.target, d
         if p.eq.direction is not None:  # project the start's direction off both (its decay c is free)
             u = p.eq.direction
@@ -239,12 +287,7 @@ class SimulateAttack(Attack):
             dd = {k: d[k] - cd * u[k] for k in p.eq.names}
         dot = sum((t[k] * dd[k]).sum() for k in p.eq.names)
         cos = dot / (math.sqrt(p.eq.norm2) * torch.sqrt(sum((dd[k] ** 2).sum() for k in p.eq.names)).clamp_min(1e-30))
-        v = p.x + p.mean
-        prior = range_penalty(v, 0.0, 1.0)
-        loss = (1.0 - cos) + cfg["prior_weight"] * prior
-        if cfg["tv_weight"] > 0:
-            loss = loss + cfg["tv_weight"] * tv_term(v)
-        return loss, 1.0 - cos**2, prior
+        return (1.0 - cos) + prior, 1.0 - cos**2, rng
 
     def stepper(self, p: SimProblem, opts: tuple[torch.optim.Optimizer, ...], history: list[dict[str, Any]]):
         def step(it: int, log: bool, clock) -> dict[str, str] | None:
@@ -252,6 +295,8 @@ class SimulateAttack(Attack):
             if not torch.isfinite(loss):
                 raise DivergenceError(f"simulate attack diverged at iteration {it}; lower lr or step_scale")
             descend(loss, opts, p.span, p.x)
+            if not bool(torch.isfinite(p.x).all()):
+                raise DivergenceError(f"simulate attack diverged at iteration {it}: non-finite candidates; lower lr")
             if not log:
                 return None
             history.append({"iteration": it, "loss": float(loss.detach()), "unexplained": float(unexplained.detach()),

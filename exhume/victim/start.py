@@ -31,8 +31,13 @@ from torch import nn
 from exhume.choices import TRAINING_OPTIMIZERS
 from exhume.errors import ConfigError, VictimError
 from exhume.files.weights import read_tensors
+from exhume.replay import SAMPLERS, steps_per_epoch
 from exhume.starts import frozen_names, start_digest  # noqa: F401  (the victim room's names for them)
 
+SETTING_KEYS = ("optimizer", "lr", "momentum", "betas", "eps", "weight_decay", "steps", "epochs", "batch_size", "adam_step",
+                "sampler", "seed", "nesterov", "drop_last")
+#: torch's defaults, filled in where a setting is not stated (TrainingSettings.given keeps which were)
+DEFAULTS: dict[str, Any] = {"momentum": 0.0, "betas": (0.9, 0.999), "eps": 1e-8, "nesterov": False, "drop_last": False}
 
 def _aligned(start: dict[str, torch.Tensor], names: set[str], prefix: str) -> dict[str, torch.Tensor]:
     """``start`` keyed like ``names``: a wrapper's parameters carry ``prefix`` (e.g. ``model.``), the user's file does not."""
@@ -88,23 +93,37 @@ class TrainingSettings:
     ``adamw`` (decoupled decay); ``lr``; ``momentum`` (SGD); ``betas`` and ``eps`` (Adam);
     ``weight_decay``; ``steps``, or ``epochs`` with ``batch_size`` (steps = epochs × ⌈n/batch⌉,
     ``n`` the training-set size); ``second_moment``: Adam's ``exp_avg_sq`` per parameter name at
-    the end of training, with ``adam_step`` (its step count, for the bias correction).
+    the end of training, with ``adam_step`` (its step count, for the bias correction). The exact
+    run (:mod:`exhume.replay`) also needs ``sampler`` (``random``: ``DataLoader(shuffle=True,
+    generator=torch.Generator().manual_seed(seed))``; ``sequential``), ``seed``, and takes ``nesterov``
+    and ``drop_last``. ``momentum``, ``betas`` and ``eps`` default to torch's (0, (0.9, 0.999), 1e-8);
+    ``given`` records which settings were stated (betas stated for SGD is inconsistent).
     """
 
     optimizer: str | None = None
     lr: float | None = None
-    momentum: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
+    momentum: float | None = None
+    betas: tuple[float, float] | None = None
+    eps: float | None = None
     weight_decay: float | None = None
     steps: int | None = None
     epochs: int | None = None
     batch_size: int | None = None
     second_moment: dict[str, torch.Tensor] | None = None
     adam_step: int | None = None
+    sampler: str | None = None
+    seed: int | None = None
+    nesterov: bool | None = None
+    drop_last: bool | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    given: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
+        stated = tuple(k for k in SETTING_KEYS if getattr(self, k) is not None and not (self.given and k in DEFAULTS))
+        self.given = tuple(dict.fromkeys(self.given + stated))  # (a dataclasses.replace keeps which defaults were stated)
+        for k, v in DEFAULTS.items():
+            if getattr(self, k) is None:
+                setattr(self, k, v)
         check_settings(self)
 
     def total_steps(self, n: int | None) -> int | None:
@@ -112,7 +131,7 @@ class TrainingSettings:
         if self.steps is not None:
             return int(self.steps)
         if self.epochs is not None and self.batch_size is not None and n:
-            return int(self.epochs) * math.ceil(int(n) / int(self.batch_size))
+            return int(self.epochs) * steps_per_epoch(int(n), int(self.batch_size), bool(self.drop_last))
         return None
 
     def decay(self, n: int | None) -> float | None:
@@ -137,8 +156,7 @@ class TrainingSettings:
 
     def record(self) -> dict[str, Any]:
         """The settings as JSON-able values (the second moment by its parameter count only)."""
-        out = {k: getattr(self, k) for k in ("optimizer", "lr", "momentum", "betas", "eps", "weight_decay", "steps", "epochs",
-                                             "batch_size", "adam_step")}
+        out = {k: getattr(self, k) for k in SETTING_KEYS}
         out["betas"] = list(self.betas)
         out["second_moment"] = None if self.second_moment is None else f"{len(self.second_moment)} parameter tensors"
         return out
@@ -170,6 +188,13 @@ def check_settings(s: TrainingSettings) -> None:
     for i, b in enumerate(s.betas):
         _number(f"betas[{i}]", b, 0.0, 1.0)
     s.betas = (float(s.betas[0]), float(s.betas[1]))
+    if s.sampler not in (None, *SAMPLERS):
+        raise ConfigError(f"training setting sampler must be one of {', '.join(SAMPLERS)}, got {s.sampler!r}")
+    if s.seed is not None and not (isinstance(s.seed, int) and not isinstance(s.seed, bool) and 0 <= s.seed < 2**63):
+        raise ConfigError(f"training setting seed must be an integer >= 0 (torch.Generator().manual_seed's), got {s.seed!r}")
+    for name in ("nesterov", "drop_last"):
+        if not isinstance(getattr(s, name), bool):
+            raise ConfigError(f"training setting {name} must be true or false, got {getattr(s, name)!r}")
     if s.second_moment is not None:
         if not isinstance(s.second_moment, dict) or not all(isinstance(v, torch.Tensor) for v in s.second_moment.values()):
             raise ConfigError("training setting second_moment must be a dict of parameter names to tensors (Adam's exp_avg_sq)")
@@ -178,7 +203,6 @@ def check_settings(s: TrainingSettings) -> None:
                 raise ConfigError(f"training setting second_moment: {k} must be finite and >= 0 (Adam's exp_avg_sq)")
 
 
-SETTING_KEYS = ("optimizer", "lr", "momentum", "betas", "eps", "weight_decay", "steps", "epochs", "batch_size", "adam_step")
 
 
 def training_settings(value: Any) -> TrainingSettings | None:
