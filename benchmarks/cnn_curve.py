@@ -149,7 +149,7 @@ def curve(args) -> None:
 
     torch.set_num_threads(1)
     vdir = Path(args.out) / "victims" / args.name
-    base = Path(args.out) / ("oracle" if args.init else "curves") / args.name
+    base = Path(args.out) / ("oracle" if args.init else "curves") / (args.name + "".join(f"~{kv}" for kv in args.param))
     run, rows_file, truth_file = base / "run", base / "curve.jsonl", base / "truth.json"
     base.mkdir(parents=True, exist_ok=True)
     victim = load_victim(vdir)
@@ -161,12 +161,13 @@ def curve(args) -> None:
             continue
         resume = ["--resume"] if (run / "checkpoint.pt").exists() else []
         wall = exhume_cli("attack", str(vdir), "-o", str(run), "--restarts", "1", "--seed", str(args.seed), "--iterations", str(k),
-                          "--no-progress", *resume, *(["--init", args.init] if args.init else []))
+                          "--no-progress", *resume, *(["--init", args.init] if args.init else []),
+                          *[a for kv in args.param for a in ("-p", kv)])
         ev = run.parent / f"eval-{k}"
         exhume_cli("evaluate", str(run), "--against", str(vdir), "-o", str(ev), "--pool-size", "1000")
         m = json.loads((ev / "metrics.json").read_text())
         s = json.loads((run / "reconstruction.json").read_text())["summary"]
-        row = {"victim": args.name, "start": args.init or "noise", "seed": args.seed, "checkpoint": k, "iterations": s["iterations"],
+        row = {"victim": args.name, "start": args.init or "noise", "params": args.param, "seed": args.seed, "checkpoint": k, "iterations": s["iterations"],
                "attack_seconds": s["seconds"],
                "chunk_wall_s": round(wall, 1), "kept_iteration": s.get("kept_iteration"), "memorised": m["memorised"],
                "control": m.get("memorised_control"), "one_to_one": m["one_to_one_ssim>=0.4"],
@@ -187,8 +188,8 @@ def table(args) -> None:
         for line in (base / "curve.jsonl").read_text().splitlines():
             r = json.loads(line)
             decay = truth.get("truth_decay_lambda")
-            start = r.get("start", "noise")
-            lines.append(f"| {r['victim']} | {start if start == 'noise' else start + ' (ORACLE)'} | {r['iterations']:,} | "
+            start, name = r.get("start", "noise"), " ".join([r["victim"], *r.get("params", [])])
+            lines.append(f"| {name} | {start if start == 'noise' else start + ' (ORACLE)'} | {r['iterations']:,} | "
                          f"{r['attack_seconds']:.0f} | {r['memorised']} / {r['control']} | "
                          f"{r['one_to_one']} | {r['attack_residual']:.4f} | {r['attack_nnls']:.4f} | {truth['truth_nnls']:.4f} | "
                          f"{'–' if decay is None else f'{decay:.4f}'} |")
@@ -210,6 +211,8 @@ def main(argv=None) -> int:
     c.add_argument("--checkpoints", type=int, nargs="+", default=[500, 1000, 2000, 5000, 10_000, 20_000])
     c.add_argument("--init", default=None, choices=("ground-truth",),
                    help="ORACLE: start from the training images (m = n), in OUT/oracle/NAME: is the truth a point the attack keeps?")
+    c.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="a kkt setting other than its default (exhume attack -p; the folder's name carries it)")
     sub.add_parser("table").add_argument("--out", required=True)
     args = ap.parse_args(argv)
     {"build": build, "curve": curve, "table": table}[args.cmd](args)
