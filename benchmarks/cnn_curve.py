@@ -20,6 +20,9 @@ training images, with λ ≥ 0 fitted by non-negative least squares (the truth's
 with the multipliers weight decay implies (λ_i = −ℓ'(h_i)/(n·w)). If the attack's residual falls below the truth's
 best while nothing is recovered, more iterations on this equation cannot find the training images (formulation-bound);
 if the attack's residual is still above the truth's and memorised grows with iterations, it is compute-bound.
+``curve --init ground-truth`` (ORACLE, in ``OUT/oracle/NAME``) starts from the training images instead: does the
+attack keep them? ``-p KEY=VALUE`` passes a kkt setting (the folder's name carries it). Results: benchmarks/README.md,
+"The CNN row: memorised against kkt iterations".
 """
 
 from __future__ import annotations
