@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 from sklearn.datasets import load_digits
-from torch import nn
 
 import exhume
 from exhume.victim import AttackerView
+from exhume.victim.random_features import train_random_features
 
 VARIANTS = {"learned": {}, "closed-form": {"multipliers": "closed-form", "lr": 3e-2}}
 
@@ -37,15 +37,7 @@ def victim(n: int, width: int, seed: int):
     keep = keep[torch.randperm(len(keep), generator=gen)]
     train, unseen = x[keep[:n]], x[keep[n:]]
     y, mean = torch.where(labels[keep[:n]] == 0, 1.0, -1.0), x.mean(0)
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Flatten(), nn.Linear(64, width, bias=False), nn.ReLU(), nn.Linear(width, 1, bias=False), nn.Flatten(0))
-    model[1].weight.requires_grad_(False)
-    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    opt = torch.optim.SGD([model[3].weight], lr=0.5)
-    for _ in range(300):
-        opt.zero_grad()
-        nn.functional.softplus(-y * model(train - mean)).mean().backward()
-        opt.step()
+    model, start = train_random_features(train, y, mean, width, seed)
     view = AttackerView(model=model, task="binary", input_shape=(1, 8, 8), mean=mean, start=start, loss="logistic", n_train_hint=n)
     return view, train, y, unseen
 

@@ -24,12 +24,12 @@ import time
 from pathlib import Path
 
 import torch
-from torch import nn
 
 import exhume
 from exhume.data.datasets import load_bundled_mnist
 from exhume.evaluation.ssim import ssim_matrix
 from exhume.victim import AttackerView
+from exhume.victim.random_features import train_random_features
 
 VARIANTS = {
     "learned": {},  # today's default
@@ -49,15 +49,7 @@ def victim(n: int, width: int, seed: int = 0, steps: int = 500, lr: float = 2.0)
     train, unseen = images[order[:n]], images[order[n:n + 1000]]
     y = torch.where(torch.tensor(ds.labels)[order[:n]] < 5, 1.0, -1.0)
     mean = images.mean(0)
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Flatten(), nn.Linear(784, width, bias=False), nn.ReLU(), nn.Linear(width, 1, bias=False), nn.Flatten(0))
-    model[1].weight.requires_grad_(False)
-    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    opt = torch.optim.SGD([model[3].weight], lr=lr)
-    for _ in range(steps):
-        opt.zero_grad()
-        nn.functional.softplus(-y * model(train - mean)).mean().backward()
-        opt.step()
+    model, start = train_random_features(train, y, mean, width, seed, steps=steps, lr=lr)
     with torch.no_grad():
         margins = y * model(train - mean)
     return model, start, train, y, mean, unseen, margins

@@ -17,6 +17,7 @@ from exhume.errors import ConfigError
 from exhume.evaluation.ssim import ssim_matrix
 from exhume.losses import margin
 from exhume.victim import AttackerView
+from exhume.victim.random_features import train_random_features
 
 
 def random_features(n: int = 4, width: int = 2000, seed: int = 0):
@@ -27,15 +28,7 @@ def random_features(n: int = 4, width: int = 2000, seed: int = 0):
     labels = torch.tensor(digits.target)
     idx = torch.cat([torch.where(labels == 0)[0][: (n + 1) // 2], torch.where(labels == 1)[0][: n // 2]])
     train, y, mean = x[idx], torch.where(labels[idx] == 0, 1.0, -1.0), x.mean(0)
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Flatten(), nn.Linear(64, width, bias=False), nn.ReLU(), nn.Linear(width, 1, bias=False), nn.Flatten(0))
-    model[1].weight.requires_grad_(False)
-    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    opt = torch.optim.SGD([model[3].weight], lr=0.5)
-    for _ in range(300):
-        opt.zero_grad()
-        nn.functional.softplus(-y * model(train - mean)).mean().backward()
-        opt.step()
+    model, start = train_random_features(train, y, mean, width, seed)
     view = AttackerView(model=model, task="binary", input_shape=(1, 8, 8), mean=mean, start=start, loss="logistic", n_train_hint=n)
     return view, train
 
