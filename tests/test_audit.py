@@ -101,7 +101,8 @@ def test_audit_cli_on_a_users_own_model_writes_a_verdict_and_a_report(user, tmp_
     assert f"(oracle {m['memorised_control_oracle']}: the training images themselves as candidates)" in proc.stdout
     got = open_in_chromium(out / "report.html", tmp_path)
     assert got["ready"] == "complete" and f"Verdict: {m['verdict'].upper()}" in got["verdict"]
-    assert len(got["images"]) == 5 and all(c and w > 0 for c, w, _, _ in got["images"])
+    assert len(got["images"]) == 6 and all(c and w > 0 for c, w, _, _ in got["images"])  # the five figures and the membership ROC
+    assert "membership ROC" in [alt for _, _, _, alt in got["images"]]
     assert got["errors"] == [] and [r for r in got["resources"] if not r.startswith("data:")] == []
     argv = cmd[3:]  # the same command in this process: the subprocess above is what tests the entry point
     capsys.readouterr()
