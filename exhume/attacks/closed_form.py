@@ -34,6 +34,7 @@ from torch.func import functional_call
 from exhume.attacks.stationarity import Objective, least_squares, per_candidate_gradients
 from exhume.attacks.surrogate import soft_activations
 from exhume.attacks.trajectory import StartEquation, per_sample, probe_images
+from exhume.errors import ConfigError
 
 #: the ridge, relative to the mean diagonal of ΦΦᵀ (duplicate gradients, e.g. a layer equal at both endpoints, stay solvable)
 RIDGE = 1e-8
@@ -118,3 +119,23 @@ def one_point(model: nn.Module, eq: StartEquation, mean: torch.Tensor, labels: t
         return eq
     info = {**eq.info, "gradient_points_used": f"1 of {len(eq.points)}: the trained parameters' gradients are the same at each"}
     return StartEquation(eq.names, eq.points[-1:], eq.target, eq.direction, eq.norm2, info, shared=eq.shared)
+
+
+def closed_form_setup(cfg: dict, view, model: nn.Module, params: dict, form, x: torch.Tensor,
+                      u: torch.Tensor) -> tuple[bool, float | None]:
+    """kkt's ``multipliers`` and ``sphere`` settings (``cfg``) as used: u frozen when closed-form; the sphere's radius
+    (``x`` put on it) or None; both recorded in ``form.info``."""
+    closed = cfg["multipliers"] == "closed-form"
+    if closed and cfg["consistency_weight"] > 0:
+        raise ConfigError("consistency_weight ties learned multipliers to margins; with multipliers='closed-form' they are "
+                          "solved by least squares: leave consistency_weight at 0 or pass multipliers='learned'")
+    form.info["multipliers_solved"] = "closed-form least squares every step" if closed else "learned (λ = S·u)"
+    if closed:
+        u.requires_grad_(False)
+    sphere = cfg["sphere"] == "on" or (cfg["sphere"] == "auto" and closed and form.name in ("margin", "output")
+                                      and homogeneous_in_input(model, params, tuple(view.input_shape)))
+    radius = data_radius(view.mean) if sphere else None
+    form.info["sphere_radius"] = radius
+    if radius is not None:
+        on_sphere(x, radius)
+    return closed, radius

@@ -41,7 +41,7 @@ import torch
 
 from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, RestartPlan, attack_model, init_record, initial_candidates, register
 from exhume.attacks.checkpoint import BUDGET_SETTINGS, resumable_settings
-from exhume.attacks.closed_form import closed_form_residual, data_radius, homogeneous_in_input, on_sphere, one_point
+from exhume.attacks.closed_form import closed_form_residual, closed_form_setup, on_sphere, one_point
 from exhume.attacks.equations import Equation, KnownStart, Stationarity
 from exhume.attacks.formulation import FORMULATIONS, MARGIN_FORMS, Formulation, form_for, resolve
 from exhume.attacks.loop import BACKGROUND, CANDIDATE_PARAMS, START_DECAY, attack_loop, budget_params, descend, make_optimizer, open_run
@@ -466,30 +466,12 @@ class KKTAttack(Attack):
                                           form.objective, form.signed, theta=target)
             info = {"fixed_candidates": int(fx.shape[0]), "fixed_share_explained": share, "fixed_digest": tensors_digest(fx, fy)[:16]}
         span = self.span(view, model, params, n, eq, x)
-        closed, radius = self.closed_form_setup(view, model, params, form, x, u)
+        closed, radius = closed_form_setup(cfg, view, model, params, form, x, u)
         # the stationarity term is relative to what the free candidates must explain
         norm2 = eq.norm2 if eq is not None else sum((v**2).sum() for v in (params if target is None else target).values())
         lr_lambda = resolve_lr_lambda(cfg["lr_lambda"], form.name if eq is None else "output")
         return Problem(model, params, norm2, n, m, form, mean, form.labels.to(dev), x, u, target if eq is None else None, info,
                        span, lr_lambda, eq, closed, radius)
-
-    def closed_form_setup(self, view, model, params, form: Formulation, x: torch.Tensor, u: torch.Tensor) -> tuple[bool, float | None]:
-        """``multipliers`` and ``sphere`` as used: u frozen when closed-form; the sphere's radius (x put on it) or None."""
-        cfg = self.config
-        closed = cfg["multipliers"] == "closed-form"
-        if closed and cfg["consistency_weight"] > 0:
-            raise ConfigError("consistency_weight ties learned multipliers to margins; with multipliers='closed-form' they are "
-                              "solved by least squares: leave consistency_weight at 0 or pass multipliers='learned'")
-        form.info["multipliers_solved"] = "closed-form least squares every step" if closed else "learned (λ = S·u)"
-        if closed:
-            u.requires_grad_(False)
-        sphere = cfg["sphere"] == "on" or (cfg["sphere"] == "auto" and closed and form.name in ("margin", "output")
-                                          and homogeneous_in_input(model, params, tuple(view.input_shape)))
-        radius = data_radius(view.mean) if sphere else None
-        form.info["sphere_radius"] = radius
-        if radius is not None:
-            on_sphere(x, radius)
-        return closed, radius
 
     def unknowns(self, view, m: int, signed: bool, eq: StartEquation | None, seed: int, init: torch.Tensor | None,
                  dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
