@@ -77,17 +77,10 @@ class PortfolioRecord:
     starved_restarts: tuple[int, ...]
     candidates_before_merge: int | None
     restart_seconds_total: float | None
-    iterations_per_restart: tuple[int | None, ...]
-    residuals_per_restart: tuple[float | None, ...]
     sizing: Mapping[str, Any] | None
     batched: Mapping[str, Any] | None
     study: str | None
     saved: Mapping[str, Any]
-
-    @property
-    def residuals(self) -> list[float]:
-        """The final relative stationarity residual of each restart that reports one."""
-        return [float(r) for r in self.residuals_per_restart if r is not None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +92,9 @@ class RunRecord:
     ``final_relative_stationarity``: its own residual of ``equation`` at the returned candidates
     (None: it reports none; a portfolio: per restart, in ``portfolio.restarts``); ``init`` and
     ``oracle_init``: its starting candidates, oracle when built from the training data;
-    ``batched_restarts``: the size of the batch it ran in (None: alone).
+    ``batched_restarts``: the size of the batch it ran in (None: alone); ``iterations_per_restart`` and
+    ``residuals_per_restart``: a pooled result's, one per restart (None where one reported none; empty
+    for a single run).
     """
 
     equation: SolvedEquation
@@ -113,10 +108,20 @@ class RunRecord:
     n_guess: int | None
     start_unused: str | None
     batched_restarts: int | None
+    iterations_per_restart: tuple[int | None, ...]
+    residuals_per_restart: tuple[float | None, ...]
     portfolio: PortfolioRecord | None
     settings: Mapping[str, Any]
     extras: Mapping[str, Any]
     _saved: tuple[Mapping[str, Any], Mapping[str, Any]]
+
+    @property
+    def best_residual(self) -> tuple[float | None, int]:
+        """The lowest final relative residual it reports (over its restarts, when pooled) and how many reported one."""
+        per = [float(v) for v in self.residuals_per_restart if v is not None]
+        if not per and self.final_relative_stationarity is not None:
+            per = [float(self.final_relative_stationarity)]
+        return (min(per), len(per)) if per else (None, 0)
 
     def config_json(self) -> dict[str, Any]:
         """The config as ``reconstruction.json`` holds it (a copy; for files and printing, not for branching on)."""
@@ -177,11 +182,11 @@ def _restart(k: int, row: Any, source: str) -> RestartRecord:
         host=_text(f"{where}.host", row.get("host"), source), error=_text(f"{where}.error", row.get("error"), source))
 
 
-def _per_restart(key: str, summary: Mapping[str, Any], rows: list[Any], check, source: str) -> tuple[Any, ...]:
-    """``summary[key]`` (one value per restart), checked; the restart rows' values where it is absent."""
+def _per_restart(key: str, summary: Mapping[str, Any], check, source: str) -> tuple[Any, ...]:
+    """``summary[key]`` (one value per restart), checked; empty where it is absent (a single run)."""
     values = summary.get(key)
     if values is None:
-        return tuple(rows)
+        return ()
     if not isinstance(values, list):
         raise ExhumeError(f"{source}: summary.{key} must be a list (one value per restart), got {values!r}")
     return tuple(check(f"summary.{key}[{k}]", v, source) for k, v in enumerate(values))
@@ -195,12 +200,8 @@ def _portfolio(saved: Any, summary: Mapping[str, Any], source: str) -> Portfolio
     starved = summary.get("starved_restarts") or []
     if not isinstance(starved, list) or not all(isinstance(k, int) for k in starved):
         raise ExhumeError(f"{source}: summary.starved_restarts must be a list of restart numbers, got {starved!r}")
-    restarts = tuple(_restart(k, row, source) for k, row in enumerate(saved.get("restarts", [])))
-    iters = _per_restart("iterations_per_restart", summary, [r.iterations for r in restarts], _integer, source)
-    residuals = _per_restart("final_relative_stationarity_per_restart", summary,
-                             [r.final_relative_stationarity for r in restarts], _number, source)
     return PortfolioRecord(
-        restarts=restarts, iterations_per_restart=iters, residuals_per_restart=residuals,
+        restarts=tuple(_restart(k, row, source) for k, row in enumerate(saved.get("restarts", []))),
         restarts_complete=_integer("summary.restarts_complete", summary.get("restarts_complete"), source),
         starved_restarts=tuple(starved),
         candidates_before_merge=_integer("summary.candidates_before_merge", summary.get("candidates_before_merge"), source),
@@ -226,6 +227,8 @@ def parse_record(config: Any, summary: Any, source: str = "the reconstruction") 
         n_guess=_integer("config.n_guess", config.get("n_guess"), source),
         start_unused=_text("config.start_unused", config.get("start_unused"), source),
         batched_restarts=_integer("config.batched_restarts", config.get("batched_restarts"), source),
+        iterations_per_restart=_per_restart("iterations_per_restart", summary, _integer, source),
+        residuals_per_restart=_per_restart("final_relative_stationarity_per_restart", summary, _number, source),
         portfolio=_portfolio(config.get("portfolio"), summary, source),
         settings=MappingProxyType({k: v for k, v in config.items() if k not in CONFIG_FIELDS}),
         extras=MappingProxyType({k: v for k, v in summary.items() if k not in SUMMARY_FIELDS}),
