@@ -65,7 +65,9 @@ class RestartRecord:
 
 @dataclass(frozen=True, slots=True)
 class PortfolioRecord:
-    """A pooled result's restarts and how they were run (``exhume.portfolio`` writes it).
+    """A pooled result's restarts and how they were run (``exhume.portfolio`` writes it): ``restarts_complete``
+    of them finished; their ``candidates_before_merge`` candidates, near-duplicates merged, left ``candidates``
+    (which restart, iteration and rank each comes from: ``Reconstruction.provenance``).
 
     ``sizing``, ``batched`` and ``study``: the records of :mod:`exhume.portfolio.sizing`, of the batched
     runner and the shared study's name, in the format those modules own. ``saved``: the portfolio
@@ -76,11 +78,12 @@ class PortfolioRecord:
     restarts_complete: int | None
     starved_restarts: tuple[int, ...]
     candidates_before_merge: int | None
+    candidates: int | None
     restart_seconds_total: float | None
     sizing: Mapping[str, Any] | None
     batched: Mapping[str, Any] | None
     study: str | None
-    saved: Mapping[str, Any]
+    saved: Mapping[str, Any] = field(repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +116,7 @@ class RunRecord:
     portfolio: PortfolioRecord | None
     settings: Mapping[str, Any]
     extras: Mapping[str, Any]
-    _saved: tuple[Mapping[str, Any], Mapping[str, Any]]
+    _saved: tuple[Mapping[str, Any], Mapping[str, Any]] = field(repr=False)
 
     @property
     def best_residual(self) -> tuple[float | None, int]:
@@ -205,6 +208,7 @@ def _portfolio(saved: Any, summary: Mapping[str, Any], source: str) -> Portfolio
         restarts_complete=_integer("summary.restarts_complete", summary.get("restarts_complete"), source),
         starved_restarts=tuple(starved),
         candidates_before_merge=_integer("summary.candidates_before_merge", summary.get("candidates_before_merge"), source),
+        candidates=_integer("summary.candidates", summary.get("candidates"), source),
         restart_seconds_total=_number("summary.restart_seconds_total", summary.get("restart_seconds_total"), source),
         sizing=_typed("config.portfolio.sizing", saved.get("sizing"), Mapping, "an object", source),
         batched=_typed("config.portfolio.batched", saved.get("batched"), Mapping, "an object", source),
