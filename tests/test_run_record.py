@@ -122,3 +122,15 @@ def test_reading_the_record_changed_no_result_bit_for_bit(victim_dir, tmp_path, 
     again = load_reconstruction(tmp_path / "two")
     assert torch.equal(again.candidates, two.candidates) and again.record == two.record
 
+
+
+def test_exhume_evaluate_refuses_a_bad_record_in_one_line(victim_dir, tmp_path, capsys):
+    from exhume.cli import main
+
+    meta = json.loads((OLD_POOLED / "reconstruction.json").read_text())
+    meta["config"]["equation_used"] = "maxwell"
+    folder = _saved(tmp_path, meta)
+    assert main(["evaluate", str(folder), "--against", str(victim_dir), "-o", str(tmp_path / "eval")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "config.equation_used 'maxwell' is no equation an attack solves" in err[0]
+    assert not (tmp_path / "eval" / "metrics.json").exists()
