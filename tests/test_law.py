@@ -47,15 +47,15 @@ def test_an_audit_writes_where_the_model_sits_in_metrics_summary_and_report(tmp_
 def _table():
     points = [{"family": f, "variant": v, "p_over_dn": r, "fraction": fr} for f in ("random-features", "two-layer-mlp")
               for v in ("learned", "closed-form") for r, fr in ((0.25, 0.0), (1.0, 0.1), (4.0, 0.4), (16.0, 0.8))]
-    return {"points": points, "method": "kkt", "variants": {"learned": {}, "closed-form": {"multipliers": "closed-form", "lr": 0.03}},
+    return {"points": points, "method": "kkt", "task": "binary", "variants": {"learned": {}, "closed-form": {"multipliers": "closed-form", "lr": 0.03}},
             "measured_on": "8x8 digits", "date": "2026-11-27", "command": "exhume experiment law"}
 
 
 def test_the_measured_reading_reads_the_curve_within_its_range_and_refuses_outside_it():
     from exhume.audit.law import measured_reading
 
-    def read(ratio, family="two-layer-mlp", start=True, method="kkt", args=None):
-        return measured_reading({"p_over_dn": ratio}, family, start, method, args or {}, table=_table())
+    def read(ratio, family="two-layer-mlp", start=True, method="kkt", args=None, task="binary"):
+        return measured_reading({"p_over_dn": ratio}, family, start, method, args or {}, table=_table(), task=task)
 
     at = read(4.1)
     assert at["status"] == "read" and at["percent"] == [40, 40] and at["at_ratios"] == [4.0, 4.0]
@@ -69,6 +69,7 @@ def test_the_measured_reading_reads_the_curve_within_its_range_and_refuses_outsi
     assert read(2.0, family=None)["status"] == read(2.0, family="cnn")["status"] == "family not measured"
     assert read(2.0, start=False)["status"] == "no start"
     assert read(2.0, method="bilevel")["status"] == "method not measured"
+    assert read(2.0, task="multiclass")["status"] == "task not measured"
 
 
 def test_the_shipped_curve_is_readable_and_names_how_it_was_measured():

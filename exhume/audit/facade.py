@@ -259,7 +259,8 @@ def _law(data: _Audited, cfg: AuditConfig) -> dict[str, Any]:
 
     record = law_record(data.wrapped, data.view.start, data.view.input_shape, len(data.x))
     family = family_of(data.wrapped, data.view.start)
-    record["measured"] = measured_reading(record, family, data.view.start is not None, cfg.method, dict(cfg.attack_args))
+    record["measured"] = measured_reading(record, family, data.view.start is not None, cfg.method, dict(cfg.attack_args),
+                                          task=data.view.task)
     return record
 
 

@@ -77,10 +77,11 @@ def formulation(variants: dict[str, dict], attack_args: dict[str, Any]) -> str |
 
 
 def measured_reading(record: dict[str, Any], family: str | None, start_known: bool, method: str,
-                     attack_args: dict[str, Any], table: dict[str, Any] | None = None) -> dict[str, Any]:
+                     attack_args: dict[str, Any], table: dict[str, Any] | None = None, task: str = "binary") -> dict[str, Any]:
     """``{"status", "reading", …}``: what the measured curve says of a model at ``record``'s ``p/(d·n)`` (status
     ``"read"``, with ``percent`` low and high and ``at_ratios``), or why it says nothing (``"no start"``,
-    ``"method not measured"``, ``"family not measured"``, ``"outside the measured range"``, ``"no measured curve"``)."""
+    ``"method not measured"``, ``"task not measured"``, ``"family not measured"``, ``"outside the measured range"``,
+    ``"no measured curve"``)."""
     from exhume.errors import DataError
 
     try:
@@ -97,6 +98,9 @@ def measured_reading(record: dict[str, Any], family: str | None, start_known: bo
     if variant is None:
         return _said("method not measured", f"the curve was measured with {table['method']} ({', '.join(table['variants'])}"
                      f" multipliers), not with {method} as run here", source)
+    if task != table.get("task", "binary"):
+        return _said("task not measured", f"the curve was measured on {table.get('task', 'binary')} classifiers, not on a "
+                     f"{task} one", source)
     if not points:
         return _said("family not measured", f"the curve was measured on {', '.join(families)} models, not on this "
                      f"architecture ({family or 'another family'})", source)

@@ -243,7 +243,7 @@ def _write(rows: list[dict], points: list[dict], s: dict, out: Path, command: st
                    f"n = {', '.join(map(str, s['ns']))}, seeds {', '.join(map(str, s['seeds']))}, "
                    f"{s['iterations']} kkt iterations per run (one run, the start known)")
     curve_file = {"what": "memorised fraction of the training samples against p/(d·n), pooled over n and seeds",
-                  "method": METHOD, "variants": {v: VARIANTS[v] for v in s["variants"]}, "measured_on": measured_on,
+                  "method": METHOD, "task": "binary", "variants": {v: VARIANTS[v] for v in s["variants"]}, "measured_on": measured_on,
                   "date": datetime.date.today().isoformat(), "command": command,
                   "settings": s, "points": points}
     write_json(out / "law-curve.json", curve_file)
