@@ -133,3 +133,33 @@ def test_minmax_candidate_scale_matches_a_dimmed_reconstruction_and_treats_the_c
     assert torch.equal(scaled_candidates(recon.candidates, "clip"), recon.candidates.clamp(0, 1))
     with pytest.raises(ConfigError, match="candidate_scale"):
         scaled_candidates(recon.candidates, "affine")
+
+
+def test_merged_gradient_points_leave_the_learned_equation_as_it_was_and_a_nonlinear_one_whole():
+    """Where the readout alone is trained its gradient is the same at both endpoints: the one-point equation with each
+    candidate's multipliers summed is the two-point one (any multipliers); a model trained throughout keeps both points."""
+    from exhume.attacks.closed_form import one_point
+    from exhume.attacks.trajectory import start_residual
+
+    view, _ = random_features(width=300)
+    model = view.model.double()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    dview = AttackerView(model=model, task="binary", input_shape=(1, 8, 8), mean=view.mean.double(),
+                         start={k: v.double() for k, v in view.start.items()}, loss="logistic", n_train_hint=4)
+    eq = build_equation(dview, model, params, "endpoints", 4)
+    mean = view.mean.double()
+    merged = one_point(model, eq, mean, torch.tensor([1.0, -1.0]).double(), margin)
+    assert len(eq.points) == 2 and len(merged.points) == 1 and merged.info["gradient_points_used"].startswith("1 of 2")
+    x = torch.randn(3, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    y = torch.tensor([1.0, -1.0, 1.0], dtype=torch.float64)
+    lam = torch.rand(3, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    two, _ = start_residual(model, eq, x, y, lam, None, margin)
+    one, _ = start_residual(model, merged, x, y, lam.sum(1, keepdim=True), None, margin)
+    assert torch.allclose(two, one, rtol=1e-10)
+    recon = get_attack("kkt", iterations=3).run(view, progress=False)  # learned multipliers merge the points too
+    assert recon.config["start_gradient_points_used"].startswith("1 of 2")
+    mlp, mparams, _, _ = _small()
+    mview = AttackerView(model=mlp, task="binary", input_shape=(5,), mean=torch.zeros(5),
+                         start={k: v - 0.1 for k, v in mparams.items()})
+    full = build_equation(mview, mlp, mparams, "endpoints", 3)
+    assert one_point(mlp, full, torch.zeros(5, dtype=torch.float64), torch.tensor([1.0, -1.0]).double(), margin) is full

@@ -107,7 +107,8 @@ def on_sphere(x: torch.Tensor, radius: float) -> None:
 def one_point(model: nn.Module, eq: StartEquation, mean: torch.Tensor, labels: torch.Tensor, objective: Objective) -> StartEquation:
     """``eq`` with its gradient points merged into the last one where every trained parameter's ``∇_θ h`` is the same at
     each (the trained parameters enter linearly, e.g. a readout on frozen features): checked on probe images drawn from the
-    data mean (:func:`~exhume.attacks.trajectory.probe_images`). The same span at half the cost; else ``eq`` itself."""
+    data mean (:func:`~exhume.attacks.trajectory.probe_images`). The same span at half the cost; else ``eq`` itself.
+    Used with learned multipliers too: ``Σ_k λ_jk ∇h_k(x̂_j)`` is then ``(Σ_k λ_jk)·∇h(x̂_j)``, one multiplier per point."""
     if len(eq.points) < 2:
         return eq
     x = probe_images(mean, 4)

@@ -451,8 +451,8 @@ class KKTAttack(Attack):
             form.info.update(denoised)
         else:
             eq, form = self.start_equation(view, model, params, equation, n, m, dtype, target)
-            if cfg["multipliers"] == "closed-form":
-                eq = one_point(model, eq, view.mean.to(dev, dtype), form.labels, form.objective)
+            # the same span at half the cost where the trained parameters enter linearly (learned or solved multipliers)
+            eq = one_point(model, eq, view.mean.to(dev, dtype), form.labels, form.objective)
         form.scale *= cfg["lambda_scale_factor"]
         if cfg["consistency_weight"] > 0:
             check_consistency(form, view, eq)

@@ -82,5 +82,7 @@ def _print_verdict(result, out: Path) -> None:
 
 def law_line(law: dict) -> str:
     """The summary's line placing the model on the law of data reconstruction (:mod:`exhume.audit.law`)."""
-    return (f"law: p = {law['p']:,} trained parameters, d = {law['d']:,}, n = {law['n']:,}, p/(d·n) = {law['p_over_dn']:.3g}: "
+    line = (f"law: p = {law['p']:,} trained parameters, d = {law['d']:,}, n = {law['n']:,}, p/(d·n) = {law['p_over_dn']:.3g}: "
             f"{law['regime']}")
+    measured = law.get("measured")
+    return line if not isinstance(measured, dict) else f"{line}\nlaw, measured: {measured.get('reading')}"

@@ -251,11 +251,17 @@ def _start_record(view, cfg: AuditConfig) -> dict[str, Any]:
             "training": None if view.training is None else view.training.record()}
 
 
-def _law(data: _Audited) -> dict[str, Any]:
-    """Where the model sits against the law of data reconstruction (:mod:`exhume.audit.law`)."""
-    from exhume.audit.law import law_record
+def _law(data: _Audited, cfg: AuditConfig) -> dict[str, Any]:
+    """Where the model sits against the law of data reconstruction, and the measured curve's reading there
+    (:mod:`exhume.audit.law`)."""
+    from exhume.audit.law import law_record, measured_reading
+    from exhume.victim.law import family_of
 
-    return law_record(data.wrapped, data.view.start, data.view.input_shape, len(data.x))
+    record = law_record(data.wrapped, data.view.start, data.view.input_shape, len(data.x))
+    family = family_of(data.wrapped, data.view.start)
+    record["measured"] = measured_reading(record, family, data.view.start is not None, cfg.method, dict(cfg.attack_args),
+                                          task=data.view.task)
+    return record
 
 
 def _attack(data: _Audited, cfg: AuditConfig, progress: bool, force: bool, resume: bool):
@@ -288,7 +294,7 @@ def _judge(data: _Audited, recon, cfg: AuditConfig, settings: dict[str, Any] | N
                    "train_accuracy": float((torch.as_tensor(margins) > 0).double().mean())}
     m["audit"] = {**(settings or {}), "method": cfg.method, "max_seconds": cfg.max_seconds, "seed": cfg.seed,
                   "wall_seconds": round(time.perf_counter() - t0, 1), **_start_record(data.view, cfg)}
-    m["law"] = _law(data)
+    m["law"] = _law(data, cfg)
     if out is not None:
         result.save(out / "evaluation")
         _write_scores(scores, out / "evaluation")

@@ -328,6 +328,8 @@ def _law_section(metrics) -> str:
     rows = [("trained parameters p", law.get("p"), False), ("input dimension d", law.get("d"), False),
             ("training samples n", law.get("n"), False), ("p/(d·n)", law.get("p_over_dn"), False), ("regime", law.get("regime"), False),
             ("p counted as", law.get("p_counted"), False)]
+    if isinstance(law.get("measured"), dict):
+        rows.append(("the measured curve's reading", law["measured"].get("reading"), False))
     return ("<h2 id=\"law\">The law of data reconstruction</h2><p class=\"note\">" + _e(law.get("definition")) + "; see "
             "docs/audit.md.</p>" + _rows(rows))
 
