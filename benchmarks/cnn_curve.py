@@ -180,6 +180,31 @@ def curve(args) -> None:
         print(json.dumps(row), flush=True)
 
 
+def scales(args) -> None:
+    """EVALUATOR-SIDE: each ReLU's median |z| (per image, then the median over images) at the training images."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    from exhume.attacks.surrogate import _RELUS
+    from exhume.victim import load_victim
+
+    seen = []
+
+    class Record(TorchFunctionMode):
+        def __torch_function__(self, func, types, a=(), kw=None):  # noqa: ANN001
+            if func in _RELUS:
+                seen.append(a[0].detach().abs().reshape(a[0].shape[0], -1).median(1).values.median().item())
+            return func(*a, **(kw or {}))
+
+    for name in args.names:
+        victim = load_victim(Path(args.out) / "victims" / name)
+        p, _, _ = problem(victim)
+        seen.clear()
+        with torch.no_grad(), Record():
+            p.model(victim.train_set.x.double() - p.mean)
+        print(name, "median |z| per ReLU (training images, EVALUATOR-SIDE):", " ".join(f"{v:.4g}" for v in seen), flush=True)
+
+
 def table(args) -> None:
     lines = ["| victim | start | iterations | attack s | memorised / control | one-to-one ≥ 0.4 | attack residual (its λ) | "
              "attack residual (best λ ≥ 0) | truth residual (best λ ≥ 0) † | truth (decay's λ) † |",
@@ -217,8 +242,11 @@ def main(argv=None) -> int:
     c.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
                    help="a kkt setting other than its default (exhume attack -p; the folder's name carries it)")
     sub.add_parser("table").add_argument("--out", required=True)
+    sc = sub.add_parser("scales")
+    sc.add_argument("names", nargs="+")
+    sc.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    {"build": build, "curve": curve, "table": table}[args.cmd](args)
+    {"build": build, "curve": curve, "table": table, "scales": scales}[args.cmd](args)
     return 0
 
 
