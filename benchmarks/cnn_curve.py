@@ -21,8 +21,10 @@ with the multipliers weight decay implies (λ_i = −ℓ'(h_i)/(n·w)). If the a
 best while nothing is recovered, more iterations on this equation cannot find the training images (formulation-bound);
 if the attack's residual is still above the truth's and memorised grows with iterations, it is compute-bound.
 ``curve --init ground-truth`` (ORACLE, in ``OUT/oracle/NAME``) starts from the training images instead: does the
-attack keep them? ``-p KEY=VALUE`` passes a kkt setting (the folder's name carries it). Results: benchmarks/README.md,
-"The CNN row: memorised against kkt iterations".
+attack keep them? ``-p KEY=VALUE`` passes a kkt setting (the folder's name carries it). ``scales`` prints each ReLU's
+median |z| at the training images (EVALUATOR-SIDE); ``from-run`` starts new runs at an earlier run's candidates;
+``speed`` times one step at α = 19 against ``surrogate=layer-scaled``. Results: benchmarks/README.md, "The CNN row:
+memorised against kkt iterations" and "A surrogate relative to each layer's scale".
 """
 
 from __future__ import annotations
@@ -180,6 +182,77 @@ def curve(args) -> None:
         print(json.dumps(row), flush=True)
 
 
+def scales(args) -> None:
+    """EVALUATOR-SIDE: each ReLU's median |z| (per image, then the median over images) at the training images."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    from exhume.attacks.surrogate import _RELUS
+    from exhume.victim import load_victim
+
+    seen = []
+
+    class Record(TorchFunctionMode):
+        def __torch_function__(self, func, types, a=(), kw=None):  # noqa: ANN001
+            if func in _RELUS:
+                seen.append(a[0].detach().abs().reshape(a[0].shape[0], -1).median(1).values.median().item())
+            return func(*a, **(kw or {}))
+
+    for name in args.names:
+        victim = load_victim(Path(args.out) / "victims" / name)
+        p, _, _ = problem(victim)
+        seen.clear()
+        with torch.no_grad(), Record():
+            p.model(victim.train_set.x.double() - p.mean)
+        print(name, "median |z| per ReLU (training images, EVALUATOR-SIDE):", " ".join(f"{v:.4g}" for v in seen), flush=True)
+
+
+def from_run(args) -> None:
+    """A continuation's second stage, emulated: a new lone run (fresh multipliers, ``-p`` settings) started at the
+    returned candidates of an earlier run ``--from`` (e.g. the default's); memorised at each checkpoint, each from scratch."""
+    import torch
+
+    import exhume
+    from exhume.victim import load_victim
+
+    torch.set_num_threads(1)
+    victim, prev = load_victim(Path(args.out) / "victims" / args.name), exhume.load_reconstruction(args.source)
+    settings = {k: json.loads(v) if v[:1].isdigit() or v[:1] == "-" else v for k, v in (kv.split("=", 1) for kv in args.param)}
+    for k in args.checkpoints:
+        recon = exhume.attack(victim, "kkt", seed=args.seed, progress=False, iterations=k, restarts=1, init=prev.candidates,
+                              init_name="an earlier run's candidates", **settings)
+        assert torch.equal(recon.labels, prev.labels)
+        m = exhume.evaluate(recon, victim, pool_size=1000, figures=False).metrics
+        print(json.dumps({"victim": args.name, "from": str(args.source), "from_iterations": prev.summary["iterations"],
+                          "params": args.param, "iterations": k, "memorised": m["memorised"], "control": m["memorised_control"],
+                          "residual": recon.summary["final_relative_stationarity"], "seconds": recon.summary["seconds"]}), flush=True)
+
+
+def speed(args) -> None:
+    """ms per traced stationarity step (value, gradients in x̂ and λ) at the default start, α = 19 against layer-scaled
+    c = 2, interleaved in one process (median of 10 after 2 warm-up calls)."""
+    import torch
+
+    from exhume.attacks.stationarity import TracedResidual
+    from exhume.attacks.surrogate import LayerScaled
+    from exhume.victim import load_victim
+
+    torch.set_num_threads(1)
+    for name in args.names:
+        p, _, _ = problem(load_victim(Path(args.out) / "victims" / name))
+        x = (p.x.detach() + 0.05 * torch.randn_like(p.x)).requires_grad_()
+        lam = (p.form.scale * p.u.detach()).requires_grad_()
+        fns = {a: TracedResidual() for a in (19.0, LayerScaled(2.0))}
+        times = {a: [] for a in fns}
+        for rep in range(12):
+            for a, f in fns.items():
+                t0 = time.perf_counter()
+                f(p.model, p.params, x, p.y, lam, a, p.form.objective, p.target)[0].backward()
+                if rep >= 2:
+                    times[a].append(time.perf_counter() - t0)
+        print(name, f"m={x.shape[0]}", {str(a): f"{1e3 * sorted(t)[len(t) // 2]:.1f} ms" for a, t in times.items()}, flush=True)
+
+
 def table(args) -> None:
     lines = ["| victim | start | iterations | attack s | memorised / control | one-to-one ≥ 0.4 | attack residual (its λ) | "
              "attack residual (best λ ≥ 0) | truth residual (best λ ≥ 0) † | truth (decay's λ) † |",
@@ -217,8 +290,21 @@ def main(argv=None) -> int:
     c.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
                    help="a kkt setting other than its default (exhume attack -p; the folder's name carries it)")
     sub.add_parser("table").add_argument("--out", required=True)
+    sc = sub.add_parser("scales")
+    sc.add_argument("names", nargs="+")
+    sc.add_argument("--out", required=True)
+    fr = sub.add_parser("from-run")
+    fr.add_argument("name")
+    fr.add_argument("--from", dest="source", required=True)
+    fr.add_argument("--out", required=True)
+    fr.add_argument("--seed", type=int, default=0)
+    fr.add_argument("--checkpoints", type=int, nargs="+", default=[500])
+    fr.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE")
+    sp = sub.add_parser("speed")
+    sp.add_argument("names", nargs="+")
+    sp.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    {"build": build, "curve": curve, "table": table}[args.cmd](args)
+    {"build": build, "curve": curve, "table": table, "scales": scales, "from-run": from_run, "speed": speed}[args.cmd](args)
     return 0
 
 

@@ -56,6 +56,7 @@ from exhume.attacks.stationarity import (
     stationarity_residual_and_objective,
 )
 from exhume.attacks.subspace import Subspace, data_subspace, input_layer, learned_part
+from exhume.attacks.surrogate import LayerScaled
 from exhume.attacks.trajectory import (
     EQUATIONS,
     PRECONDITIONERS,
@@ -83,11 +84,20 @@ TRACE_AFTER_SECONDS = 5.0
 #: how kkt's multipliers are found (the "multipliers" setting)
 MULTIPLIER_MODES = ("learned", "closed-form")
 
+#: how the ReLU surrogate's α is set (the "surrogate" setting; :func:`surrogate_alpha`)
+SURROGATES = ("fixed", "layer-scaled")
+
 #: start_equation="auto" with the starting weights known (exhume/attacks/trajectory.py)
 DEFAULT_START_EQUATION = "endpoints"
 #: candidates per training point with a known start, unless candidates_per_point is given: at equal iterations
 #: m = n memorised as much as m = 2n or more, in half the time (benchmarks/README.md, "Known start")
 START_CANDIDATES_PER_POINT = 1.0
+
+
+def surrogate_alpha(cfg: dict[str, Any]) -> float | LayerScaled:
+    """The ``alpha`` the surrogate derivative gets: the number, or with ``surrogate='layer-scaled'`` that number
+    relative to each layer's scale (:class:`~exhume.attacks.surrogate.LayerScaled`)."""
+    return LayerScaled(float(cfg["alpha"])) if cfg["surrogate"] == "layer-scaled" else cfg["alpha"]
 
 
 def equation_for(value: str, view) -> str:
@@ -217,6 +227,9 @@ class KKTAttack(Attack):
         "formulation": Param("auto", str, "stationarity equation (see exhume/attacks/formulation.py)", choices=FORMULATIONS),
         "loss": Param(None, str, "the victim's training loss, if its metadata lacks it", choices=LOSSES, allow_none=True),
         "alpha": Param(19.0, float, "ReLU surrogate derivative sigmoid(α·z)", low=0.0, search=(5.0, 60.0, "log")),
+        "surrogate": Param("fixed", str, "how α is set: 'fixed', one number for every ReLU; 'layer-scaled', α = alpha / "
+                           "median|z| of each candidate's own pre-activations at each ReLU (recomputed every step, held fixed in "
+                           "derivatives; exhume/attacks/surrogate.py: layer_alpha)", choices=SURROGATES),
         "init_scale": Param(1.7e-3, float, "x̂ ~ N(0,1)·init_scale in centred space", low=0.0, search=(3e-4, 1e-2, "log")),
         "prior": Param("display", str, "pixel-range prior space", choices=("display", "centred")),
         "prior_weight": Param(1.0, float, "weight of the pixel-range prior", low=0.0),
@@ -530,14 +543,14 @@ class KKTAttack(Attack):
         lo, hi, shift = (0.0, 1.0, p.mean) if cfg["prior"] == "display" else (-1.0, 1.0, torch.zeros_like(p.mean))
         # the per-candidate margins h come from the residual's own forward pass (used by the consistency term)
         if p.closed:  # the multipliers solved in closed form (u overwritten with them); h is not needed
-            stat, lam = closed_form_residual(p.model, x, p.y, p.form.objective, cfg["alpha"], not p.form.signed, p.eq, p.params, p.target)
+            stat, lam = closed_form_residual(p.model, x, p.y, p.form.objective, surrogate_alpha(cfg), not p.form.signed, p.eq, p.params, p.target)
             with torch.no_grad():
                 u.copy_(lam / p.form.scale)
         elif p.eq is not None:  # the known-start equation: eager (its traced replay is not built)
-            stat, h = self.residual(p, x, u, cfg["alpha"])
+            stat, h = self.residual(p, x, u, surrogate_alpha(cfg))
         else:
             residual = residual or residual_function(cfg["mixed_derivative"])
-            stat, h = residual(p.model, p.params, x, p.y, p.form.scale * u, cfg["alpha"], p.form.objective, p.target)
+            stat, h = residual(p.model, p.params, x, p.y, p.form.scale * u, surrogate_alpha(cfg), p.form.objective, p.target)
         stat = stat / p.norm2
         floor = cfg["lambda_min"] if p.eq is None else 0.0  # the known-start equation has no margin: λ ≥ 0 only
         dual = u.new_zeros(()) if p.form.signed or p.closed else (torch.relu(floor - u) ** 2).sum()
