@@ -5,6 +5,7 @@ and the simulate attack's exact run."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -228,3 +229,36 @@ def test_the_lm_solver_s_settings_are_refused_in_one_line():
         with pytest.raises(ConfigError, match=message) as e:
             get_attack("simulate", **{"run": "exact", **kwargs}).check(view)
         assert "\n" not in str(e.value)
+
+
+def _adam_victim():
+    """A 64-32-1 ReLU MLP (float32) trained with Adam by a plain PyTorch loop: 32 images of 8×8 with a blank border, 5
+    epochs of batches of 8 (20 steps)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 1))
+    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    x = torch.rand(32, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    x[:, :, 0, :] = x[:, :, :, 0] = 0
+    y = torch.arange(32) % 2
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loader = DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(SEED))
+    for _ in range(5):
+        for xb, yb in loader:
+            opt.zero_grad()
+            nn.functional.binary_cross_entropy_with_logits(model(xb)[:, 0], yb.float()).backward()
+            opt.step()
+    return AttackerView(model=nn.Sequential(*model, nn.Flatten(0)), task="binary", input_shape=(1, 8, 8),
+                        mean=torch.zeros(1, 8, 8), start=start, n_train_hint=32,
+                        training={"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "batch_size": 8, "epochs": 5,
+                                  "sampler": "random", "seed": SEED})
+
+
+def test_an_adam_run_overflows_float32_from_candidates_at_the_mean_and_not_from_data_scale():
+    from exhume.errors import DivergenceError
+
+    view = _adam_victim()
+    with pytest.raises(DivergenceError, match="raise init_scale to 0.1 or more, or dtype='float64'"):
+        get_attack("simulate", run="exact", iterations=2).run(view, progress=False)  # init_scale 1.7e-3: gradient ~1e49
+    recon = get_attack("simulate", run="exact", iterations=3, init_scale=0.1, log_every=1).run(view, progress=False)
+    gaps = [h["unexplained"] for h in recon.loss_history]
+    assert all(map(math.isfinite, gaps)) and gaps[-1] < gaps[0] and bool(torch.isfinite(recon.candidates).all())

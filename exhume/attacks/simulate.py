@@ -48,6 +48,10 @@ from exhume.starts import start_digest
 
 RUNS = ("coarse", "exact")
 SOLVERS = ("adam", "lm")
+#: why an exact run of an Adam recipe overflows: Adam's step m̂/(√v̂ + ε) has sensitivity ~1/|g| to a gradient g, compounded
+#: over the run's steps (a tiny Adam victim's gap gradient: 1e49 from candidates at init_scale 1.7e-3, 0.1 at 0.3)
+ADAM_OVERFLOW = ("the replayed Adam steps amplify the tiny gradients of candidates near the data mean beyond float32 "
+                 "(raise init_scale to 0.1 or more, or dtype='float64')")
 
 
 @dataclass
@@ -335,7 +339,8 @@ class SimulateAttack(Attack):
                 raise DivergenceError(f"simulate attack diverged at iteration {it}; lower lr or step_scale")
             descend(loss, opts, p.span, p.x)
             if not bool(torch.isfinite(p.x).all()):
-                raise DivergenceError(f"simulate attack diverged at iteration {it}: non-finite candidates; lower lr")
+                raise DivergenceError(f"simulate attack diverged at iteration {it}: non-finite candidates; "
+                                      + ("lower lr" if p.replay is None or p.replay.settings.optimizer == "sgd" else ADAM_OVERFLOW))
             if not log:
                 return None
             history.append({"iteration": it, "loss": float(loss.detach()), "unexplained": float(unexplained.detach()),
