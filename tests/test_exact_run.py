@@ -262,3 +262,16 @@ def test_an_adam_run_overflows_float32_from_candidates_at_the_mean_and_not_from_
     recon = get_attack("simulate", run="exact", iterations=3, init_scale=0.1, log_every=1).run(view, progress=False)
     gaps = [h["unexplained"] for h in recon.loss_history]
     assert all(map(math.isfinite, gaps)) and gaps[-1] < gaps[0] and bool(torch.isfinite(recon.candidates).all())
+
+
+def test_enumerated_labels_take_one_assignment_per_restart_and_keep_the_best():
+    view, _, _ = _tiny()
+    attack = get_attack("simulate", run="exact", solver="lm", labels="enumerate", schedule="3", stage_iterations=1,
+                        iterations=6, dtype="float64", init_scale=0.1, log_every=1)
+    recon = attack.run(view, progress=False)
+    restarts = [h["restart"] for h in recon.loss_history]
+    assert restarts == [0, 0, 1, 1, 2, 2]  # one stage (α = 3) and the exact polish per assignment
+    best = min(recon.loss_history[1::2], key=lambda h: h["unexplained"])
+    assert recon.summary["final_relative_stationarity"] <= best["unexplained"]
+    assignments = [[1.0 if (i >> j) & 1 else -1.0 for j in range(4)] for i in range(3)]
+    assert recon.labels.tolist() in assignments
