@@ -12,7 +12,8 @@ to ``α·σ'(α·z)`` (:class:`exhume.attacks.exact.smoothed_step`), small ``α`
 sharper, then a polish with the exact derivative, ``stage_iterations`` each (fewer when a stage stalls). A finished
 schedule that leaves the gap above ``tol`` restarts from new noise; the candidates with the smallest gap are kept
 (attacker-side: the gap needs no training data). The labels are fixed one-hot (``labels="given"``: the user's, in the
-training set's order; ``"enumerate"``: binary, every assignment in turn, one schedule each).
+training set's order; ``"enumerate"``: binary, every assignment in turn, one schedule each). A resumed run starts
+the schedule again from the saved candidates (the solver's λ, stage and best are not checkpointed).
 """
 
 from __future__ import annotations
