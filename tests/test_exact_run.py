@@ -5,6 +5,7 @@ and the simulate attack's exact run."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -152,3 +153,125 @@ def test_the_exact_run_identifies_the_training_images_where_the_attack_does_not_
     record = identifiability(eq, view.model, x, y, "logistic", eq.residual(view.model, x, y, "logistic", 0.0), recon)
     assert record["residual_at_training"] <= 1e-12 and record["attack_best_residual"] > 0.1
     assert record["admits_other_images"] is False and record["attack_to_truth"] > 1e6
+
+
+def _tiny(seed: int = 0, optimizer: str = "sgd"):
+    """A 8-16-1 ReLU MLP (float64) trained by a plain PyTorch loop on 4 points (2×4 pixels), batches of 2 from a seeded
+    shuffled DataLoader, 3 epochs: 6 steps of SGD with momentum 0.9 (or Adam), 4 × 8 = 32 unknowns against 161 parameters."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)).double()
+    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    x = torch.rand(4, 1, 2, 4, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64) - 0.5
+    y = (torch.arange(4) % 2)[torch.randperm(4, generator=torch.Generator().manual_seed(seed + 2))]
+    recipe = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9} if optimizer == "sgd" else {"optimizer": optimizer, "lr": 1e-2}
+    opt = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if optimizer == "sgd"
+           else torch.optim.Adam(model.parameters(), lr=1e-2))
+    loader = DataLoader(TensorDataset(x, y), batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(SEED))
+    for _ in range(3):
+        for xb, yb in loader:
+            opt.zero_grad()
+            nn.functional.binary_cross_entropy_with_logits(model(xb)[:, 0], yb.double()).backward()
+            opt.step()
+    view = AttackerView(model=nn.Sequential(*model, nn.Flatten(0)), task="binary", input_shape=(1, 2, 4),
+                        mean=torch.full((1, 2, 4), 0.5), start=start, n_train_hint=4,
+                        training={**recipe, "weight_decay": 0.0, "batch_size": 2, "epochs": 3, "sampler": "random", "seed": SEED})
+    return view, x, y
+
+
+def test_the_functional_replay_and_its_jacobian_equal_the_checkpointed_replay():
+    from torch.func import jacfwd
+
+    from exhume.attacks.exact import make_replay, replay
+    from exhume.attacks.exact_lm import run_flat
+
+    view, x, y = _tiny()
+    model, params = view.model, dict(view.model.named_parameters())
+    params = {k: v.detach() for k, v in params.items()}
+    q = y.double()
+    for alpha in (None, 3.0):
+        r = make_replay(model, params, view.start, view.training, 4, "binary", alpha=alpha)
+        xx = x.clone().requires_grad_()
+        slow = replay(r, xx, q)
+        flat = torch.cat([slow[k].reshape(-1) for k in r.names])
+        assert torch.allclose(run_flat(r, x, q), flat.detach(), rtol=0, atol=1e-13)
+        v = torch.randn(flat.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+        back = torch.autograd.grad(flat @ v, xx)[0].reshape(-1)
+        jac = jacfwd(lambda z, r=r: run_flat(r, z.reshape(x.shape), q))(x.reshape(-1))
+        assert torch.allclose(v @ jac, back, rtol=1e-10, atol=1e-12)  # forward mode = the attack's backward, α and all
+
+
+def test_levenberg_marquardt_recovers_every_training_image_of_a_tiny_relu_victim_from_noise():
+    from scipy.optimize import linear_sum_assignment
+
+    view, x, y = _tiny()
+    labels = ",".join(str(int(v)) for v in y)  # given, in the training set's order: an assumption of this threat model
+    attack = get_attack("simulate", run="exact", solver="lm", labels=labels, iterations=80, dtype="float64", init_scale=0.1,
+                        log_every=1)
+    recon = attack.run(view, progress=False)
+    got = recon.candidates.double().flatten(1) - 0.5
+    truth = x.flatten(1)
+    unseen = torch.rand(4, 8, generator=torch.Generator().manual_seed(99), dtype=torch.float64) - 0.5
+    rel = torch.cdist(got, truth) / truth.norm(dim=1)
+    rows, cols = linear_sum_assignment(rel.numpy())
+    assert sorted(cols.tolist()) == [0, 1, 2, 3] and rel[rows, cols].max() < 1e-4  # measured: 1e-12, 37 iterations
+    assert (torch.cdist(got, unseen) / unseen.norm(dim=1)).min() > 0.3  # far from images it was not trained on
+    assert recon.summary["final_relative_stationarity"] < 1e-16 and recon.summary["iterations"] < 80
+    assert recon.labels.tolist() == [1.0 if v else -1.0 for v in y.tolist()]
+
+
+def test_the_lm_solver_s_settings_are_refused_in_one_line():
+    view, _, _ = _tiny()
+    for kwargs, message in [({"labels": "1,0"}, "labels must list 4 class ids"),
+                            ({"labels": "a,b"}, "labels must be 'fixed', 'enumerate' or 4"),
+                            ({"labels": "enumerate"}, "needs solver='lm'"),
+                            ({"solver": "lm", "schedule": "3,-1"}, "schedule must be positive"),
+                            ({"solver": "lm", "run": "coarse"}, "it needs run='exact'")]:
+        with pytest.raises(ConfigError, match=message) as e:
+            get_attack("simulate", **{"run": "exact", **kwargs}).check(view)
+        assert "\n" not in str(e.value)
+
+
+def _adam_victim():
+    """A 64-32-1 ReLU MLP (float32) trained with Adam by a plain PyTorch loop: 32 images of 8×8 with a blank border, 5
+    epochs of batches of 8 (20 steps)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 1))
+    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    x = torch.rand(32, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    x[:, :, 0, :] = x[:, :, :, 0] = 0
+    y = torch.arange(32) % 2
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loader = DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(SEED))
+    for _ in range(5):
+        for xb, yb in loader:
+            opt.zero_grad()
+            nn.functional.binary_cross_entropy_with_logits(model(xb)[:, 0], yb.float()).backward()
+            opt.step()
+    return AttackerView(model=nn.Sequential(*model, nn.Flatten(0)), task="binary", input_shape=(1, 8, 8),
+                        mean=torch.zeros(1, 8, 8), start=start, n_train_hint=32,
+                        training={"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "batch_size": 8, "epochs": 5,
+                                  "sampler": "random", "seed": SEED})
+
+
+def test_an_adam_run_overflows_float32_from_candidates_at_the_mean_and_not_from_data_scale():
+    from exhume.errors import DivergenceError
+
+    view = _adam_victim()
+    with pytest.raises(DivergenceError, match="raise init_scale to 0.1 or more, or dtype='float64'"):
+        get_attack("simulate", run="exact", iterations=2).run(view, progress=False)  # init_scale 1.7e-3: gradient ~1e49
+    recon = get_attack("simulate", run="exact", iterations=3, init_scale=0.1, log_every=1).run(view, progress=False)
+    gaps = [h["unexplained"] for h in recon.loss_history]
+    assert all(map(math.isfinite, gaps)) and gaps[-1] < gaps[0] and bool(torch.isfinite(recon.candidates).all())
+
+
+def test_enumerated_labels_take_one_assignment_per_restart_and_keep_the_best():
+    view, _, _ = _tiny()
+    attack = get_attack("simulate", run="exact", solver="lm", labels="enumerate", schedule="3", stage_iterations=1,
+                        iterations=6, dtype="float64", init_scale=0.1, log_every=1)
+    recon = attack.run(view, progress=False)
+    restarts = [h["restart"] for h in recon.loss_history]
+    assert restarts == [0, 0, 1, 1, 2, 2]  # one stage (α = 3) and the exact polish per assignment
+    best = min(recon.loss_history[1::2], key=lambda h: h["unexplained"])
+    assert recon.summary["final_relative_stationarity"] <= best["unexplained"]
+    assignments = [[1.0 if (i >> j) & 1 else -1.0 for j in range(4)] for i in range(3)]
+    assert recon.labels.tolist() in assignments

@@ -38,34 +38,63 @@ from exhume.starts import frozen_names
 
 
 class _Step(torch.autograd.Function):
-    """``g·1[z > 0]`` (ReLU's backward) in value; differentiated, ``g·α·σ(αz)(1 − σ(αz))`` in ``z`` (a smoothed step)."""
+    """``g·1[z > 0]`` (ReLU's backward) in value; differentiated, ``g·α·σ(αz)(1 − σ(αz))`` in ``z`` (a smoothed step).
+    Written for torch.func too (``jvp``, a generated vmap rule): :mod:`exhume.attacks.exact_lm` takes Jacobians of the run."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, z: torch.Tensor, g: torch.Tensor, alpha: float) -> torch.Tensor:  # noqa: ANN001
-        ctx.save_for_backward(z, g)
-        ctx.alpha = alpha
+    def forward(z: torch.Tensor, g: torch.Tensor, alpha: float) -> torch.Tensor:
         return g * (z > 0).to(g.dtype)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+        z, g, alpha = inputs
+        ctx.save_for_backward(z, g)
+        ctx.save_for_forward(z, g)
+        ctx.alpha = alpha
+
+    @staticmethod
+    def _slope(ctx, z: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        s = torch.sigmoid(ctx.alpha * z)
+        return ctx.alpha * s * (1 - s)
 
     @staticmethod
     def backward(ctx, h: torch.Tensor):  # noqa: ANN001, ANN205
         z, g = ctx.saved_tensors
-        s = torch.sigmoid(ctx.alpha * z)
-        return h * g * ctx.alpha * s * (1 - s), h * (z > 0).to(h.dtype), None
+        return h * g * _Step._slope(ctx, z), h * (z > 0).to(h.dtype), None
+
+    @staticmethod
+    def jvp(ctx, dz: torch.Tensor, dg: torch.Tensor, _) -> torch.Tensor:  # noqa: ANN001
+        z, g = ctx.saved_tensors
+        return dz * g * _Step._slope(ctx, z) + dg * (z > 0).to(dg.dtype)
 
 
 class _ExactReLU(torch.autograd.Function):
     """``relu(z)`` with its exact derivative, whose own derivative in ``z`` is :class:`_Step`'s smoothed one."""
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, z: torch.Tensor, alpha: float) -> torch.Tensor:  # noqa: ANN001
-        ctx.save_for_backward(z)
-        ctx.alpha = alpha
+    def forward(z: torch.Tensor, alpha: float) -> torch.Tensor:
         return z.clamp_min(0)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+        z, alpha = inputs
+        ctx.save_for_backward(z)
+        ctx.save_for_forward(z)
+        ctx.alpha = alpha
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):  # noqa: ANN001, ANN205
         (z,) = ctx.saved_tensors
         return _Step.apply(z, g, ctx.alpha), None
+
+    @staticmethod
+    def jvp(ctx, dz: torch.Tensor, _) -> torch.Tensor:  # noqa: ANN001
+        (z,) = ctx.saved_tensors
+        return dz * (z > 0).to(dz.dtype)
 
 
 class smoothed_step(TorchFunctionMode):  # noqa: N801 - used as a context manager

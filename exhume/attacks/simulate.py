@@ -35,6 +35,7 @@ from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_mo
 from exhume.attacks.checkpoint import resumable_settings
 from exhume.attacks.equations import Equation, ExactRun, KnownStart
 from exhume.attacks.exact import Replay, make_replay, relative_gap, replay, train_mode_failures
+from exhume.attacks.exact_lm import ExactLM, check_lm, labelings, lm_stepper, one_hot, parse_labels, parse_schedule, replay_logits
 from exhume.attacks.formulation import candidate_labels
 from exhume.attacks.loop import BACKGROUND, CANDIDATE_PARAMS, START_DECAY, attack_loop, budget_params, descend, make_optimizer, open_run
 from exhume.attacks.priors import background_level, dark_floor, range_penalty, tv_term
@@ -47,6 +48,11 @@ from exhume.replay import check_exact, recipe
 from exhume.starts import start_digest
 
 RUNS = ("coarse", "exact")
+SOLVERS = ("adam", "lm")
+#: why an exact run of an Adam recipe overflows: Adam's step m̂/(√v̂ + ε) has sensitivity ~1/|g| to a gradient g, compounded
+#: over the run's steps (a tiny Adam victim's gap gradient: 1e49 from candidates at init_scale 1.7e-3, 0.1 at 0.3)
+ADAM_OVERFLOW = ("the replayed Adam steps amplify the tiny gradients of candidates near the data mean beyond float32 "
+                 "(raise init_scale to 0.1 or more, or dtype='float64')")
 
 
 @dataclass
@@ -93,6 +99,13 @@ class SimulateAttack(Attack):
         **budget_params(2000, checkpoint_every=200, log_every=50),
         "run": Param("coarse", str, "coarse: S full-batch steps with learnt step sizes; exact: the owner's recipe replayed "
                      "(training settings with sampler and seed; see exhume.attacks.exact)", choices=RUNS),
+        "solver": Param("adam", str, "exact run: 'adam' descends on the gap with the candidates' optimiser; 'lm': "
+                        "Levenberg–Marquardt with the whole Jacobian, α-continuation and restarts, for small problems "
+                        "(exhume.attacks.exact_lm; one iteration: one Jacobian)", choices=SOLVERS),
+        "schedule": Param("1,3,10,30", str, "solver lm: the stages' smoothing α, comma-separated, then a polish with the exact derivative"),
+        "stage_iterations": Param(15, int, "solver lm: Levenberg–Marquardt iterations per stage", low=1),
+        "labels": Param("fixed", str, "exact run: 'fixed' (the candidates' classes), 'enumerate' (solver lm, binary: every "
+                        "assignment, one schedule each) or the classes in the training set's order, comma-separated (an assumption)"),
         "segment": Param(None, int, "exact run: steps per checkpointed segment (default: the shortest whose kept states fit 1 GiB)", low=1, allow_none=True),
         "steps": Param(4, int, "simulated full-batch gradient steps S from the start", low=1),
         "lr_labels": Param(1e-2, float, "learning rate of the soft labels' logits", low=0.0),
@@ -152,6 +165,8 @@ class SimulateAttack(Attack):
             raise ConfigError(f"tv_weight needs image inputs (C, H, W); this victim's input shape is {tuple(view.input_shape)}")
         if self.config["run"] == "exact":
             self.check_exact(view)
+        elif self.config["solver"] != "adam":
+            raise ConfigError(f"solver {self.config['solver']!r} solves the exact run: it needs run='exact'")
 
     def check_exact(self, view) -> None:
         """The exact run's needs: the training-set size, a complete and consistent recipe, one candidate a point, layers it replays."""
@@ -164,6 +179,28 @@ class SimulateAttack(Attack):
         failures = train_mode_failures(view.model)
         if failures:
             raise ConfigError(f"the exact training run cannot be replayed: {failures[0]}")
+        check_lm(self.config, view, n)
+
+    def given_classes(self, p: SimProblem, view) -> torch.Tensor:
+        """The exact run's labels: ``labels`` given (the training set's order), else the candidates' own classes; the label
+        logits set there where they are given or solver lm keeps them (±30: one-hot to rounding, so that a descent keeps
+        them too; else the learnt soft labels start as before)."""
+        given = parse_labels(self.config["labels"], view.task, p.x.shape[0], int(view.num_classes or 2))
+        classes = p.y if given is None else given.to(p.y)
+        if given is None and self.config["solver"] != "lm":
+            return classes
+        with torch.no_grad():
+            p.logits.copy_(replay_logits(p.task, one_hot(p.task, classes, int(view.num_classes or 2))))
+        return classes
+
+    def lm_solver(self, p: SimProblem, view, seed: int, classes: torch.Tensor) -> ExactLM:
+        """The Levenberg–Marquardt solver of the exact run (see :mod:`exhume.attacks.exact_lm`)."""
+        cfg, k = self.config, int(view.num_classes or 2)
+        labs = labelings(p.task, p.x.shape[0]) if cfg["labels"] == "enumerate" else None
+        final = torch.cat([p.final[name].reshape(-1) for name in p.replay.names])
+        return ExactLM(p.replay, final, one_hot(p.task, classes, k).to(p.x), parse_schedule(cfg["schedule"]),
+                       cfg["stage_iterations"], cfg["init_scale"], torch.Generator().manual_seed(seed + 1),
+                       labelings=None if labs is None else [v.to(p.x) for v in labs])
 
     def run(self, view, out: str | Path | None = None, seed: int = 0, device: str = "cpu", resume: bool = False,
             progress: bool = True, callback=None, callback_every: int = 100, init: torch.Tensor | None = None,
@@ -183,10 +220,16 @@ class SimulateAttack(Attack):
             with torch.no_grad():
                 callback(it, elapsed, dark_floor((p.x + p.mean).float(), tau).cpu())
 
-        end = attack_loop("simulate attack", cfg, run, self.stepper(p, tuple(opts.values()), run.history), progress=progress,
-                          emit=None if callback is None else emit, emit_every=callback_every)
+        classes = self.given_classes(p, view) if p.replay is not None else None
+        lm = self.lm_solver(p, view, seed, classes) if p.replay is not None and cfg["solver"] == "lm" else None
+        step = self.stepper(p, tuple(opts.values()), run.history) if lm is None else lm_stepper(p, lm, run.history)
+        end = attack_loop("simulate attack", cfg, run, step, progress=progress, emit=None if callback is None else emit,
+                          emit_every=callback_every)
+        if lm is not None:
+            with torch.no_grad():
+                p.logits.copy_(replay_logits(p.task, lm.finish(p.x)))
         with torch.no_grad():
-            final = float(self.terms(p)[1])
+            final = float(self.terms(p)[1]) if lm is None else lm.best_gap()
             candidates = dark_floor((p.x + p.mean).float(), tau).cpu()
             labels = (torch.where(p.logits > 0, 1.0, -1.0) if p.task == "binary" else p.logits.argmax(1)).cpu()
         return Reconstruction(
@@ -297,7 +340,8 @@ class SimulateAttack(Attack):
                 raise DivergenceError(f"simulate attack diverged at iteration {it}; lower lr or step_scale")
             descend(loss, opts, p.span, p.x)
             if not bool(torch.isfinite(p.x).all()):
-                raise DivergenceError(f"simulate attack diverged at iteration {it}: non-finite candidates; lower lr")
+                raise DivergenceError(f"simulate attack diverged at iteration {it}: non-finite candidates; "
+                                      + ("lower lr" if p.replay is None or p.replay.settings.optimizer == "sgd" else ADAM_OVERFLOW))
             if not log:
                 return None
             history.append({"iteration": it, "loss": float(loss.detach()), "unexplained": float(unexplained.detach()),
