@@ -29,8 +29,8 @@ def test_batched_restarts_equal_the_restarts_run_one_by_one(victim_dir, tmp_path
     import exhume.portfolio.batched as batched_mod
 
     # the lone runs stay eager however loaded the machine; the batch replays its traced graph from the first step or never
-    monkeypatch.setattr(kkt_mod, "TRACE_AFTER_SECONDS", 1e9)
-    monkeypatch.setattr(batched_mod, "TRACE_AFTER_SECONDS", 0.0 if traced else 1e9)
+    monkeypatch.setattr(kkt_mod, "traces", lambda iterations, seconds: False)
+    monkeypatch.setattr(batched_mod, "traces", lambda iterations, seconds: traced)
     victim = exhume.load_victim(victim_dir)
     one = run_portfolio(victim, restarts=3, workers=1, out=tmp_path / "one", progress=False, batch_restarts="off", **EXACT)
     batched = run_portfolio(victim, restarts=3, workers=1, out=tmp_path / "batched", progress=False, batch_restarts="on", **EXACT)
@@ -189,7 +189,7 @@ def test_a_cnn_batched_equals_its_restarts_one_by_one(monkeypatch):
     from exhume.models.builders import build_model
     from exhume.victim import AttackerView
 
-    monkeypatch.setattr(kkt_mod, "TRACE_AFTER_SECONDS", 1e9)
+    monkeypatch.setattr(kkt_mod, "traces", lambda iterations, seconds: False)
     torch.manual_seed(0)
     view = AttackerView(model=build_model("cnn:4;fc=16;pool=avg", (1, 28, 28), 1), task="binary", input_shape=(1, 28, 28),
                         mean=torch.full((1, 28, 28), 0.13), loss="logistic", weight_decay=5e-3, n_train_hint=12)
@@ -207,7 +207,7 @@ def test_the_known_start_equation_batched_equals_its_restarts_one_by_one(monkeyp
     import exhume.attacks.kkt as kkt_mod
     from exhume.victim import AttackerView
 
-    monkeypatch.setattr(kkt_mod, "TRACE_AFTER_SECONDS", 1e9)
+    monkeypatch.setattr(kkt_mod, "traces", lambda iterations, seconds: False)
     model, start, _ = fine_tuned()
     view = AttackerView(model=model, task="binary", input_shape=(1, 4, 4), mean=torch.full((1, 4, 4), 0.5), loss="logistic",
                         weight_decay=1e-3, n_train_hint=4)

@@ -115,7 +115,7 @@ def _view():
 
 
 def test_kkt_with_the_layer_scaled_surrogate_traced_equals_eager_and_lowers_the_residual(monkeypatch):
-    monkeypatch.setattr(kkt, "TRACE_AFTER_SECONDS", 0.0)
+    monkeypatch.setattr(kkt, "traces", lambda iterations, seconds: True)
     view = _view()
     runs = {t: get_attack("kkt", iterations=30, dtype="float64", log_every=5, snapshot_every=10, surrogate="layer-scaled",
                           alpha=C, trace=t).run(view, progress=False) for t in ("auto", "off")}
@@ -130,7 +130,7 @@ def test_kkt_with_the_layer_scaled_surrogate_traced_equals_eager_and_lowers_the_
 def test_kkt_layer_scaled_batched_restarts_equal_their_runs_one_by_one(monkeypatch):
     from exhume.portfolio import run_portfolio
 
-    monkeypatch.setattr(kkt, "TRACE_AFTER_SECONDS", 1e9)
+    monkeypatch.setattr(kkt, "traces", lambda iterations, seconds: False)
     kw = dict(restarts=2, workers=1, progress=False, iterations=15, dtype="float64", surrogate="layer-scaled", alpha=C)
     one, batched = (run_portfolio(_view(), batch_restarts=b, **kw) for b in ("off", "on"))
     assert batched.config["portfolio"]["batched"]["groups"][0]["batched"]

@@ -229,8 +229,8 @@ def test_a_module_that_cannot_be_traced_is_left_to_the_eager_path():
 def test_kkt_replays_the_traced_step_and_finds_what_the_eager_steps_find(monkeypatch):
     short = get_attack("kkt", iterations=3).run(AttackerView(model=TwoConvNet(), task="binary", input_shape=(1, 8, 8),
                                                              mean=0.2, n_train_hint=2), progress=False)
-    assert not short.config["residual_traced"] and "ended before" in short.config["residual_trace_note"]
-    monkeypatch.setattr(kkt, "TRACE_AFTER_SECONDS", 0.0)  # from the first step
+    assert not short.config["residual_traced"] and "fewer than 1000 iterations" in short.config["residual_trace_note"]
+    monkeypatch.setattr(kkt, "traces", lambda iterations, seconds: True)  # from the first step
     torch.manual_seed(0)
     view = AttackerView(model=TwoConvNet(), task="binary", input_shape=(1, 8, 8), mean=torch.full((1, 8, 8), 0.2),
                         weight_decay=1e-3, loss="logistic", n_train_hint=4)
@@ -241,3 +241,10 @@ def test_kkt_replays_the_traced_step_and_finds_what_the_eager_steps_find(monkeyp
     assert torch.allclose(runs["auto"].candidates, runs["off"].candidates, rtol=0, atol=1e-7)
     jvp = get_attack("kkt", iterations=2, mixed_derivative="jvp").run(view, progress=False)
     assert not jvp.config["residual_traced"] and "jvp" in jvp.config["residual_trace_note"]
+
+
+def test_trace_auto_is_decided_by_the_runs_settings_never_by_the_clock():
+    """The same seed and iterations give the same numbers on an idle or a loaded machine: the switch to the traced
+    replay (whose last bits differ from the eager path's) is a function of the budget, not of elapsed seconds."""
+    assert not kkt.traces(kkt.TRACE_MIN_ITERATIONS - 1, None) and kkt.traces(kkt.TRACE_MIN_ITERATIONS, None)
+    assert not kkt.traces(10**6, kkt.TRACE_MIN_SECONDS - 1) and kkt.traces(10, kkt.TRACE_MIN_SECONDS)

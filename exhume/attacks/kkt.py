@@ -77,9 +77,21 @@ from exhume.starts import start_digest
 LR_LAMBDA_MARGIN = 1e-4
 #: ... and for the signed ones ('output', 'loss'), whose multipliers must find their signs
 LR_LAMBDA_SIGNED = 1e-2
-#: trace='auto' replays a traced step only once the run has spent this long in eager steps: tracing is paid once per
-#: process, which a run of a few seconds (a tuning trial) would not win back (benchmarks/README.md#kkts-run-time-defaults)
-TRACE_AFTER_SECONDS = 5.0
+#: trace='auto' replays a traced step from the first step of a run long by its settings: a budget of at least
+#: TRACE_MIN_SECONDS, or without a budget at least TRACE_MIN_ITERATIONS iterations. Tracing is paid once per process,
+#: which a run of a few seconds (a tuning trial) would not win back; decided from the settings, never the clock, so a
+#: run at a fixed seed and iterations gives the same numbers on a fast or a loaded machine
+#: (benchmarks/README.md#kkts-run-time-defaults)
+TRACE_MIN_SECONDS = 30.0
+TRACE_MIN_ITERATIONS = 1000
+
+
+def traces(iterations: int, max_seconds: float | None) -> bool:
+    """Whether ``trace="auto"`` replays a traced step (from the first step): the run is long by its settings."""
+    if max_seconds:
+        return max_seconds >= TRACE_MIN_SECONDS
+    return iterations >= TRACE_MIN_ITERATIONS
+
 
 #: how kkt's multipliers are found (the "multipliers" setting)
 MULTIPLIER_MODES = ("learned", "closed-form")
@@ -281,9 +293,10 @@ class KKTAttack(Attack):
                                   "through its gradient's graph ('double-backward') or as a jvp in θ along the residual "
                                   "then one reverse pass ('jvp'); equal results, the default measured faster "
                                   "(see exhume/attacks/stationarity.py)", choices=MIXED_DERIVATIVES),
-        "trace": Param("auto", str, f"'auto': after the first {TRACE_AFTER_SECONDS:g} s of steps, the stationarity term's value and gradients are "
-                       "traced once into a graph of tensor operations that every later step replays (the same numbers, less "
-                       "time; exhume/attacks/stationarity.py: TracedResidual), except with mixed_derivative='jvp', the "
+        "trace": Param("auto", str, f"'auto': in a run of a budget of at least {TRACE_MIN_SECONDS:g} s (or without one, of at least "
+                       f"{TRACE_MIN_ITERATIONS} iterations), the stationarity term's value and gradients are traced once into a "
+                       "graph of tensor operations that every step replays (the same numbers, less time; "
+                       "exhume/attacks/stationarity.py: TracedResidual), except with mixed_derivative='jvp', the "
                        "consistency term, or a module that cannot be traced; 'off': eager every step", choices=("auto", "off")),
     }
 
@@ -578,10 +591,11 @@ class KKTAttack(Attack):
         why = ("'trace' is 'off'" if cfg["trace"] == "off" else "the known-start equation" if p.eq is not None
                else "mixed_derivative 'jvp'" if cfg["mixed_derivative"] == "jvp"
                else "the consistency term differentiates the margins" if cfg["consistency_weight"] > 0 else None)
+        if why is None and not traces(cfg["iterations"], cfg["max_seconds"]):
+            why = (f"a budget under {TRACE_MIN_SECONDS:g} s" if cfg["max_seconds"]
+                   else f"fewer than {TRACE_MIN_ITERATIONS} iterations") + " (trace='auto' would not win back the tracing)"
         if why is None:
-            traced = TracedResidual(p.form.info)
-            p.form.info["residual_trace_note"] = f"eager: the run ended before {TRACE_AFTER_SECONDS:g} s of steps"
-            return traced
+            return TracedResidual(p.form.info)
         p.form.info.update(residual_traced=False, residual_trace_note=f"eager: {why}")
         return None
 
@@ -597,8 +611,7 @@ class KKTAttack(Attack):
                 frac = max(it / cfg["iterations"], clock() / cfg["max_seconds"] if cfg["max_seconds"] else 0.0)
                 for opt, base in zip(opts, (cfg["lr"], p.lr_lambda)):
                     opt.param_groups[0]["lr"] = base * 0.5 * (1.0 + math.cos(math.pi * min(frac, 1.0)))
-            replay = residual if residual is not None and clock() >= TRACE_AFTER_SECONDS else None
-            loss, stat, dual, prior = self.terms(p, p.x, p.u, replay)
+            loss, stat, dual, prior = self.terms(p, p.x, p.u, residual)
             if not torch.isfinite(loss):
                 raise DivergenceError(f"kkt attack diverged at iteration {it} (loss {float(loss.detach())}); lower lr (now {cfg['lr']})")
             descend(loss, opts[:1] if p.closed else opts, p.span, p.x)

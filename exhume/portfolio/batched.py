@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from exhume.attacks.base import ATTACKS
-from exhume.attacks.kkt import TRACE_AFTER_SECONDS
+from exhume.attacks.kkt import traces
 from exhume.errors import ConfigError, DivergenceError
 from exhume.portfolio.plan import Restart
 
@@ -193,10 +193,10 @@ def trace(f, args) -> Any:
 
 
 def evaluate(batch: Batch, clock) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`value_and_gradients` at the live restarts' unknowns: eager, or after :data:`TRACE_AFTER_SECONDS` of
-    steps replayed from its trace (traced again when a restart leaves the batch)."""
+    """:func:`value_and_gradients` at the live restarts' unknowns: eager in a short run, else replayed from its trace
+    from the first step (traced again when a restart leaves the batch; :func:`exhume.attacks.kkt.traces`)."""
     args = (torch.stack([m.problem.x.detach() for m in batch.live]), torch.stack([m.problem.u.detach() for m in batch.live]))
-    if batch.trace_state != "failed" and clock() >= TRACE_AFTER_SECONDS:
+    if batch.trace_state != "failed" and traces(batch.live[0].attack.config["iterations"], batch.seconds):
         key = (tuple(args[0].shape), tuple(args[1].shape))
         if batch.trace_state != key:
             batch.graph = trace(batch.fn, args)
@@ -271,7 +271,7 @@ def run_group(view, method: str, restarts: list[Restart], store, resume: bool, d
     lead = batch.members[0]
     cfg, start = lead.attack.config, lead.run.start
     lead.problem.form.info.update(residual_traced=False, residual_trace_note="restarts batched through torch.func.vmap, eager: "
-                                  f"the run ended before {TRACE_AFTER_SECONDS:g} s of steps")
+                                  "a short run by its settings (exhume.attacks.kkt.traces)")
     batch.seconds = seconds
 
     def save(done: int, elapsed: float) -> None:
