@@ -6,7 +6,10 @@ every tensor of ``reconstruction.safetensors`` (candidates, labels, scores, prov
 refactoring that claims "results unchanged" is held to this: equal hashes, not close numbers.
 Iterations, not seconds, bound each run, so the load of the machine does not enter the result.
 
-    python benchmarks/bit_identity.py REV_A REV_B VICTIM [VICTIM ...] --scratch /tmp/bitid
+    python benchmarks/bit_identity.py REV_A REV_B VICTIM [VICTIM ...] --scratch /tmp/bitid [-p trace=off]
+
+``-p KEY=VALUE`` goes to every attack (``trace=off`` to compare with a revision before 2026-11-27's
+trace rule, whose switch to the traced step came after 5 s by the clock).
 
 Exit status 1 when any hash differs. Results: ``benchmarks/README.md``, "Bit-identical across the
 refactorings".
@@ -44,6 +47,7 @@ def _hashes(run: Path) -> dict[str, str]:
 
 
 def _attack(tree: Path, victim: Path, out: Path, extra: list[str], seed: int) -> dict[str, str]:
+    """``exhume attack`` of the revision checked out in ``tree``; the hashes of what it saved."""
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "exhume", "attack", str(victim), "-o", str(out), "--seed", str(seed), "--no-progress",
            "--force", *extra]
@@ -58,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("victims", nargs="+", type=Path)
     ap.add_argument("--scratch", type=Path, required=True, help="folder for the worktrees and the runs")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE", help="an attack parameter for every run")
     args = ap.parse_args(argv)
     repo = Path(__file__).resolve().parents[1]
     args.scratch.mkdir(parents=True, exist_ok=True)
@@ -66,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| victim | setting | tensors | {args.rev_a} | {args.rev_b} | equal |\n|---|---|---|---|---|---|")
     for victim in args.victims:
         for name, extra in SETTINGS.items():
+            extra = [*extra, *(a for kv in args.param for a in ("-p", kv))]
             got = {rev: _attack(tree, victim.resolve(), args.scratch / f"{victim.name}-{rev}-{len(extra)}", extra, args.seed)
                    for rev, tree in trees.items()}
             a, b = got[args.rev_a], got[args.rev_b]
