@@ -281,6 +281,32 @@ def test_a_frozen_input_layer_gives_no_span():
     assert recon.config["start_frozen_parameters"] == ["1.bias", "1.weight", "3.bias"]
 
 
+def test_the_input_layer_check_runs_once_for_a_probe_and_its_restarts_and_again_when_the_victim_changes(monkeypatch):
+    """The check of which layer the input enters through (float64 gradients of the whole model: seconds on a wide one) is
+    remembered for the victim: a sizing probe and the restarts of one portfolio pay for it once, the reconstruction the
+    same to the bit as with the check run every time; a victim changed in place is checked again."""
+    from exhume.attacks import get_attack, subspace
+    from exhume.portfolio import run_portfolio
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1), nn.Flatten(0))
+    start = state(model)
+    with torch.no_grad():
+        model[3].weight.add_(0.1)
+    view, checks, real = _view(model, start), [], subspace.input_layer
+    monkeypatch.setattr(subspace, "input_layer", lambda *a, **k: checks.append(1) or real(*a, **k))
+    r = run_portfolio(view, max_seconds=2.0, workers=1, progress=False, iterations=5)
+    assert "sizing" in r.config["portfolio"] and r.summary["restarts"] >= 1 and len(checks) == 1
+    once = get_attack("kkt", iterations=5).run(view, progress=False)
+    assert len(checks) == 1
+    subspace._LAYER_MEMO.clear()
+    assert torch.equal(get_attack("kkt", iterations=5).run(view, progress=False).candidates, once.candidates) and len(checks) == 2
+    with torch.no_grad():
+        model[1].weight.mul_(1.0)  # in place: a new version of the tensor
+    get_attack("kkt", iterations=1).run(view, progress=False)
+    assert len(checks) == 3
+
+
 def test_with_a_start_the_candidates_default_to_one_per_point_unless_given():
     from exhume.attacks import get_attack
 
