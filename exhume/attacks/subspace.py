@@ -34,7 +34,6 @@ from __future__ import annotations
 import copy
 import functools
 import math
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +42,7 @@ from torch import nn
 from torch.func import functional_call, grad
 
 from exhume.attacks.formulation import theta_squared
+from exhume.attacks.workcopy import remembered
 
 #: the precision floor of trained weights: this many machine epsilons of their largest singular value
 FLOOR_EPS = 10.0
@@ -92,29 +92,12 @@ def input_layer(model: nn.Module, params: dict[str, torch.Tensor], input_shape: 
     return None
 
 
-#: :func:`input_layer`'s answers by victim module (weakly held), for the state it was checked in
-_LAYER_MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def remembered_input_layer(victim: nn.Module, model: nn.Module, params: dict[str, torch.Tensor],
                            input_shape: tuple[int, ...]) -> str | None:
-    """:func:`input_layer` of ``model``, the attack's working copy of the module ``victim``, checked once per state.
-
-    The answer is kept for ``victim`` while its parameters and buffers stay the same tensors, unchanged in place
-    (storage, in-place version, shape, dtype) and the working copy's parameters have the same names, dtypes and
-    device: a portfolio's sizing probe and its restarts (forked workers inherit it) pay for the check once.
-    """
-    state = tuple((k, t.data_ptr(), t._version, tuple(t.shape), str(t.dtype)) for k, t in victim.state_dict(keep_vars=True).items())
-    work = tuple((k, tuple(v.shape), str(v.dtype), str(v.device)) for k, v in params.items())
-    key = (state, work, tuple(int(s) for s in input_shape))
-    try:
-        memo = _LAYER_MEMO.setdefault(victim, {})
-    except TypeError:  # a module that cannot be weakly referenced: checked every time
-        return input_layer(model, params, input_shape)
-    if key not in memo:
-        memo.clear()  # one state per victim: a changed victim's old answer is dropped
-        memo[key] = input_layer(model, params, input_shape)
-    return memo[key]
+    """:func:`input_layer` of ``model``, the attack's working copy of the module ``victim``, checked once per victim state
+    (:func:`exhume.attacks.workcopy.remembered`: a sizing probe and the restarts of a portfolio pay for it once)."""
+    shape = tuple(int(s) for s in input_shape)
+    return remembered(victim, params, ("input_layer", shape), lambda: input_layer(model, params, shape))
 
 
 def _layer_check(model: nn.Module, params: dict[str, torch.Tensor], name: str, input_shape: tuple[int, ...],
