@@ -281,6 +281,40 @@ def test_a_frozen_input_layer_gives_no_span():
     assert recon.config["start_frozen_parameters"] == ["1.bias", "1.weight", "3.bias"]
 
 
+def test_the_set_up_checks_run_once_for_a_probe_and_its_restarts_and_again_when_the_victim_changes(monkeypatch):
+    """The checks read from the weights at set-up (which layer the input enters through, the homogeneity degree: float64
+    gradients of the whole model, seconds on a wide one) are remembered for the victim: a sizing probe and the restarts
+    of one portfolio pay for them once, the reconstruction the same to the bit as with the checks run every time; a
+    victim changed in place, or given other tensors, is checked again."""
+    from exhume.attacks import formulation, get_attack, subspace, workcopy
+    from exhume.portfolio import run_portfolio
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1), nn.Flatten(0))
+    start = state(model)
+    with torch.no_grad():
+        model[3].weight.add_(0.1)
+    view = AttackerView(model=model, task="binary", input_shape=(1, 4, 4), mean=torch.full((1, 4, 4), 0.5), loss="logistic",
+                        weight_decay=0.0, n_train_hint=4, start=start)  # no weight decay: the degree is recorded
+    layers, degrees = [], []
+    real_layer, real_degree = subspace.input_layer, formulation.homogeneity_degree
+    monkeypatch.setattr(subspace, "input_layer", lambda *a, **k: layers.append(1) or real_layer(*a, **k))
+    monkeypatch.setattr(formulation, "homogeneity_degree", lambda *a, **k: degrees.append(1) or real_degree(*a, **k))
+    r = run_portfolio(view, max_seconds=2.0, workers=1, progress=False, iterations=5)
+    assert "sizing" in r.config["portfolio"] and r.summary["restarts"] >= 1 and len(layers) == len(degrees) == 1
+    once = get_attack("kkt", iterations=5).run(view, progress=False)
+    assert len(layers) == len(degrees) == 1
+    workcopy._FACTS.clear()
+    again = get_attack("kkt", iterations=5).run(view, progress=False)
+    assert torch.equal(again.candidates, once.candidates) and again.config == once.config and len(layers) == 2
+    with torch.no_grad():
+        model[1].weight.mul_(1.0)  # in place: a new version of the tensor
+    get_attack("kkt", iterations=1).run(view, progress=False)
+    model[3].bias = nn.Parameter(model[3].bias.detach().clone())  # another tensor
+    get_attack("kkt", iterations=1).run(view, progress=False)
+    assert len(layers) == len(degrees) == 4
+
+
 def test_with_a_start_the_candidates_default_to_one_per_point_unless_given():
     from exhume.attacks import get_attack
 

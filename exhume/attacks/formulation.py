@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from exhume.attacks.stationarity import Objective, homogeneity_degree, negative_loss_objective, output_objective
+from exhume.attacks.workcopy import remembered
 from exhume.errors import ConfigError
 from exhume.losses import margin, soft_margin, weighs_by_soft_margin
 
@@ -97,14 +98,17 @@ def theta_squared(params) -> float:
     return float(sum((p.double() ** 2).sum() for p in params.values()))
 
 
-def lambda_scale(form: str, loss: str | None, wd: float, model, params, input_shape, n: int, dtype) -> tuple[float, dict]:
-    """``S`` from the weights alone (no training data), with the rule used."""
-    theta2 = theta_squared(params)
+def lambda_scale(form: str, loss: str | None, wd: float, model, params, input_shape, n: int, dtype,
+                 victim: nn.Module | None = None) -> tuple[float, dict]:
+    """``S`` from the weights alone (no training data), with the rule used (``victim``: the module ``model`` copies,
+    whose ``‖θ‖²`` and degree are then computed once, :func:`exhume.attacks.workcopy.remembered`)."""
+    theta2 = remembered(victim, params, "theta_squared", lambda: theta_squared(params))
     if form == "loss":
         if wd <= 0:
             raise ConfigError("formulation 'loss' needs the weight decay the victim was trained with (weight_decay > 0)")
         return 1.0 / (n * wd), {"lambda_scale_rule": "loss form: S = 1/(n·wd), exact at a stationary point"}
-    degree = homogeneity_degree(model, params, input_shape, dtype)
+    shape = tuple(int(d) for d in input_shape)
+    degree = remembered(victim, params, ("homogeneity_degree", shape), lambda: homogeneity_degree(model, params, shape, dtype))
     if form == "output":
         typical = theta2 / (degree * n)
         return typical, {"lambda_scale_rule": "output form: S = ‖θ‖²/(L·n) (Euler, outputs of order 1)",
@@ -162,11 +166,13 @@ def resolve(view, model: nn.Module, form: str, loss: str | None, weight_decay: f
     objective = objective_for(form, loss, view.task)
     labels = candidate_labels(view.task, m, view.num_classes, dtype)
     if scale == "auto":
-        s, info = lambda_scale(form, loss, wd, model, params, view.input_shape, n, dtype)
+        s, info = lambda_scale(form, loss, wd, model, params, view.input_shape, n, dtype, victim=view.model)
     else:
         s, info = float(scale), {"lambda_scale_rule": "given"}
         if form in MARGIN_FORMS and wd <= 0:  # for the evaluator's check of the scale (evaluation.assumptions.scale_failure)
-            info.update(homogeneity_degree=homogeneity_degree(model, params, view.input_shape, dtype),
-                        theta_squared=theta_squared(params))
+            shape = tuple(int(d) for d in view.input_shape)
+            info.update(homogeneity_degree=remembered(view.model, params, ("homogeneity_degree", shape),
+                                                      lambda: homogeneity_degree(model, params, shape, dtype)),
+                        theta_squared=remembered(view.model, params, "theta_squared", lambda: theta_squared(params)))
     return Formulation(name=form, objective=objective, signed=form == "output", labels=labels, scale=s,
                        info={"formulation": form, "loss_assumed": loss, "weight_decay_assumed": wd, **info})

@@ -55,7 +55,7 @@ from exhume.attacks.stationarity import (
     residual_function,
     stationarity_residual_and_objective,
 )
-from exhume.attacks.subspace import Subspace, data_subspace, input_layer, learned_part
+from exhume.attacks.subspace import Subspace, data_subspace, learned_part, remembered_input_layer
 from exhume.attacks.surrogate import LayerScaled
 from exhume.attacks.trajectory import (
     EQUATIONS,
@@ -535,7 +535,7 @@ class KKTAttack(Attack):
         trained_in = next((w.dtype for w in view.model.parameters()), None)  # the precision floor is the victim's, not the attack's
         extra: dict[str, Any] = {}
         if eq is not None and view.start is not None:
-            layer = input_layer(model, params, tuple(view.input_shape))
+            layer = remembered_input_layer(view.model, model, params, tuple(view.input_shape))
             if layer is not None and layer not in eq.names:  # frozen: no SVD of it is needed to know it shows no span
                 return Subspace(None, {"subspace_used": "none", "subspace_layer": layer, "subspace_reason": frozen_layer_reason(layer)})
             start = {k: v.to(params[k]) for k, v in view.start.items()}

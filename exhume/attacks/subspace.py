@@ -42,6 +42,7 @@ from torch import nn
 from torch.func import functional_call, grad
 
 from exhume.attacks.formulation import theta_squared
+from exhume.attacks.workcopy import remembered
 
 #: the precision floor of trained weights: this many machine epsilons of their largest singular value
 FLOOR_EPS = 10.0
@@ -89,6 +90,14 @@ def input_layer(model: nn.Module, params: dict[str, torch.Tensor], input_shape: 
         if all(_layer_check(model64, p64, name, input_shape, gen) for _ in range(2)):
             return name
     return None
+
+
+def remembered_input_layer(victim: nn.Module, model: nn.Module, params: dict[str, torch.Tensor],
+                           input_shape: tuple[int, ...]) -> str | None:
+    """:func:`input_layer` of ``model``, the attack's working copy of the module ``victim``, checked once per victim state
+    (:func:`exhume.attacks.workcopy.remembered`: a sizing probe and the restarts of a portfolio pay for it once)."""
+    shape = tuple(int(s) for s in input_shape)
+    return remembered(victim, params, ("input_layer", shape), lambda: input_layer(model, params, shape))
 
 
 def _layer_check(model: nn.Module, params: dict[str, torch.Tensor], name: str, input_shape: tuple[int, ...],
