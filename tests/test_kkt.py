@@ -17,7 +17,7 @@ from exhume.attacks.kkt import KKTAttack, consistency_term
 from exhume.attacks.stationarity import homogeneity_degree, stationarity_residual, stationarity_residual_and_objective
 from exhume.attacks.surrogate import soft_activations, soft_relu
 from exhume.errors import ConfigError, ExhumeError
-from exhume.victim import AttackerView, TrainConfig, train_victim
+from exhume.victim import AttackerView
 
 
 class UserNet(nn.Module):
@@ -98,6 +98,21 @@ def test_typical_margin_solves_its_equation():
         assert m / (1 + torch.exp(torch.tensor(m)).item()) == pytest.approx(target, rel=1e-6)
 
 
+def _full_batch_gd(model: nn.Module, x, y, lr: float, weight_decay: float, epochs: int) -> None:
+    """exhume's ``train_victim`` with ``TrainConfig(lr=lr, weight_decay=weight_decay, max_epochs=epochs)`` (logistic
+    loss, full-batch GD on mean ℓ + (w/2)‖θ‖²) without its per-epoch bookkeeping (optimiser object, progress, stop
+    checks): the same operations, so the same weights bit for bit (checked at 20,000 epochs), in a fifth less time."""
+    from exhume.losses import per_sample_loss
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    for _ in range(epochs):
+        obj = per_sample_loss("logistic", model(x), y).mean() + 0.5 * weight_decay * sum((p**2).sum() for p in params)
+        grads = torch.autograd.grad(obj, params)
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                p.add_(g, alpha=-lr)
+
+
 @functools.cache
 def _toy_victim():
     """Haim's 2D toy: 20 points in the unit square, a wide bias-free ReLU net trained to convergence."""
@@ -109,7 +124,7 @@ def _toy_victim():
     mean = x.mean(0)
     torch.manual_seed(0)
     model = MLP(2, [500], 1, bias=False)
-    train_victim(model, x - mean, y, TrainConfig(lr=0.5, weight_decay=1e-3, max_epochs=20_000), progress=False)
+    _full_batch_gd(model, x - mean, y, lr=0.5, weight_decay=1e-3, epochs=20_000)
     view = AttackerView(model=model, task="binary", input_shape=(2,), mean=mean, loss="logistic", weight_decay=1e-3, n_train_hint=20)
     with torch.no_grad():
         margins = y * model(x - mean)
