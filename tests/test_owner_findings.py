@@ -4,6 +4,7 @@ exposure from the weights (per-record scores against unseen records)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -117,3 +118,25 @@ def test_identifiability_is_not_measured_for_a_run_without_a_residual():
     assert got["attack_to_truth"] is None and got["note"].startswith("not measured")
     assert decide({"memorised": 0, "n_train": 5, "memorised_control": 0, "control_size": 50, "pool_size": 500,
                    "identifiability": got}).verdict == "no evidence"
+
+
+@pytest.mark.parametrize("n, m, ties", [(4, 60, False), (20, 200, True), (7, 1500, True)])
+def test_the_batched_bootstrap_equals_one_resample_at_a_time(n, m, ties):
+    """roc_summary's resamples, all at once, give the statistics of auc_mann_whitney and tpr_at on each, bit for bit."""
+    from exhume.evaluation.membership import auc_mann_whitney
+    from exhume.evaluation.weights_membership import FPRS, _boot_stats
+
+    rng = np.random.default_rng(n)
+    pos, neg = rng.normal(1.0, 1.0, n), rng.normal(0.0, 1.0, m)
+    if ties:
+        pos, neg = np.round(pos, 1), np.round(neg, 1)
+    ia, ib = rng.integers(0, n, (300, n)), rng.integers(0, m, (300, m))
+    loop = np.array([[auc_mann_whitney(pos[a], neg[b])] + [tpr_at(pos[a], neg[b], f) for f in FPRS] for a, b in zip(ia, ib)])
+    assert np.array_equal(_boot_stats(pos, neg, ia, ib), loop)
+    # and roc_summary's intervals are those of the one-at-a-time loop over the same seeded draws
+    draws = np.random.default_rng(3)
+    pairs = [(draws.integers(0, n, n), draws.integers(0, m, m)) for _ in range(300)]
+    ref = np.array([[auc_mann_whitney(pos[a], neg[b])] + [tpr_at(pos[a], neg[b], f) for f in FPRS] for a, b in pairs])
+    got = roc_summary(pos, neg, seed=3, resamples=300)
+    for i, key in enumerate(["auc"] + [f"tpr_at_{f:g}_fpr" for f in FPRS]):
+        assert got[key]["ci95"] == [float(np.percentile(ref[:, i], 2.5)), float(np.percentile(ref[:, i], 97.5))], key

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
 from ..errors import ConfigError, DataError
 from .metrics import EvalResult
@@ -112,6 +113,27 @@ def plot_ssim_vs_margin(result: EvalResult, path: str | os.PathLike) -> Path:
     return save_figure(fig, path)
 
 
+def _mosaic(fig, cells: dict[tuple[int, int], tuple[np.ndarray, str | None]], rows: int, cols: int, frames: bool) -> None:
+    """Draw ``cells`` ({(row, col): (image (C, H, W), title or None)}) as ONE image on one axes, each title
+    above its image: an axes per image cost ~0.03 s each to build and draw (a 100-image grid ~2 s)."""
+    first = next(iter(cells.values()))[0]
+    arr, kw = _hwc(first)
+    h, w = arr.shape[:2]
+    gap, band = max(1, w // 6), (max(2, h // 3) if any(t for _, t in cells.values()) else 0)
+    cell_h, cell_w = band + h + gap, w + gap
+    canvas = np.ones((rows * cell_h, cols * cell_w) + arr.shape[2:], dtype=float)
+    ax = fig.add_axes((0, 0, 1, 1))
+    for (r, c), (img, title) in cells.items():
+        y0, x0 = r * cell_h + band, c * cell_w
+        canvas[y0:y0 + h, x0:x0 + w] = _hwc(img)[0]
+        if title:
+            ax.text(x0 + w / 2, y0 - 0.5, title, fontsize=7, ha="center", va="bottom")
+        if frames:
+            ax.add_patch(Rectangle((x0 - 0.5, y0 - 0.5), w, h, fill=False, lw=0.6, ec="black"))
+    ax.imshow(canvas, interpolation="nearest", **kw)
+    ax.axis("off")
+
+
 def pairs_grid(candidates, train, pool, result: EvalResult, path: str | os.PathLike,
                which: str = "best", k: int = 24) -> Path:
     """Triples training image | best reconstruction | best pool image for the ``k`` best or worst.
@@ -132,26 +154,20 @@ def pairs_grid(candidates, train, pool, result: EvalResult, path: str | os.PathL
     width = 3 if has_pool else 2
     rows = int(np.ceil(len(order) / per_row))
     cols = per_row * width
-    fig, axes = subplots(rows, cols, figsize=(cols * 1.0, rows * 1.15), squeeze=False)
-    for ax in axes.flat:
-        ax.axis("off")
+    fig = Figure(figsize=(cols * 1.0, rows * 1.15))
+    FigureCanvasAgg(fig)
     mem = result.arrays.get("memorised")
+    cells = {}
     for slot, i in enumerate(order):
         r, c0 = divmod(slot, per_row)
         c0 *= width
-        ax = axes[r, c0]
-        ax.axis("on")
-        _show(ax, train[i], f"train {i}" + (" *" if mem is not None and mem[i] else ""))
-        ax = axes[r, c0 + 1]
-        ax.axis("on")
-        _show(ax, candidates[int(result.arrays["best_candidate"][i])], f"rec {s[i]:.2f}")
+        cells[r, c0] = (train[i], f"train {i}" + (" *" if mem is not None and mem[i] else ""))
+        cells[r, c0 + 1] = (candidates[int(result.arrays["best_candidate"][i])], f"rec {s[i]:.2f}")
         if has_pool:
-            ax = axes[r, c0 + 2]
-            ax.axis("on")
-            _show(ax, pool[int(result.arrays["best_pool"][i])],
-                  f"pool {float(result.arrays['pool_ssim'][i]):.2f}")
+            cells[r, c0 + 2] = (pool[int(result.arrays["best_pool"][i])], f"pool {float(result.arrays['pool_ssim'][i]):.2f}")
+    _mosaic(fig, cells, rows, cols, frames=True)
     fig.suptitle(f"{which} {len(order)} training images by SSIM: training | reconstruction"
-                 + (" | best unseen image  (* memorised)" if has_pool else ""), fontsize=8)
+                 + (" | best unseen image  (* memorised)" if has_pool else ""), fontsize=8, y=1.02)
     return save_figure(fig, path)
 
 
@@ -162,11 +178,7 @@ def candidates_grid(candidates, path: str | os.PathLike, k: int = 100) -> Path:
         raise DataError("no candidates to draw")
     cols = int(np.ceil(np.sqrt(cands.shape[0])))
     rows = int(np.ceil(cands.shape[0] / cols))
-    fig, axes = subplots(rows, cols, figsize=(cols * 0.8, rows * 0.8), squeeze=False)
-    for ax in axes.flat:
-        ax.axis("off")
-    for j, img in enumerate(cands):
-        ax = axes.flat[j]
-        _show(ax, img)
-        ax.axis("off")
+    fig = Figure(figsize=(cols * 0.8, rows * 0.8))
+    FigureCanvasAgg(fig)
+    _mosaic(fig, {divmod(j, cols): (img, None) for j, img in enumerate(cands)}, rows, cols, frames=False)
     return save_figure(fig, path)

@@ -108,14 +108,34 @@ def tpr_at(pos: np.ndarray, neg: np.ndarray, fpr: float) -> float:
     return float(np.mean(pos > threshold))
 
 
+def _boot_stats(pos: np.ndarray, neg: np.ndarray, ia: np.ndarray, ib: np.ndarray) -> np.ndarray:
+    """``[AUC, TPR at each of FPRS]`` of every resample ``(pos[ia[b]], neg[ib[b]])`` at once, equal to
+    :func:`auc_mann_whitney` and :func:`tpr_at` on each (tests/test_owner_findings.py): the AUC from the
+    count of (member, non-member) pairs ordered right (ties ½), exact in float64 as the rank sum is."""
+    b, rows = len(ia), np.arange(len(ia))[:, None]
+    ca = np.bincount((ia + len(pos) * rows).ravel(), minlength=b * len(pos)).reshape(b, len(pos))
+    cb = np.bincount((ib + len(neg) * rows).ravel(), minlength=b * len(neg)).reshape(b, len(neg))
+    order = np.argsort(neg, kind="stable")
+    cum = np.concatenate([np.zeros((b, 1)), np.cumsum(cb[:, order], axis=1, dtype=float)], axis=1)  # resampled negs among the k lowest
+    below, upto = cum[:, np.searchsorted(neg[order], pos, "left")], cum[:, np.searchsorted(neg[order], pos, "right")]
+    out = [(ca * (below + 0.5 * (upto - below))).sum(1) / (ia.shape[1] * ib.shape[1])]
+    desc = np.sort(neg[ib], axis=1)[:, ::-1]
+    for f in FPRS:
+        allowed = int(np.floor(f * ib.shape[1] + 1e-9))
+        threshold = desc[:, allowed] if allowed < ib.shape[1] else np.full(b, -np.inf)
+        out.append(np.mean(pos[ia] > threshold[:, None], axis=1))
+    return np.stack(out, axis=1)
+
+
 def roc_summary(pos: np.ndarray, neg: np.ndarray, seed: int = 0, resamples: int = BOOTSTRAP) -> dict[str, Any]:
     """AUC and TPR at ``FPRS`` with 95 % percentile bootstrap intervals (see the module docstring)."""
     pos, neg = np.asarray(pos, float), np.asarray(neg, float)
     rng = np.random.default_rng(seed)
-    stats = lambda p, q: [auc_mann_whitney(p, q)] + [tpr_at(p, q, f) for f in FPRS]  # noqa: E731
-    point = stats(pos, neg)
-    boot = np.array([stats(pos[rng.integers(0, len(pos), len(pos))], neg[rng.integers(0, len(neg), len(neg))])
-                     for _ in range(resamples)])
+    point = [auc_mann_whitney(pos, neg)] + [tpr_at(pos, neg, f) for f in FPRS]
+    draws = [(rng.integers(0, len(pos), len(pos)), rng.integers(0, len(neg), len(neg))) for _ in range(resamples)]
+    ia, ib = np.array([a for a, _ in draws]), np.array([c for _, c in draws])
+    step = max(1, (1 << 22) // (len(pos) + len(neg)))  # resamples per batch: a few 10 MB at most
+    boot = np.concatenate([_boot_stats(pos, neg, ia[i:i + step], ib[i:i + step]) for i in range(0, resamples, step)])
     lo, hi = np.percentile(boot, 2.5, axis=0), np.percentile(boot, 97.5, axis=0)
     keys = ["auc"] + [f"tpr_at_{f:g}_fpr" for f in FPRS]
     return {k: {"value": point[i], "ci95": [float(lo[i]), float(hi[i])]} for i, k in enumerate(keys)}
