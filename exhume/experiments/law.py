@@ -155,8 +155,8 @@ def run_one(view, train, y, unseen, variant: str, iterations: int, seed: int, fo
     t0 = time.perf_counter()
     recon = exhume.attack(view, METHOD, seed=seed, restarts=1, out=folder, resume=again, force=not again, progress=False,
                           device=device, iterations=iterations, **VARIANTS[variant])
-    row = {"variant": variant, "iterations": recon.summary["iterations"], "seconds": round(time.perf_counter() - t0, 1),
-           "residual": recon.summary["final_relative_stationarity"]}
+    row = {"variant": variant, "iterations": recon.record.iterations, "seconds": round(time.perf_counter() - t0, 1),
+           "residual": recon.record.final_relative_stationarity}
     for scale in ("clip", "minmax"):
         m = exhume.evaluate(recon, train=(train, y), unseen=unseen, figures=False, candidate_scale=scale).metrics
         tag = "" if scale == "clip" else "_minmax"
