@@ -60,8 +60,10 @@ class ThreatModel:
             raise ConfigError(f"start must be a weights file or a dict of parameter names to tensors, got {type(self.start).__name__}")
         _flag("start_partial", self.start_partial)
         _path("optimizer_state", self.optimizer_state)
-        if isinstance(self.training, dict) and not self.training:
-            object.__setattr__(self, "training", None)  # {}: no settings known
+        if isinstance(self.training, dict):  # a copy, so that what was checked is what is used; {}: no settings known
+            object.__setattr__(self, "training", dict(self.training) or None)
+        if isinstance(self.start, dict):
+            object.__setattr__(self, "start", dict(self.start))
         if self.start is None and (self.training is not None or self.optimizer_state is not None or self.start_partial):
             raise ConfigError("training, optimizer_state and start_partial describe training from a start: give the starting "
                               "weights too (start=...)")
@@ -198,7 +200,7 @@ def view_of(victim, threat: ThreatModel | None = None):
     view = victim.attacker_view() if isinstance(victim, Victim) else victim
     if not isinstance(view, AttackerView):
         raise ConfigError(f"expected a Victim or an AttackerView, got {type(victim).__name__}")
-    if threat is None or threat.start is None:
+    if threat is None or not threat.known_start:
         return view
     partial = threat.start_partial
     start = (check_start(threat.start, view.model, "the start", partial) if isinstance(threat.start, dict)
