@@ -131,3 +131,17 @@ def test_one_function_makes_the_view_and_attaches_the_start():
     for room in ("api.py", "portfolio/", "tune/", "audit/", "cli.py"):
         making = sorted(p for p, names in called.items() if p.startswith(room) and "attacker_view" in names)
         assert not making, f"{making} make an attacker's view themselves: use exhume.request.view_of"
+
+
+def test_tune_takes_the_request_its_trials_view_has_the_start_and_a_budget_it_cannot_spend_is_refused(tmp_path):
+    from exhume.tune import tune
+    from exhume.tune.study import _searchable
+
+    model, start, _ = fine_tuned()
+    space, view = _searchable(_view(model), 1, 1.0, {}, "kkt", ThreatModel(start=start))
+    assert space and view.start is not None and set(view.start) == {k for k, _ in model.named_parameters()}
+    with pytest.raises(ConfigError, match="restarts: a tune trial is one run bounded by its seconds"):
+        tune(_view(model), 1, request=Request(budget=Budget(restarts=2), output=Output(tmp_path / "t")))
+    with pytest.raises(ConfigError, match="tune writes its study and trials into a folder: give out="):
+        tune(_view(model), 1, trial_seconds=1.0)
+    assert not (tmp_path / "t").exists()
