@@ -145,3 +145,19 @@ def test_tune_takes_the_request_its_trials_view_has_the_start_and_a_budget_it_ca
     with pytest.raises(ConfigError, match="tune writes its study and trials into a folder: give out="):
         tune(_view(model), 1, trial_seconds=1.0)
     assert not (tmp_path / "t").exists()
+
+
+def _imported(path: Path) -> set[str]:
+    """The exhume modules ``path`` imports (at its top or inside a function)."""
+    tree = ast.parse(path.read_text())
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    return {m for m in names if m.startswith("exhume")}
+
+
+def test_the_request_sits_above_the_victim_and_the_attacks_and_below_the_runs():
+    below = ("exhume.victim", "exhume.attacks", "exhume.choices", "exhume.errors", "exhume.params", "exhume.device")
+    assert all(m.startswith(below) for m in _imported(EXHUME / "request.py")), _imported(EXHUME / "request.py")
+    for room in ("victim", "attacks", "evaluation"):
+        importing = sorted(str(p.relative_to(EXHUME)) for p in (EXHUME / room).rglob("*.py") if "exhume.request" in _imported(p))
+        assert not importing, f"{importing} import the request: an import running back up"
