@@ -283,15 +283,16 @@ def _cmd_attack(args: argparse.Namespace) -> int:
                            init_seed=args.init_seed, force=args.force, restarts=restarts, workers=args.workers,
                            storage=args.storage, study_name=args.study_name, batch_restarts=args.batch_restarts,
                            **start_arguments(args), **kwargs)
-    oracle = " (ORACLE initialisation: built from the victim's data)" if result.config.get("oracle_init") else ""
-    if "portfolio" not in result.config:
-        print(f"reconstruction saved to {args.out}: {result.candidates.shape[0]} candidates, init {result.config.get('init')}{oracle}, "
-              f"{json.dumps(result.summary)}")
+    record = result.record
+    oracle = " (ORACLE initialisation: built from the victim's data)" if record.oracle_init else ""
+    if record.portfolio is None:
+        print(f"reconstruction saved to {args.out}: {result.candidates.shape[0]} candidates, init {record.init}{oracle}, "
+              f"{json.dumps(record.summary_json())}")
         return 0
     from exhume.portfolio.report import summary_lines
 
     print(f"reconstruction saved to {args.out}: {result.candidates.shape[0]} candidates{oracle}")
-    for line in summary_lines(result.summary, result.config["portfolio"]):
+    for line in summary_lines(record.summary_json(), dict(record.portfolio.saved)):
         print(line, file=sys.stderr if line.startswith("warning:") else sys.stdout)
     return 0
 

@@ -77,10 +77,11 @@ def _demo(out: Path, seed: int, device: str, dtype: str, train_seconds: float | 
     resume_attack = resume and ((attack_dir / "checkpoint.pt").is_file() or (attack_dir / "restarts").is_dir())
     recon = exhume.attack(victim, method="kkt", seed=seed, out=attack_dir, resume=resume_attack, force=not resume_attack, device=device,
                           progress=progress, **attack_kwargs)
-    per = recon.summary.get("iterations_per_restart")
-    print(f"      {recon.summary['iterations']} iterations in {recon.summary['seconds']:.0f} s"
+    record = recon.record
+    per = record.iterations_per_restart
+    print(f"      {record.iterations} iterations in {record.seconds:.0f} s"
           + (f" ({len(per)} restarts: {', '.join(map(str, per))})" if per else ""))
-    sized = sizing_line(recon.config.get("portfolio") or {})
+    sized = sizing_line(record.portfolio.saved if record.portfolio else {})
     if sized:
         print(f"      {sized}")
     print("[3/3] evaluating against the 100 training digits and 1000 unseen digits")

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import exhume
-from exhume.attacks import ATTACKS, Attack, Equation, RestartPlan, Stationarity, get_attack, register
+from exhume.attacks import ATTACKS, Attack, Equation, RestartPlan, SolvedEquation, Stationarity, get_attack, register
 from exhume.attacks.kkt import KKTAttack
 from exhume.audit.config import FILE_SETTINGS, SETTINGS, AuditConfig, from_command, from_options
 from exhume.cli import build_parser, main
@@ -158,6 +158,55 @@ def test_no_room_above_the_attacks_compares_against_or_branches_on_an_attacks_na
         allowed = {"default"} | ({"call argument", "module constant"} if rel.parts[1] == "experiments" else set())
         found += [f"{rel}:{line} ({how})" for line, how in _name_uses(path, names) if how not in allowed]
     assert found == []
+
+
+def test_no_room_above_the_attacks_compares_against_a_value_an_attack_owns():
+    """The equation a run solved is a :class:`SolvedEquation` above ``exhume/attacks/``, never its spelling."""
+    owned = {e.value for e in SolvedEquation}
+    found = []
+    for path in sorted((ROOT / "exhume").rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        if rel.parts[1] != "attacks":
+            found += [f"{rel}:{line} ({how})" for line, how in _name_uses(path, owned) if how != "default"]
+    assert found == []
+
+
+#: an attack's own validated settings (``Attack.config``) and argparse's --config are no run record
+_NOT_A_RECORD = ("args", "atk", "attack")
+
+
+def _record_reads(path: Path):
+    """``(line, what)`` of every read of a run record's raw dicts: ``x.summary``, ``x.config`` (but an attack's
+    settings or ``args.config``), ``getattr(x, "summary"/"config")``."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr == "summary":
+            yield node.lineno, ".summary"
+        elif isinstance(node, ast.Attribute) and node.attr == "config":
+            owner = node.value.attr if isinstance(node.value, ast.Attribute) else getattr(node.value, "id", None)
+            if owner not in _NOT_A_RECORD:
+                yield node.lineno, ".config"
+        elif (isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "hasattr") and len(node.args) > 1
+              and isinstance(node.args[1], ast.Constant) and node.args[1].value in ("summary", "config")):
+            yield node.lineno, f"getattr {node.args[1].value!r}"
+
+
+def test_no_room_above_the_attacks_reads_a_run_record_by_key():
+    """Above ``exhume/attacks/`` a Reconstruction's record is read as ``recon.record`` (a typed RunRecord), never
+    ``recon.summary[...]``/``recon.config.get(...)``; the portfolio writes its notes through Reconstruction's methods."""
+    found = []
+    for path in sorted((ROOT / "exhume").rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        if rel.parts[1] != "attacks":
+            found += [f"{rel}:{line} ({what})" for line, what in _record_reads(path)]
+    assert found == []
+
+
+def test_the_record_test_sees_a_key_read_a_get_and_a_getattr(tmp_path):
+    code = ('def f(recon, atk, args):\n    a = recon.summary["iterations"] + atk.config["lr"]\n'
+            '    b = (recon.config or {}).get("init"), args.config\n    return getattr(recon, "config", None), "stationary" == a\n')
+    (tmp_path / "m.py").write_text(code)
+    assert sorted(_record_reads(tmp_path / "m.py")) == [(2, ".summary"), (3, ".config"), (4, "getattr 'config'")]
+    assert list(_name_uses(tmp_path / "m.py", {e.value for e in SolvedEquation})) == [(4, "compared")]
 
 
 def test_the_name_test_sees_a_comparison_a_lookup_and_a_table(tmp_path):

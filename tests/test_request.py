@@ -74,8 +74,7 @@ def test_the_short_form_and_the_request_form_give_the_same_candidates(victim_dir
     pooled = exhume.attack(victim, seed=1, restarts=2, workers=1, iterations=20, lr=0.5, progress=False)
     again = exhume.attack(victim, seed=1, lr=0.5, progress=False,
                           request=Request(budget=Budget(restarts=2, workers=1, iterations=20)))
-    plan = [[{k: r[k] for k in ("restart", "seed", "overrides", "iterations")} for r in x.config["portfolio"]["restarts"]]
-            for x in (pooled, again)]
+    plan = [[(r.restart, r.seed, dict(r.overrides), r.iterations) for r in x.record.portfolio.restarts] for x in (pooled, again)]
     assert torch.equal(pooled.candidates, again.candidates) and plan[0] == plan[1] and len(plan[0]) == 2
 
 
@@ -108,13 +107,13 @@ def test_exhume_attack_attaches_the_start_once_and_gives_what_the_view_built_by_
     monkeypatch.setattr(start_mod, "check_start", lambda *a, **k: calls.append(1) or check(*a, **k))
     training = {"optimizer": "sgd", "lr": 0.1, "weight_decay": 1e-3, "steps": 50}
     pooled = exhume.attack(_view(model), restarts=2, workers=1, iterations=10, progress=False, start=start, training=training)
-    assert len(calls) == 1 and pooled.config["threat_model"] == "the attacker knows the starting weights"
+    assert len(calls) == 1 and pooled.record.threat_model == "the attacker knows the starting weights"
     request = Request(threat=ThreatModel(start=start, training=training), budget=Budget(restarts=1, iterations=25))
     one = exhume.attack(_view(model), request=request, progress=False)
     by_hand = AttackerView(model=model, task="binary", input_shape=(1, 4, 4), mean=torch.full((1, 4, 4), 0.5), loss="logistic",
                            weight_decay=1e-3, n_train_hint=4, start=check(start, model), training=start_mod.TrainingSettings(**training))
     direct = get_attack("kkt", iterations=25).run(by_hand, progress=False)
-    assert torch.equal(one.candidates, direct.candidates) and one.config["equation_used"] == direct.config["equation_used"]
+    assert torch.equal(one.candidates, direct.candidates) and one.record.equation is direct.record.equation
 
 
 def _called(path: Path) -> set[str]:

@@ -146,13 +146,14 @@ def test_a_known_start_run_judged_without_its_start_is_checked_as_unknown_not_as
     from types import SimpleNamespace
 
     from exhume.attacks.equations import KnownStart, Stationarity
+    from exhume.attacks.record import parse_record
     from exhume.evaluation.assumptions import equation_of
 
-    eq = equation_of("kkt", recon=SimpleNamespace(config={"equation_used": "endpoints"}))
+    eq = equation_of("kkt", recon=SimpleNamespace(record=parse_record({"equation_used": "endpoints"}, {})))
     assert isinstance(eq, KnownStart)
     measured = eq.residual(None, None, None, "logistic", 0.0)
     assert measured["value"] is None and "could not be checked" in eq.residual_failures(measured)[0]
-    assert isinstance(equation_of("kkt", recon=SimpleNamespace(config={"equation_used": "stationary"})), Stationarity)
+    assert isinstance(equation_of("kkt", recon=SimpleNamespace(record=parse_record({"equation_used": "stationary"}, {}))), Stationarity)
 
 
 def test_the_known_start_check_leaves_batchnorm_to_its_residual_and_still_names_smooth_layers():

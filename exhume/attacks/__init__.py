@@ -20,6 +20,7 @@ from exhume.attacks.base import (
     register,
 )
 from exhume.attacks.equations import Equation, Stationarity
+from exhume.attacks.record import PortfolioRecord, RestartRecord, RunRecord, SolvedEquation
 
-__all__ = ["ATTACKS", "Attack", "Equation", "Param", "Reconstruction", "RestartPlan", "Stationarity", "attack_class", "get_attack",
-           "load_reconstruction", "register"]
+__all__ = ["ATTACKS", "Attack", "Equation", "Param", "PortfolioRecord", "Reconstruction", "RestartPlan", "RestartRecord", "RunRecord",
+           "SolvedEquation", "Stationarity", "attack_class", "get_attack", "load_reconstruction", "register"]

@@ -11,6 +11,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from exhume.attacks.equations import Equation, Stationarity
+from exhume.attacks.record import RunRecord, parse_record
 from exhume.attacks.workcopy import attack_model  # noqa: F401  (re-exported: every attack takes it from here)
 from exhume.choices import DTYPE_NAMES
 from exhume.errors import ConfigError, ExhumeError
@@ -317,6 +318,12 @@ class Reconstruction:
     :mod:`exhume.portfolio`), saved as ``provenance_<name>``; empty for a single run.
     ``victim_fingerprint``: :func:`exhume.files.runfolder.fingerprint` of the weights attacked
     (``None`` in runs saved before it was recorded); :func:`exhume.evaluate` refuses another victim.
+
+    ``config`` and ``summary`` are what the attack wrote (its settings and what it resolved; what
+    happened), saved as they are in ``reconstruction.json`` and read by key inside ``exhume/attacks/``
+    only. Everything else reads :attr:`record`, the typed :class:`~exhume.attacks.record.RunRecord`,
+    and a portfolio adds its own notes through :meth:`note_portfolio`, :meth:`note_wall_seconds` and
+    :meth:`note_batched` (tests/test_protocol.py checks both).
     """
 
     method: str
@@ -330,6 +337,26 @@ class Reconstruction:
     victim_path: str | None = None
     provenance: dict[str, torch.Tensor] = field(default_factory=dict)
     victim_fingerprint: str | None = None
+
+    @property
+    def record(self) -> RunRecord:
+        """What the run did, typed (read from ``config`` and ``summary`` each time: never stale)."""
+        return parse_record(self.config, self.summary)
+
+    def note_portfolio(self, *, batched: dict[str, Any] | None = None, study: str | None = None,
+                       sizing: dict[str, Any] | None = None) -> None:
+        """A pooled result: add the batching and sizing records and the shared study's name to its portfolio record."""
+        notes = {k: v for k, v in (("batched", batched), ("study", study), ("sizing", sizing)) if v is not None}
+        self.config["portfolio"].update(notes)
+
+    def note_wall_seconds(self, seconds: float) -> None:
+        """A pooled result: its wall time is ``seconds``; the restarts' own sum stays as ``restart_seconds_total``."""
+        self.summary["restart_seconds_total"] = self.summary["seconds"]
+        self.summary["seconds"] = round(seconds, 3)
+
+    def note_batched(self, restarts: int) -> None:
+        """This run was one of ``restarts`` run as one batched problem."""
+        self.config["batched_restarts"] = int(restarts)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The tensors of ``reconstruction.safetensors``."""
@@ -355,6 +382,7 @@ class Reconstruction:
         for name, t in [("labels", tensors["labels"]), ("scores", tensors.get("scores")), *provenance.items()]:
             if t is not None and (t.dim() == 0 or t.shape[0] != m):
                 raise ExhumeError(f"{source}: {name} has shape {tuple(t.shape)}, expected {m} rows (one per candidate)")
+        parse_record(meta.get("config") or {}, meta.get("summary") or {}, source)  # one clear error for a record that is not one
         return cls(method=meta["method"], candidates=tensors["candidates"], labels=tensors["labels"],
                    scores=tensors.get("scores"), config=meta.get("config") or {}, seed=int(meta.get("seed") or 0),
                    loss_history=meta.get("loss_history") or [], summary=meta.get("summary") or {},

@@ -46,6 +46,7 @@ from exhume.attacks.equations import Equation, KnownStart, Stationarity
 from exhume.attacks.formulation import FORMULATIONS, MARGIN_FORMS, Formulation, form_for, resolve
 from exhume.attacks.loop import BACKGROUND, CANDIDATE_PARAMS, START_DECAY, attack_loop, budget_params, descend, make_optimizer, open_run
 from exhume.attacks.priors import background_level, dark_floor, range_penalty, tv_term
+from exhume.attacks.record import SolvedEquation
 from exhume.attacks.snapshots import IterateTracker
 from exhume.attacks.stationarity import (
     MIXED_DERIVATIVES,
@@ -414,7 +415,7 @@ class KKTAttack(Attack):
     @staticmethod
     def threat(p: Problem, view) -> dict[str, Any]:
         """What the attacker knew and which equation it solved (recorded in the config)."""
-        rec: dict[str, Any] = {"threat_model": view.threat_model, "equation_used": "stationary" if p.eq is None else p.eq.info["equation"]}
+        rec: dict[str, Any] = {"threat_model": view.threat_model, "equation_used": SolvedEquation.STATIONARY.value if p.eq is None else p.eq.info["equation"]}
         if p.eq is not None:
             rec.update({f"start_{k}" if not k.startswith("start_") else k: v for k, v in p.eq.info.items() if k != "equation"})
             rec["start_digest"] = start_digest(view.start)

@@ -38,6 +38,7 @@ from exhume.attacks.exact import Replay, make_replay, relative_gap, replay, trai
 from exhume.attacks.formulation import candidate_labels
 from exhume.attacks.loop import BACKGROUND, CANDIDATE_PARAMS, START_DECAY, attack_loop, budget_params, descend, make_optimizer, open_run
 from exhume.attacks.priors import background_level, dark_floor, range_penalty, tv_term
+from exhume.attacks.record import SolvedEquation
 from exhume.attacks.subspace import Subspace, data_subspace
 from exhume.attacks.surrogate import soft_activations
 from exhume.attacks.trajectory import PRECONDITIONERS, StartEquation, added_inputs_layer, build_equation, per_sample, probe_images
@@ -127,7 +128,7 @@ class SimulateAttack(Attack):
     def equation_used(self, view) -> str:
         """The equation a run solves: training simulated from the start (its check: the known-start
         residual, :func:`exhume.attacks.trajectory.known_start_residual`), or the exact run (its own residual)."""
-        return "the exact training run" if self.config["run"] == "exact" else "simulated training"
+        return (SolvedEquation.EXACT_RUN if self.config["run"] == "exact" else SolvedEquation.SIMULATED).value
 
     def equation_on(self, view) -> Equation:
         """The known-start equation on gradients at the start and the final weights: what the simulation approximates;

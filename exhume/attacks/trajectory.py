@@ -39,12 +39,13 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad
 
+from exhume.attacks.record import SolvedEquation
 from exhume.attacks.stationarity import Objective, least_squares
 from exhume.attacks.surrogate import soft_activations
 from exhume.errors import ConfigError
 from exhume.starts import frozen_names
 
-EQUATIONS = ("trajectory", "endpoints")
+EQUATIONS = (SolvedEquation.TRAJECTORY.value, SolvedEquation.ENDPOINTS.value)
 PRECONDITIONERS = ("auto", "none", "state")
 
 

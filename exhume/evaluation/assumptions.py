@@ -60,9 +60,9 @@ def equation_of(method: str, view=None, attack_args: dict | None = None, recon=N
         return Attack.equation
     if view is not None:
         return ATTACKS[method].of_settings(attack_args).equation_on(view)
-    used = ((recon.config or {}).get("equation_used") if recon is not None else None) or "stationary"
-    if used != "stationary":
-        return KnownStart(kind="endpoints" if used == "simulated training" else used)
+    kind = recon.record.equation.known_start_kind if recon is not None else None
+    if kind is not None:
+        return KnownStart(kind=kind)
     return ATTACKS[method].equation
 
 
@@ -72,16 +72,15 @@ def attack_failures(recon) -> list[str]:
     A pooled portfolio reports one residual per restart (``final_relative_stationarity_per_restart``):
     it fails when even its best restart stayed above the limit.
     """
-    summary = recon.summary or {}
-    value = summary.get("final_relative_stationarity")
+    record = recon.record
+    value = record.final_relative_stationarity
     what = "its final relative residual"
     if value is None:
-        per = [float(v) for v in summary.get("final_relative_stationarity_per_restart") or [] if v is not None]
+        per = [float(v) for v in record.residuals_per_restart if v is not None]
         if per:
             value, what = min(per), f"the best final relative residual of its {len(per)} restarts"
     if value is None or value <= ATTACK_RESIDUAL_LIMIT:
         return []
-    used = (getattr(recon, "config", None) or {}).get("equation_used") or "stationary"
-    equation = "the stationarity equation" if used == "stationary" else "the known-start equation"
+    equation = "the stationarity equation" if record.equation.stationary else "the known-start equation"
     return [f"the attack did not find candidates that satisfy {equation} ({what} "
             f"{value:.3g} > {ATTACK_RESIDUAL_LIMIT:g}); a longer budget or other settings may"]

@@ -28,11 +28,7 @@ import torch
 
 def attack_best(recon) -> tuple[float | None, int]:
     """The lowest final relative residual the run reports (over its restarts) and how many restarts reported one."""
-    summary = getattr(recon, "summary", None) or {}
-    per = [float(v) for v in summary.get("final_relative_stationarity_per_restart") or [] if v is not None]
-    if not per and summary.get("final_relative_stationarity") is not None:
-        per = [float(summary["final_relative_stationarity"])]
-    return (min(per), len(per)) if per else (None, 0)
+    return recon.record.best_residual if recon is not None else (None, 0)
 
 
 def identifiability(equation, model, x: torch.Tensor, y: torch.Tensor, loss: str, measured: dict[str, Any], recon) -> dict[str, Any]:

@@ -106,8 +106,8 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
     if victim is not None:
         failures += equation.run_failures(recon, given.margins, float(victim.weight_decay or 0.0))
     # what the attacker knew, as the caller (the audit) states it or the run recorded it; the verdict's reason names it
-    threat = threat_model or (recon.config or {}).get("threat_model")
-    unused = (recon.config or {}).get("start_unused")  # a known start the attack left out, and why
+    threat = threat_model or recon.record.threat_model
+    unused = recon.record.start_unused  # a known start the attack left out, and why
     result.metrics.threat_model = f"{threat}; solved {unused}" if threat and unused else threat
     vars(result.metrics).update(owner_findings or {})  # plain dataclass fields of Metrics
     result.metrics.set_verdict(decide(result.metrics, failures, alpha))
@@ -195,7 +195,7 @@ def _context(result: EvalResult, recon, candidates, given: _Given) -> None:
         mu = membership_uncertainty(candidates, given.train_x, given.pool)
         m.membership_auc = jsonable(mu["auc"])
         m.membership = jsonable({k: v for k, v in mu.items() if k not in ("d_train", "d_heldout")})
-    m.attack = jsonable({"method": recon.method, "seed": recon.seed, "config": recon.config, **recon.summary})
+    m.attack = jsonable({"method": recon.method, "seed": recon.seed, "config": recon.record.config_json(), **recon.record.summary_json()})
     m.victim = jsonable(given.info)
 
 

@@ -48,9 +48,11 @@ SCORE_TEXT = {"loss": "−ℓ(x; θ_T): the record's loss (black box)",
 
 def _target(view, model, params, n_train: int) -> tuple[Any, str]:
     """What the threat model's equation explains (its parameters, the target ``t``) and its description."""
+    from exhume.attacks.record import SolvedEquation
     from exhume.attacks.trajectory import build_equation
 
-    eq = build_equation(view, model, params, "trajectory" if view.start is None else "endpoints", n_train)
+    equation = SolvedEquation.TRAJECTORY if view.start is None else SolvedEquation.ENDPOINTS
+    eq = build_equation(view, model, params, equation.value, n_train)
     return eq, eq.info.get("preconditioner", "")
 
 

@@ -152,9 +152,9 @@ def _one_run(attack: str, view, refs, heldout, l1: float, l2: float, s: dict, fo
         "moved": float((recon.candidates.float() - init).flatten(1).norm(dim=1).mean()),
         "membership_auc": mu["auc"],
         "candidate_closer_to_train": mu["candidate_closer_to_train"],
-        "param_distance": recon.summary.get("param_distance"),
-        "relative_param_distance": recon.summary.get("relative_param_distance"),
-        "relative_stationarity": recon.summary.get("final_relative_stationarity"),
+        "param_distance": recon.record.extras.get("param_distance"),  # the bilevel attack's own notes
+        "relative_param_distance": recon.record.extras.get("relative_param_distance"),
+        "relative_stationarity": recon.record.final_relative_stationarity,
         "seconds": round(seconds, 2),
     }
     row["follows_init"] = row["nearest_set"] == row["init_nearest_set"]

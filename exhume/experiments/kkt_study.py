@@ -98,7 +98,7 @@ def _row(case: Case, victim, recon, m: dict[str, Any], seconds: float) -> dict[s
         "ssim>=0.4": m["ssim>=0.4"], "one_to_one_ssim>=0.4": m["one_to_one_ssim>=0.4"],
         "memorised": m["memorised"], "memorised_control": m.get("memorised_control"),
         "reconstructed_fraction": m["one_to_one_ssim>=0.4"] / case.n, "memorised_fraction": m["memorised"] / case.n,
-        "margin_spearman_rho": m.get("margin_spearman_rho"), "attack_seconds": recon.summary["seconds"],
+        "margin_spearman_rho": m.get("margin_spearman_rho"), "attack_seconds": recon.record.seconds,
         "case_seconds": round(seconds, 1),
     }
 

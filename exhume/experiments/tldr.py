@@ -88,7 +88,7 @@ def _attack_and_judge(method: str, victim, held, out: Path, cfg: dict[str, Any],
 
     folder = out / method
     recon = load_reconstruction(folder) if resume and (folder / "reconstruction.json").is_file() else None
-    if recon is None or recon.summary["iterations"] < cfg["steps"]:  # absent, or capped by --max-seconds: resume
+    if recon is None or recon.record.iterations < cfg["steps"]:  # absent, or capped by --max-seconds: resume
         recon = get_attack(method, **cfg).run(victim.attacker_view(), out=folder, seed=seed, progress=progress, resume=resume,
                                               device=device)
         recon.save(folder)
@@ -100,10 +100,11 @@ def _attack_and_judge(method: str, victim, held, out: Path, cfg: dict[str, Any],
                       title=f"{method} on {victim.data_spec['dataset']} n={victim.data_spec['n']} (title: classifier p(label))",
                       scores=recon.scores)
     (folder / "trainlike.json").write_text(json.dumps(ev, indent=2))
-    return {"method": method, "grid": str(grid), "attack_seconds": recon.summary["seconds"],
+    record = recon.record  # the accuracies: the inversion attacks' own notes (its extras)
+    return {"method": method, "grid": str(grid), "attack_seconds": record.seconds,
             "evaluation_seconds": round(time.perf_counter() - t0, 2),
-            "classifier_accuracy_on_candidates": recon.summary["classifier_accuracy_on_candidates"],
-            "classifier_accuracy_per_class": recon.summary["classifier_accuracy_per_class"],
+            "classifier_accuracy_on_candidates": record.extras["classifier_accuracy_on_candidates"],
+            "classifier_accuracy_per_class": record.extras["classifier_accuracy_per_class"],
             **{k: v for k, v in ev.items() if k not in ("per_class", "note")}}
 
 

@@ -345,7 +345,7 @@ def run_batched(view, plan, pending: list[Restart], store, resume: bool, device:
             if recon is None:
                 row["error"] = mem.error or "the batch ended without a complete step"
             else:
-                recon.config["batched_restarts"] = len(group)
+                recon.note_batched(len(group))
             store.save(mem.restart, recon, row)
             on_done(mem.restart.index, recon, row)
     return records

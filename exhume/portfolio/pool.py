@@ -293,9 +293,9 @@ def rank_scores(view, recon: Reconstruction) -> torch.Tensor:
     from exhume.attacks.score import candidate_terms
 
     # the margin-consistency term holds at a stationary point only; the known-start equation's multipliers are free
-    stationary = recon.config.get("equation_used", "stationary") == "stationary"
-    terms = candidate_terms(view, recon.candidates, recon.labels, recon.scores if stationary else None, recon.config.get("n_guess"))
-    r = recon.summary.get("final_relative_stationarity")
+    record = recon.record
+    terms = candidate_terms(view, recon.candidates, recon.labels, recon.scores if record.equation.stationary else None, record.n_guess)
+    r = record.final_relative_stationarity
     explained = 1.0 if r is None else max(0.0, 1.0 - min(float(r), 1.0))
     per = terms["non_degenerate"] * terms["in_range"]
     if "margin_consistent" in terms:
@@ -313,7 +313,8 @@ def _concat(results: list[tuple[Any, Reconstruction]], view) -> dict[str, torch.
         parts["restart"].append(torch.full((m,), restart.index, dtype=torch.long))
         parts["index"].append(torch.arange(m))
         it = rec.provenance.get("iteration")
-        kept = rec.summary.get("kept_iteration", rec.summary.get("iterations", -1))  # kkt: the snapshot it returned
+        record = rec.record  # kkt: the snapshot it returned
+        kept = record.kept_iteration if record.kept_iteration is not None else record.iterations if record.iterations is not None else -1
         parts["iteration"].append(it.long() if it is not None else torch.full((m,), int(kept)))
         parts["rank"].append(rank_scores(view, rec))
     return {k: torch.cat(v) for k, v in parts.items()}
@@ -360,7 +361,7 @@ def pool(view, plan, results: dict[int, Reconstruction], records: dict[int, dict
 
 def _config(plan, done, table, threshold: float) -> dict[str, Any]:
     """The settings all restarts share, and the portfolio table (per-restart seeds, variants, budgets)."""
-    configs = [rec.config for _, rec in done]
+    configs = [rec.record.config_json() for _, rec in done]
     common = {k: v for k, v in configs[0].items() if all(k in c and c[k] == v for c in configs[1:])}
     varied = sorted({k for c in configs for k in c} - set(common))
     return {**common, "portfolio": {
@@ -373,9 +374,9 @@ def restart_record(restart, recon: Reconstruction | None, status: str, host: str
     """One row of ``config["portfolio"]["restarts"]``."""
     row: dict[str, Any] = {"restart": restart.index, "seed": restart.seed, "overrides": restart.overrides, "status": status}
     if recon is not None:
-        row.update(iterations=int(recon.summary.get("iterations", 0)), seconds=recon.summary.get("seconds"),
-                   candidates=int(recon.candidates.shape[0]),
-                   final_relative_stationarity=recon.summary.get("final_relative_stationarity"))
+        record = recon.record
+        row.update(iterations=int(record.iterations or 0), seconds=record.seconds, candidates=int(recon.candidates.shape[0]),
+                   final_relative_stationarity=record.final_relative_stationarity)
     if host is not None:
         row["host"] = host
     return row

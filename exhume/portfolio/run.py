@@ -72,18 +72,14 @@ def run_portfolio(victim, method: str = DEFAULT_METHOD, *, request: Request | No
 
         plan, results, rows = run_shared(view, plan, storage, study_name or DEFAULT_STUDY, out, resume, device, progress)
     recon = pool(view, plan, results, rows, merge_threshold)
-    recon.config["portfolio"]["batched"] = batching.record()
+    recon.note_portfolio(batched=batching.record())
     return _pooled(recon, victim, view, t0, None if storage is None else study_name or DEFAULT_STUDY, sizing, out)
 
 
 def _pooled(recon: Reconstruction, victim, view, t0: float, study: str | None, sizing, out) -> Reconstruction:
     """The pooled result with the portfolio's records (whole wall time, study, sizing, victim), saved in ``out``."""
-    recon.summary["restart_seconds_total"] = recon.summary["seconds"]
-    recon.summary["seconds"] = round(time.perf_counter() - t0, 3)
-    if study is not None:
-        recon.config["portfolio"]["study"] = study
-    if sizing is not None:
-        recon.config["portfolio"]["sizing"] = sizing.record()
+    recon.note_wall_seconds(time.perf_counter() - t0)
+    recon.note_portfolio(study=study, sizing=None if sizing is None else sizing.record())
     victim_path = getattr(victim, "path", None)
     if victim_path is not None:
         recon.victim_path = str(victim_path)

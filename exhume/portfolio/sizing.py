@@ -107,7 +107,7 @@ def probe(view, method: str, kwargs: dict[str, Any], *, seconds: float, threads:
         return None
     finally:
         torch.set_num_threads(before)
-    its, secs = recon.summary.get("iterations"), recon.summary.get("seconds")
+    its, secs = recon.record.iterations, recon.record.seconds
     if not its or not secs:
         return None
     return float(its) / float(secs)

@@ -177,7 +177,7 @@ def _objective(view, study, method: str, fixed: dict[str, Any], space, out: Path
         parts = score_reconstruction(view, recon)
         for k, v in parts.items():
             trial.set_user_attr(k, v)
-        trial.set_user_attr("iterations", recon.summary["iterations"])
+        trial.set_user_attr("iterations", recon.record.iterations)
         return parts["score"]
 
     return objective

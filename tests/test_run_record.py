@@ -1,0 +1,136 @@
+"""The typed run record (:class:`exhume.attacks.RunRecord`): what the rooms above the attacks read of a run.
+
+Runs saved before it existed still load (a pooled run folder written by the previous release is kept
+in tests/data/run_before_record, a single kkt run's reconstruction.json beside it); a record that is not
+one is one clear error; and reading the record changed no result: a kkt run and a 2-restart portfolio
+at fixed seeds and iterations give the candidates they gave before, bit for bit, saved under the same keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import exhume
+from exhume.attacks import Reconstruction, SolvedEquation, attack_class, load_reconstruction
+from exhume.attacks.equations import KnownStart
+from exhume.attacks.record import parse_record
+from exhume.errors import ExhumeError
+from exhume.evaluation.assumptions import attack_failures, equation_of
+from exhume.evaluation.identifiability import attack_best
+
+DATA = Path(__file__).parent / "data"
+OLD_POOLED = DATA / "run_before_record"
+OLD_SINGLE = DATA / "reconstruction_kkt_before_record.json"
+
+
+def test_a_pooled_run_folder_written_before_the_record_loads_and_reads_as_attributes():
+    recon = load_reconstruction(OLD_POOLED)
+    rec = recon.record
+    assert rec.equation is SolvedEquation.STATIONARY and rec.equation.stationary and rec.threat_model == "weights only"
+    assert (rec.iterations, rec.seconds, rec.init, rec.oracle_init, rec.n_guess) == (60, 0.504, "noise", False, 10)
+    assert rec.final_relative_stationarity is None and rec.iterations_per_restart == (30, 30)
+    assert rec.best_residual == (0.3744363784790039, 2) == attack_best(recon)
+    port = rec.portfolio
+    assert [(r.restart, r.seed, r.status, r.iterations) for r in port.restarts] == [(0, 3, "complete", 30), (1, 4, "complete", 30)]
+    assert dict(port.restarts[1].overrides) == {"lr_lambda": 0.01} and port.restarts[0].host == "vm"
+    assert port.batched == {"used": False, "why": "auto: on CPU, one forked worker per core"} and port.sizing is None
+    assert (port.restarts_complete, port.candidates_before_merge, port.candidates) == (2, 40, recon.candidates.shape[0])
+    assert (port.restart_seconds_total, port.starved_restarts) == (0.4, ())
+    assert rec.settings["lr"] == recon.config["lr"] and "portfolio" not in rec.settings and "init" not in rec.settings
+    assert dict(rec.extras) == {"starved_rule": "fewer than 0.5 x the median iterations of the restarts"}
+    assert rec.config_json() == recon.config and rec.summary_json() == recon.summary  # what the file holds, unchanged
+    assert attack_failures(recon) == [] and equation_of("kkt", recon=recon) == attack_class("kkt").equation
+
+
+def _saved(tmp_path: Path, meta: dict, m: int = 3) -> Path:
+    folder = tmp_path / "run"
+    folder.mkdir()
+    Reconstruction("kkt", torch.rand(m, 1, 28, 28), torch.ones(m), torch.rand(m), {}, 0).save(folder)
+    (folder / "reconstruction.json").write_text(json.dumps(meta))
+    return folder
+
+
+def test_a_single_kkt_run_written_before_the_record_loads(tmp_path):
+    meta = json.loads(OLD_SINGLE.read_text())
+    rec = load_reconstruction(_saved(tmp_path, meta)).record
+    assert (rec.iterations, rec.kept_iteration, rec.portfolio, rec.iterations_per_restart) == (30, 30, None, ())
+    assert rec.final_relative_stationarity == pytest.approx(0.3744363784790039, abs=0) and rec.best_residual[1] == 1
+    assert rec.extras["kept_iterate"].startswith("exponential moving average") and rec.settings["iterations"] == 30
+
+
+def test_an_old_run_with_almost_nothing_recorded_still_loads(tmp_path):
+    """Before the equation, the threat model or the fingerprint were recorded: the stationarity equation, the rest None."""
+    rec = load_reconstruction(_saved(tmp_path, {"method": "kkt", "config": {"lr": 0.1}, "seed": 0})).record
+    assert rec.equation is SolvedEquation.STATIONARY and rec.threat_model is None and rec.iterations is None
+    assert rec.portfolio is None and not rec.oracle_init and rec.best_residual == (None, 0) and dict(rec.settings) == {"lr": 0.1}
+
+
+def test_a_simulated_training_run_is_judged_by_the_endpoints_equation():
+    sim = Reconstruction("simulate", torch.rand(2, 4), torch.ones(2), None, {"equation_used": "simulated training"}, 0,
+                         summary={"final_relative_stationarity": 0.9})
+    assert sim.record.equation is SolvedEquation.SIMULATED and sim.record.equation.known_start_kind == "endpoints"
+    eq = equation_of("simulate", recon=sim)
+    assert isinstance(eq, KnownStart) and eq.kind == "endpoints"
+    assert "the known-start equation" in attack_failures(sim)[0]
+
+
+@pytest.mark.parametrize("config, summary, message", [
+    ({}, {"iterations": "many"}, "summary.iterations must be an integer or null, got 'many'"),
+    ({}, {"seconds": True}, "summary.seconds must be a number or null, got True"),
+    ({"equation_used": "maxwell"}, {}, "config.equation_used 'maxwell' is no equation an attack solves; known: 'stationary'"),
+    ({"portfolio": {"restarts": [{"restart": 0}]}}, {}, "config.portfolio.restarts[0] must be an object with an integer 'restart' and a string 'status'"),
+    ({"portfolio": [1, 2]}, {}, "config.portfolio must be an object with a list of restarts"),
+    ({}, {"final_relative_stationarity_per_restart": 0.3}, "summary.final_relative_stationarity_per_restart must be a list"),
+    ([1], {}, "its config must be an object, got list"),
+])
+def test_a_record_that_is_not_one_is_one_clear_error(tmp_path, config, summary, message):
+    with pytest.raises(ExhumeError) as err:
+        parse_record(config, summary)
+    assert message in str(err.value) and "\n" not in str(err.value)
+    folder = _saved(tmp_path, {"method": "kkt", "config": config, "seed": 0, "summary": summary})
+    with pytest.raises(ExhumeError, match=str(folder)):
+        load_reconstruction(folder)
+
+
+def _digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
+
+
+#: (candidates, scores, labels) of kkt seed 3, 30 iterations on the tiny victim, one thread, recorded before the record existed
+SINGLE = ("c1186f4136906be5", "07576013663f4e39", "75f1068adf446fbc")
+POOLED = ("4090472aab9a927c", "b18b1c4669c644fb", "dee9bee38d8ce139")
+
+
+def test_reading_the_record_changed_no_result_bit_for_bit(victim_dir, tmp_path, one_thread):
+    """Recorded on this project's CPU torch (one thread) before the record: a different BLAS may differ in the last bits."""
+    victim = exhume.load_victim(victim_dir)
+    one = exhume.attack(victim, "kkt", seed=3, restarts=1, progress=False, iterations=30, out=tmp_path / "one")
+    two = exhume.attack(victim, "kkt", seed=3, restarts=2, workers=1, progress=False, iterations=30, out=tmp_path / "two")
+    assert tuple(map(_digest, (one.candidates, one.scores, one.labels))) == SINGLE
+    assert tuple(map(_digest, (two.candidates, two.scores, two.labels))) == POOLED
+    for got, before in ((tmp_path / "one" / "reconstruction.json", OLD_SINGLE), (tmp_path / "two" / "reconstruction.json",
+                                                                                 OLD_POOLED / "reconstruction.json")):
+        new, old = json.loads(got.read_text()), json.loads(before.read_text())
+        assert set(new) == set(old) and set(new["config"]) == set(old["config"]) and set(new["summary"]) == set(old["summary"])
+    assert set(json.loads((tmp_path / "two" / "reconstruction.json").read_text())["config"]["portfolio"]) == set(
+        json.loads((OLD_POOLED / "reconstruction.json").read_text())["config"]["portfolio"])
+    again = load_reconstruction(tmp_path / "two")
+    assert torch.equal(again.candidates, two.candidates) and again.record == two.record
+
+
+
+def test_exhume_evaluate_refuses_a_bad_record_in_one_line(victim_dir, tmp_path, capsys):
+    from exhume.cli import main
+
+    meta = json.loads((OLD_POOLED / "reconstruction.json").read_text())
+    meta["config"]["equation_used"] = "maxwell"
+    folder = _saved(tmp_path, meta)
+    assert main(["evaluate", str(folder), "--against", str(victim_dir), "-o", str(tmp_path / "eval")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "config.equation_used 'maxwell' is no equation an attack solves" in err[0]
+    assert not (tmp_path / "eval" / "metrics.json").exists()
