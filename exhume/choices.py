@@ -19,3 +19,6 @@ STEP_OPTIMIZERS = ("adam", "sgd")
 
 #: the optimisers a known start's training may have used (``torch.optim``'s SGD, Adam, AdamW)
 TRAINING_OPTIMIZERS = ("sgd", "adam", "adamw")
+
+#: how a portfolio's restarts run: 'auto' (as one batched problem on a CUDA device), 'on', 'off' (one worker process each)
+BATCH_CHOICES = ("auto", "on", "off")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from exhume.attacks.base import DEFAULT_METHOD
-from exhume.choices import DTYPE_NAMES, FULL_BATCH_OPTIMIZERS, TRAINING_OPTIMIZERS
+from exhume.choices import BATCH_CHOICES, DTYPE_NAMES, FULL_BATCH_OPTIMIZERS, TRAINING_OPTIMIZERS
 from exhume.errors import ConfigError, DivergenceError, ExhumeError, VictimError
 from exhume.params import parse_params, parse_restarts
 
@@ -103,7 +103,7 @@ def _add_attack(sub) -> None:
     p.add_argument("--storage", default=None,
                    help="share the restarts with other machines through a study, e.g. postgresql://user:pass@host/db or sqlite:///p.db")
     p.add_argument("--study-name", default=None, help="study name in --storage (default exhume-portfolio)")
-    p.add_argument("--batch-restarts", default="auto", choices=("auto", "on", "off"),
+    p.add_argument("--batch-restarts", default="auto", choices=BATCH_CHOICES,
                    help="run the restarts as one batched problem in this process (auto: on a CUDA device; "
                         "exhume/portfolio/batched.py) or one per worker process (off)")
     p.add_argument("--worker", action="store_true", help="with --storage: only run restarts of the study (no pooling); "
@@ -230,10 +230,8 @@ def add_start_arguments(p: argparse.ArgumentParser) -> None:
                    help="Adam's final state: tensors exp_avg_sq.<parameter> (+ step), or torch.save(optimizer.state_dict())")
 
 
-def start_arguments(args: argparse.Namespace, model) -> dict[str, Any]:
-    """``start``, ``training`` and ``start_partial`` for :func:`exhume.attack` from the known-start flags (empty without them)."""
-    from exhume.victim.start import with_optimizer_state
-
+def start_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """The threat model's fields (:class:`exhume.request.ThreatModel`) from the known-start flags (empty without them)."""
     training: dict[str, Any] = {}
     for key in ("optimizer", "lr", "momentum", "weight_decay", "steps", "epochs", "batch_size"):
         value = getattr(args, f"train_{key}")
@@ -244,13 +242,13 @@ def start_arguments(args: argparse.Namespace, model) -> dict[str, Any]:
             training["betas"] = tuple(float(b) for b in args.train_betas.split(","))
         except ValueError:
             raise ConfigError(f"--train-betas expects two numbers B1,B2, got {args.train_betas!r}") from None
-    training = with_optimizer_state(training, args.optimizer_state, model)
     if args.start_weights is None:
-        if training or args.start_partial:
+        if training or args.start_partial or args.optimizer_state is not None:
             raise ConfigError("the training settings (--train-*, --optimizer-state, --start-partial) describe training from a "
                               "start: pass --start-weights FILE too")
         return {}
-    return {"start": args.start_weights, "training": training or None, "start_partial": args.start_partial}
+    return {"start": args.start_weights, "training": training or None, "start_partial": args.start_partial,
+            "optimizer_state": args.optimizer_state}
 
 
 def _cmd_attack(args: argparse.Namespace) -> int:
@@ -269,10 +267,9 @@ def _cmd_attack(args: argparse.Namespace) -> int:
 
         if args.storage is None:
             raise ConfigError("--worker needs --storage (the study to take restarts from)")
-        from exhume.victim.start import view_with_start
+        from exhume.request import ThreatModel, view_of
 
-        known = start_arguments(args, victim.model)
-        worker_view = view_with_start(victim, known.get("start"), known.get("training"), known.get("start_partial", False))
+        worker_view = view_of(victim, ThreatModel(**start_arguments(args)))
         ran = portfolio_worker(worker_view, storage=args.storage, study_name=args.study_name, workers=args.workers, out=args.out,
                                device=args.device, progress=not args.no_progress)
         print(f"worker finished: ran {ran} restart(s) of the study; the pooling 'exhume attack' writes the result")
@@ -285,7 +282,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
                            device=args.device, progress=not args.no_progress, init=init, mix=mix,
                            init_seed=args.init_seed, force=args.force, restarts=restarts, workers=args.workers,
                            storage=args.storage, study_name=args.study_name, batch_restarts=args.batch_restarts,
-                           **start_arguments(args, victim.model), **kwargs)
+                           **start_arguments(args), **kwargs)
     record = result.record
     oracle = " (ORACLE initialisation: built from the victim's data)" if record.oracle_init else ""
     if record.portfolio is None:
@@ -328,6 +325,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     import exhume
+    from exhume.request import view_of
     from exhume.tune import tune
 
     if args.trials < 1:
@@ -337,7 +335,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if args.heartbeat < 1:
         raise ConfigError(f"--heartbeat must be at least 1 second, got {args.heartbeat}")
     victim = exhume.load_victim(args.victim)
-    summary = tune(victim.attacker_view(), args.trials, args.out, trial_seconds=args.trial_seconds, storage=args.storage,
+    summary = tune(view_of(victim), args.trials, args.out, trial_seconds=args.trial_seconds, storage=args.storage,
                    study_name=args.study_name, seed=args.seed, device=args.device, prune=not args.no_prune,
                    progress=not args.no_progress, victim_path=str(Path(args.victim).resolve()), fixed=parse_params(args.param),
                    heartbeat_interval=args.heartbeat, grace_period=4 * args.heartbeat, method=args.method)

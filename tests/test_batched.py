@@ -170,10 +170,7 @@ def test_exhume_attack_device_cuda_takes_the_batched_path(victim_dir, tmp_path, 
         seen.update(device=device, batched=batches is not None, restarts=len(plan.restarts))
         raise Reached
 
-    import exhume.api
-
-    for module in (exhume.device, exhume.api):
-        monkeypatch.setattr(module, "check_device", lambda device: device)
+    monkeypatch.setattr(exhume.device, "check_device", lambda device: device)  # the request's budget checks it there
     monkeypatch.setattr(run_mod, "check_portfolio_memory", lambda *a, **k: None)
     monkeypatch.setattr(run_mod, "run_local", stop)
     for flag, batched in (([], True), (["--batch-restarts", "off"], False)):

@@ -156,9 +156,10 @@ def audit(model: nn.Module, train, unseen, *, config: AuditConfig | None = None,
     """
     t0 = time.perf_counter()
     cfg = from_options(config, **options)
+    request, attack_args = _request(cfg, force, resume)
     with own_output(cfg.out) if cfg.out is not None else contextlib.nullcontext():  # one lock: attack, evaluation, report
-        data = _audited(model, train, unseen, cfg)
-        recon = _attack(data, cfg, progress, force, resume)
+        data = _audited(model, train, unseen, cfg, request.threat)
+        recon = _attack(data, cfg, request, attack_args, progress)
         return _judge(data, recon, cfg, settings, t0)
 
 
@@ -182,9 +183,22 @@ class _Audited:
     mean: torch.Tensor | None = None  # the normalisation's mean: the model takes x - mean
 
 
-def _audited(model: nn.Module, train, unseen, cfg: AuditConfig) -> _Audited:
+def _request(cfg: AuditConfig, force: bool, resume: bool):
+    """The audit's :class:`~exhume.request.Request` for its attack (the known start, the time budget, the output), and
+    the attack's own parameters apart (``attack_args`` may also set a budget: ``restarts``, ``iterations``)."""
+    from exhume.attacks import attack_class
+    from exhume.request import Request
+
+    settings = {**attack_class(cfg.method).time_budget(cfg.max_seconds), **cfg.attack_args}
+    return Request.of(None, {**settings, "device": cfg.device, "out": None if cfg.out is None else Path(cfg.out), "force": force,
+                             "resume": resume, "start": cfg.start, "training": cfg.training or None,
+                             "start_partial": cfg.start_partial, "optimizer_state": cfg.optimizer_state})
+
+
+def _audited(model: nn.Module, train, unseen, cfg: AuditConfig, threat) -> _Audited:
     """Check the arrays, wrap the model (:mod:`exhume.victim.wrap`), and measure the attack's assumptions on the training data."""
     from exhume.evaluation.assumptions import equation_of
+    from exhume.request import view_of
     from exhume.victim import AttackerView
     from exhume.victim.wrap import Audited
 
@@ -208,7 +222,7 @@ def _audited(model: nn.Module, train, unseen, cfg: AuditConfig) -> _Audited:
     centred = x - mean
     view = AttackerView(model=wrapped, task=task, input_shape=input_shape, mean=mean, loss=loss,
                         weight_decay=cfg.weight_decay, num_classes=k if task == "multiclass" else None, n_train_hint=len(x))
-    view = _with_start(view, cfg)
+    view = view_of(view, threat)  # the known start, attached once: the assumption check and the attack share this view
     equation = equation_of(cfg.method, view, cfg.attack_args)  # a known start changes the equation, and so its check
     failures = equation.layer_failures(wrapped, centred[:2])
     measured = equation.residual(wrapped, centred, y, loss, cfg.weight_decay)
@@ -228,16 +242,6 @@ def _unseen_labels(labels, count: int, task: str, k: int, pos) -> torch.Tensor:
     if task == "multiclass":
         return torch.from_numpy(y)
     return torch.from_numpy(np.where(y == pos, 1.0, -1.0).astype(np.float32))
-
-
-def _with_start(view, cfg: AuditConfig):
-    """``view`` with the known start and training settings of ``cfg`` (the known-start threat model); as is without a start."""
-    if cfg.start is None:
-        return view
-    from exhume.victim.start import view_with_start, with_optimizer_state
-
-    training = with_optimizer_state(dict(cfg.training), cfg.optimizer_state, view.model)
-    return view_with_start(view, cfg.start, training or None, cfg.start_partial)
 
 
 def _start_record(view, cfg: AuditConfig) -> dict[str, Any]:
@@ -264,15 +268,11 @@ def _law(data: _Audited, cfg: AuditConfig) -> dict[str, Any]:
     return record
 
 
-def _attack(data: _Audited, cfg: AuditConfig, progress: bool, force: bool, resume: bool):
-    """The public :func:`exhume.attack` on the attacker's view, within the audit's time budget."""
+def _attack(data: _Audited, cfg: AuditConfig, request, attack_args: dict[str, Any], progress: bool):
+    """The public :func:`exhume.attack` on the attacker's view (its start attached already), within the audit's budget."""
     import exhume  # the public exhume.attack: whatever runs it (e.g. a restart portfolio) applies here
-    from exhume.attacks import attack_class
 
-    out = None if cfg.out is None else Path(cfg.out)
-    kwargs = {**attack_class(cfg.method).time_budget(cfg.max_seconds), **cfg.attack_args}
-    return exhume.attack(data.view, method=cfg.method, seed=cfg.seed, out=out, device=cfg.device, progress=progress, force=force,
-                         resume=resume, **kwargs)
+    return exhume.attack(data.view, method=cfg.method, seed=cfg.seed, request=request.on_view(), progress=progress, **attack_args)
 
 
 def _judge(data: _Audited, recon, cfg: AuditConfig, settings: dict[str, Any] | None, t0: float) -> AuditResult:

@@ -35,13 +35,12 @@ import torch
 
 from exhume.attacks.base import ATTACKS
 from exhume.attacks.kkt import traces
+from exhume.choices import BATCH_CHOICES
 from exhume.errors import ConfigError, DivergenceError
 from exhume.portfolio.plan import Restart
 
 #: make_fx's mode: real tensors (fake ones gave a graph whose replay failed on a view under vmap)
 TRACING_MODE = "real"
-#: batch_restarts settings: 'auto' (batched on a CUDA device), 'on', 'off'
-BATCH_CHOICES = ("auto", "on", "off")
 #: settings restarts of one batch may differ in: they touch only each restart's optimisers and budget
 PER_RESTART = ("lr", "lr_lambda", "max_seconds")
 

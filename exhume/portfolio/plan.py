@@ -111,11 +111,3 @@ def make_plan(method: str, restarts: int | str | None, *, seed: int = 0, max_sec
 
 DEFAULT_STUDY = "exhume-portfolio"
 
-
-def as_view(victim):
-    from exhume.victim import AttackerView, Victim
-
-    view = victim.attacker_view() if isinstance(victim, Victim) else victim
-    if not isinstance(view, AttackerView):
-        raise ConfigError(f"a portfolio needs a Victim or AttackerView, got {type(victim).__name__}")
-    return view

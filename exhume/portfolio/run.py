@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 from exhume.attacks import Reconstruction
@@ -12,48 +11,49 @@ from exhume.errors import ConfigError
 from exhume.files.runfolder import fingerprint
 from exhume.portfolio import sizing as sizing_mod
 from exhume.portfolio.batched import Batching
-from exhume.portfolio.plan import DEFAULT_STUDY, Plan, as_view, default_workers, make_plan
+from exhume.portfolio.plan import DEFAULT_STUDY, Plan, default_workers, make_plan
 from exhume.portfolio.pool import DUPLICATE_NCC, pool
 from exhume.portfolio.store import LocalStore
 from exhume.portfolio.variants import variants_for
+from exhume.request import Request, view_of
 
 
-def run_portfolio(victim, method: str = DEFAULT_METHOD, *, max_seconds: float | None = None, restarts: int | str | None = None,
-                  workers: int | None = None, seed: int = 0, out: str | Path | None = None, resume: bool = False,
+def run_portfolio(victim, method: str = DEFAULT_METHOD, *, request: Request | None = None, seed: int = 0,
                   storage: str | None = None, study_name: str | None = None, variants: list[dict[str, Any]] | None = None,
-                  device: str = "cpu", progress: bool = True, merge_threshold: float = DUPLICATE_NCC,
-                  start: Any = None, training: Any = None, start_partial: bool = False, batch_restarts: str = "auto",
-                  **attack_kwargs: Any) -> Reconstruction:
-    """Run ``restarts`` restarts of the attack ``method`` and return one pooled Reconstruction.
+                  progress: bool = True, merge_threshold: float = DUPLICATE_NCC, **settings: Any) -> Reconstruction:
+    """Run the restarts of the attack ``method`` that ``request`` asks for and return one pooled Reconstruction.
 
-    Each restart is one run of the registered attack from its own seed (``seed + k``) with the
+    ``request`` (:class:`exhume.request.Request`, or its settings as flat keywords: ``max_seconds``,
+    ``restarts``, ``workers``, ``out``, ``resume``, ``start``, ...); the other keywords are the attack's
+    parameters. Each restart is one run of the registered attack from its own seed (``seed + k``) with the
     variant ``variants[k % len]`` (default :data:`exhume.portfolio.variants.DEFAULT_VARIANTS`)
-    applied over ``attack_kwargs``; ``max_seconds`` is the budget of the whole portfolio, split
+    applied over the attack's parameters; ``max_seconds`` is the budget of the whole portfolio, split
     over waves of ``workers`` parallel restarts (default: the local cores, at most 8); an
-    ``iterations=`` budget applies to each restart. ``restarts``: a number, or ``"auto"``/None
+    ``iterations`` budget applies to each restart. ``restarts``: a number, or ``"auto"``/None
     (:mod:`exhume.portfolio.sizing`: with a time budget the attack's iteration rate is probed first
     and the restarts get enough iterations each; without one, one restart per worker).
 
     With ``out``, every restart is stored in ``OUT/restarts/<k>/`` as soon as it finishes and the
-    pooled result in ``OUT``; ``resume=True`` reuses the finished restarts and continues an
+    pooled result in ``OUT``; ``resume`` reuses the finished restarts and continues an
     interrupted one from its checkpoint. With ``storage`` (an Optuna/SQLAlchemy URL such as
     ``postgresql://…`` or ``sqlite:///…``), restarts are claimed from a study named ``study_name``
     by every process that joins it (:func:`exhume.portfolio.shared.portfolio_worker` on other
     machines) and their results are stored in that database, from which this call pools.
     ``merge_threshold``: the NCC above which two same-label candidates are merged (1.0: never); image
-    candidates must also have an SSIM above ``DUPLICATE_SSIM`` (0.98) with each other. ``start``, ``training``,
-    ``start_partial``: the start, in every restart's view (:func:`exhume.victim.start.view_with_start`).
+    candidates must also have an SSIM above ``DUPLICATE_SSIM`` (0.98) with each other. The request's
+    threat model: the start, in every restart's view (:func:`exhume.request.view_of`).
     ``batch_restarts``: 'auto' (on a CUDA device the restarts run as one batched problem in this process,
     :mod:`exhume.portfolio.batched`), 'on' or 'off' (worker processes).
     """
-    from exhume.device import check_device
-    from exhume.victim.start import view_with_start
-
     t0, began = time.perf_counter(), time.time()  # the budget counts from here: probe, start-up, pooling, saving
-    check_device(device)
+    request, params = Request.of(request, settings)
     if not 0.0 <= merge_threshold <= 1.0:
         raise ConfigError(f"merge_threshold must be in [0, 1] (1 = never merge), got {merge_threshold!r}")
-    view = as_view(view_with_start(victim, start, training, start_partial))
+    asked, output = request.budget, request.output
+    attack_kwargs = asked.attack_settings(method, params, seconds=False)
+    max_seconds, restarts, workers, device, out, resume = (asked.max_seconds, asked.restarts, asked.workers, asked.device,
+                                                          output.folder, output.resume)
+    view = view_of(victim, request.threat)
     check_portfolio_memory(view, method, attack_kwargs, variants, workers, restarts, device)
     sizing, budget = None, max_seconds
     if restarts in (None, "auto") and max_seconds is not None:
@@ -63,7 +63,7 @@ def run_portfolio(victim, method: str = DEFAULT_METHOD, *, max_seconds: float | 
         restarts, workers, max_seconds = sizing.restarts, sizing.workers, sizing.seconds
     plan = make_plan(method, restarts, seed=seed, max_seconds=max_seconds, workers=workers, variants=variants,
                      attack_kwargs=attack_kwargs)
-    batching = Batching.choose(batch_restarts, device, method, storage)
+    batching = Batching.choose(asked.batch_restarts, device, method, storage)
     if storage is None:
         deadline = None if budget is None else began + float(budget) - pooling_reserve(view, plan, float(budget))
         results, rows = run_local(view, plan, out, resume, device, progress, batching.groups if batching.used else None, deadline)

@@ -161,10 +161,11 @@ def portfolio_worker(victim, *, storage: str, study_name: str | None = None, wor
     """Work on a portfolio created elsewhere (``exhume attack --storage URL --worker``): claim and run
     restarts until none is waiting, store their results in the database, and return how many ran here."""
     from exhume.device import check_device
-    from exhume.portfolio.plan import DEFAULT_STUDY, as_view, default_workers
+    from exhume.portfolio.plan import DEFAULT_STUDY, default_workers
+    from exhume.request import view_of
 
     check_device(device)
-    view = as_view(victim)
+    view = view_of(victim)
     study_name = study_name or DEFAULT_STUDY
     _open(storage, out, study_name, None)  # waits for the study and its plan
     return work_here(view, storage, study_name, workers or default_workers(), out, False, device, progress)

@@ -32,6 +32,7 @@ from typing import Any
 from exhume.attacks import ATTACKS, attack_class, get_attack
 from exhume.attacks.base import DEFAULT_METHOD
 from exhume.errors import ConfigError, DivergenceError
+from exhume.request import Request, view_of
 from exhume.studies import GRACE_PERIOD, HEARTBEAT_INTERVAL, counts, create_or_load, load_optuna, make_storage, open_study, redact, work
 
 __all__ = ["DEFAULTS", "GRACE_PERIOD", "HEARTBEAT_INTERVAL", "SEARCH_SPACE", "defaults_for", "load_study", "make_storage",
@@ -86,13 +87,15 @@ def suggest(trial, space: dict[str, tuple[float, float, bool]] | None = None) ->
     return {name: trial.suggest_float(name, lo, hi, log=log) for name, (lo, hi, log) in (space or SEARCH_SPACE).items()}
 
 
-def _searchable(view, trials: int, trial_seconds: float, fixed: dict[str, Any], method: str) -> dict[str, tuple[float, float, bool]]:
-    """The search space of ``method``, after refusing (one line each) what no trial could run or score."""
+def _searchable(view, trials: int, trial_seconds: float, fixed: dict[str, Any], method: str, threat=None):
+    """The search space of ``method`` and the view with ``threat``'s start, after refusing (one line each) what no trial
+    could run or score."""
     from exhume.attacks.score import check_scorable
     from exhume.victim import AttackerView
 
     if not isinstance(view, AttackerView):
         raise ConfigError(f"tune() needs an AttackerView (the attacker never sees the training set), got {type(view).__name__}")
+    view = view_of(view, threat)
     if trials < 1:
         raise ConfigError(f"--trials must be at least 1, got {trials}")
     if not trial_seconds > 0:
@@ -112,7 +115,7 @@ def _searchable(view, trials: int, trial_seconds: float, fixed: dict[str, Any], 
     # here with one line, before any study is touched
     get_attack(method, **fixed).check(view)
     check_scorable(view)
-    return space
+    return space, view
 
 
 def _open(view, out: Path, storage: str | None, study_name: str, prune: bool, report_every: int, heartbeat: tuple[int, int],
@@ -180,33 +183,57 @@ def _objective(view, study, method: str, fixed: dict[str, Any], space, out: Path
     return objective
 
 
-def tune(view, trials: int, out: str | Path, trial_seconds: float = 60.0, storage: str | None = None,
-         study_name: str | None = None, seed: int = 0, device: str = "cpu", prune: bool = True,
+def tune(view, trials: int, out: str | Path | None = None, trial_seconds: float | None = None, storage: str | None = None,
+         study_name: str | None = None, seed: int = 0, device: str | None = None, prune: bool = True,
          progress: bool = True, report_every: int = 500, victim_path: str | None = None,
          heartbeat_interval: int = HEARTBEAT_INTERVAL, grace_period: int = GRACE_PERIOD,
-         fixed: dict[str, Any] | None = None, method: str = DEFAULT_METHOD) -> dict[str, Any]:
+         fixed: dict[str, Any] | None = None, method: str = DEFAULT_METHOD, *, request: Request | None = None) -> dict[str, Any]:
     """Search the hyperparameters of the attack ``method`` on ``view`` (an :class:`~exhume.victim.AttackerView`).
 
     Returns a summary: the best trial's number, score, parameters and folder, and the study's
-    counts. ``fixed``: further keyword arguments of the attack shared by all trials (e.g. ``m``);
+    counts. ``request`` (:class:`exhume.request.Request`): the threat model (a known start, in every
+    trial's view), the budget of each trial (``max_seconds``, default 60; ``device``, ``dtype``) and the
+    output folder; ``out``, ``trial_seconds`` and ``device`` are the same settings given flat.
+    ``fixed``: further keyword arguments of the attack shared by all trials (e.g. ``m``);
     ``study_name`` defaults to ``exhume-<method>``.
     """
-    fixed = dict(fixed or {})
-    space = _searchable(view, trials, trial_seconds, fixed, method)
+    request = _asked(request, out, trial_seconds, device)
+    trial_seconds, device = request.budget.max_seconds or TRIAL_SECONDS, request.budget.device
+    fixed = request.budget.attack_settings(method, dict(fixed or {}), seconds=False)  # the budget's dtype, if set
+    space, view = _searchable(view, trials, trial_seconds, fixed, method, request.threat)
     from exhume.files.runfolder import fingerprint
+    from exhume.victim.start import start_digest
 
     study_name = study_name or f"exhume-{method}"
-    out = Path(out)
+    out = Path(request.output.folder)
     _refuse_foreign(out)
     out.mkdir(parents=True, exist_ok=True)
     record = {"method": method, "seed": seed, "trials": trials, "trial_seconds": trial_seconds, "victim_path": victim_path,
               "settings": {"trial_seconds": float(trial_seconds), "victim_fingerprint": fingerprint(view.model),
-                           "fixed": fixed, "seed": seed, "prune": prune}}
+                           "fixed": fixed, "seed": seed, "prune": prune,
+                           **({} if view.start is None else {"start_digest": start_digest(view.start)})}}
     study = _open(view, out, storage, study_name, prune, report_every, (heartbeat_interval, grace_period), record)
     objective = _objective(view, study, method, fixed, space, out, trial_seconds, seed, device, report_every)
     t0 = time.perf_counter()
     _run_trials(study, objective, trials, f"tune {study_name}", progress, min(heartbeat_interval, 2))
     return _summary(study, study_name, storage, out, round(time.perf_counter() - t0, 1))
+
+
+#: each trial's seconds when neither ``trial_seconds`` nor the request's budget sets them
+TRIAL_SECONDS = 60.0
+
+
+def _asked(request: Request | None, out, trial_seconds, device) -> Request:
+    """tune's request: the flat settings sorted into one; a trial is one run bounded by its seconds, so the budget's
+    iterations, restarts and workers are not tune's, and the study needs an output folder."""
+    flat = {k: v for k, v in (("out", out), ("max_seconds", trial_seconds), ("device", device)) if v is not None}
+    request, _ = Request.of(request, flat)
+    extra = [n for n in ("iterations", "restarts", "workers") if getattr(request.budget, n) is not None]
+    if extra:
+        raise ConfigError(f"{', '.join(extra)}: a tune trial is one run bounded by its seconds (trial_seconds); leave them unset")
+    if request.output.folder is None:
+        raise ConfigError("tune writes its study and trials into a folder: give out=")
+    return request
 
 
 def _refuse_foreign(out: Path) -> None:

@@ -268,19 +268,3 @@ def with_optimizer_state(training: dict[str, Any], path: str | Path | None, mode
     moment, step = load_second_moment(path, model)
     return {**training, "second_moment": moment, **({"adam_step": step} if step is not None and "adam_step" not in training else {})}
 
-
-def view_with_start(victim, start=None, training=None, partial: bool = False):
-    """The attacker's view of ``victim`` (a Victim or an AttackerView) with the start and training settings added.
-
-    ``start``: a dict of tensors or a file (:func:`load_start`); ``training``: a dict or
-    :class:`TrainingSettings`. ``victim`` itself when both are None.
-    """
-    from dataclasses import replace
-
-    if start is None and training is None:
-        return victim
-    view = victim.attacker_view() if hasattr(victim, "attacker_view") else victim
-    if start is None:
-        raise ConfigError("training settings describe training from the start: pass the starting weights too (start=...)")
-    start = check_start(start, view.model, "the start", partial) if isinstance(start, dict) else load_start(start, view.model, partial)
-    return replace(view, start=start, training=training_settings(training))
