@@ -27,7 +27,7 @@ def view_of(folder: Path):
     """The owner's view of a zoo victim with its whole recipe, and the centred training and unseen images with labels."""
     from exhume.audit import load_images, load_model_class, load_weights
     from exhume.audit.config import from_options
-    from exhume.audit.facade import _audited
+    from exhume.audit.facade import _audited, _request
     from practitioner.run import audit_settings, exact_recipe
 
     cfg = audit_settings(folder / "audit.toml")
@@ -37,7 +37,7 @@ def view_of(folder: Path):
     ux, uy = load_images(cfg.unseen, need_labels=True)
     run = from_options(cfg, out=None, method="simulate", attack_args={"run": "exact"}, start=str(folder / "start.safetensors"),
                        training=exact_recipe(training))
-    a = _audited(model, (x, y), ux, run)
+    a = _audited(model, (x, y), ux, run, _request(run, False, False)[0].threat)
     n = len(x)
     from exhume.audit.facade import _labels
 

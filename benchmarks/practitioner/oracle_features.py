@@ -151,7 +151,8 @@ def audited(folder: Path):
     x, y = load_images(cfg.train, need_labels=True)
     unseen, _ = load_images(cfg.unseen, need_labels=False)
     acfg = AuditConfig(loss=cfg.loss, weight_decay=cfg.weight_decay, normalize=parse_normalize(cfg.normalize), **extra)
-    return facade._audited(model, (x, y), unseen, acfg), x, y, unseen
+    threat = facade._request(acfg, False, False)[0].threat  # the known start, attached once by the audit's request
+    return facade._audited(model, (x, y), unseen, acfg, threat), x, y, unseen
 
 
 def judge(images, labels, x, y, unseen) -> dict:
