@@ -77,7 +77,7 @@ def test_the_shipped_curve_is_readable_and_names_how_it_was_measured():
 
     table = load_measured()
     assert table["command"].startswith("exhume experiment law") and table["date"] and "digits" in table["measured_on"]
-    assert {p["family"] for p in table["points"]} == {"random-features", "two-layer-mlp"}
+    assert {p["family"] for p in table["points"]} == {"random-features", "two-layer-mlp", "cnn"}
     assert all(0 <= p["fraction"] <= 1 for p in table["points"]) and MEASURED.name == "law_measured.json"
 
 
