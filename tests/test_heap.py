@@ -43,5 +43,7 @@ def test_reused_blocks_cost_no_page_faults_inside_retained_heap():
     out = subprocess.run([sys.executable, "-c", PROBE, exhume.heap.__file__], capture_output=True, text=True, check=True)
     default, again, inside = map(int, out.stdout.split())
     block = (20 << 20) // 4096  # one block's pages
-    assert default >= block and again >= block // 2  # glibc's defaults fault freed blocks in again, even once adapted
-    assert inside <= again // 50  # kept: the steps reuse the process's pages
+    # glibc's defaults fault freed blocks in again at first; once its thresholds adapt they sometimes keep them
+    # (``again``: 0 in one CI run, a block or more in others), so the comparison is with the first measurement
+    assert default >= block
+    assert inside <= min(default, max(again, block)) // 50  # kept: the steps reuse the process's pages
