@@ -155,6 +155,16 @@ def test_the_exact_run_identifies_the_training_images_where_the_attack_does_not_
     assert record["admits_other_images"] is False and record["attack_to_truth"] > 1e6
 
 
+def _train_binary(model: nn.Module, opt, x: torch.Tensor, y: torch.Tensor, batch_size: int, epochs: int) -> None:
+    """A plain PyTorch loop: the logistic loss over a shuffled DataLoader seeded with ``SEED``, ``epochs`` times."""
+    loader = DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(SEED))
+    for _ in range(epochs):
+        for xb, yb in loader:
+            opt.zero_grad()
+            nn.functional.binary_cross_entropy_with_logits(model(xb)[:, 0], yb.to(x.dtype)).backward()
+            opt.step()
+
+
 def _tiny(seed: int = 0, optimizer: str = "sgd"):
     """A 8-16-1 ReLU MLP (float64) trained by a plain PyTorch loop on 4 points (2×4 pixels), batches of 2 from a seeded
     shuffled DataLoader, 3 epochs: 6 steps of SGD with momentum 0.9 (or Adam), 4 × 8 = 32 unknowns against 161 parameters."""
@@ -166,12 +176,7 @@ def _tiny(seed: int = 0, optimizer: str = "sgd"):
     recipe = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9} if optimizer == "sgd" else {"optimizer": optimizer, "lr": 1e-2}
     opt = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if optimizer == "sgd"
            else torch.optim.Adam(model.parameters(), lr=1e-2))
-    loader = DataLoader(TensorDataset(x, y), batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(SEED))
-    for _ in range(3):
-        for xb, yb in loader:
-            opt.zero_grad()
-            nn.functional.binary_cross_entropy_with_logits(model(xb)[:, 0], yb.double()).backward()
-            opt.step()
+    _train_binary(model, opt, x, y, batch_size=2, epochs=3)
     view = AttackerView(model=nn.Sequential(*model, nn.Flatten(0)), task="binary", input_shape=(1, 2, 4),
                         mean=torch.full((1, 2, 4), 0.5), start=start, n_train_hint=4,
                         training={**recipe, "weight_decay": 0.0, "batch_size": 2, "epochs": 3, "sampler": "random", "seed": SEED})
@@ -241,12 +246,7 @@ def _adam_victim():
     x[:, :, 0, :] = x[:, :, :, 0] = 0
     y = torch.arange(32) % 2
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    loader = DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(SEED))
-    for _ in range(5):
-        for xb, yb in loader:
-            opt.zero_grad()
-            nn.functional.binary_cross_entropy_with_logits(model(xb)[:, 0], yb.float()).backward()
-            opt.step()
+    _train_binary(model, opt, x, y, batch_size=8, epochs=5)
     return AttackerView(model=nn.Sequential(*model, nn.Flatten(0)), task="binary", input_shape=(1, 8, 8),
                         mean=torch.zeros(1, 8, 8), start=start, n_train_hint=32,
                         training={"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "batch_size": 8, "epochs": 5,

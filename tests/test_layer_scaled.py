@@ -25,12 +25,7 @@ from exhume.victim import AttackerView
 C = 5.0
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: tiny tensors run faster on one thread
 
 
 def _slope(z: torch.Tensor, alpha) -> torch.Tensor:

@@ -26,13 +26,7 @@ from exhume.victim import AttackerView
 ALPHA = 7.0
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one thread is faster than several, and far faster on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: tiny tensors run faster on one thread
 
 
 def test_the_one_node_soft_relu_has_the_composites_value_and_derivatives_to_second_order():
