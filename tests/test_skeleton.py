@@ -49,3 +49,35 @@ def test_open_run_restores_in_place_and_refuses_other_settings(tmp_path):
     assert "{" not in str(err.value)  # the differing setting, not the whole settings
     fresh = open_run(tmp_path, False, {"x": y}, {"opt": opt2}, {"config": {"lr": 0.2}})  # without resume: a new run
     assert fresh.start == 0 and fresh.history == []
+
+
+def test_a_checkpoint_older_than_a_setting_resumes_at_its_default(tmp_path):
+    """A setting added to exhume after a checkpoint was written counts as its default (the older run's behaviour);
+    another value of it is still refused, naming it."""
+    x = torch.zeros(3, requires_grad=True)
+    opt = make_optimizer("sgd", [x], 0.1)
+    open_run(tmp_path, False, {"x": x}, {"opt": opt}, {"config": {"lr": 0.1}}).save(4, 1.0)  # written before "surrogate"
+    now = {"config": {"lr": 0.1, "surrogate": "fixed"}}
+    with pytest.raises(ExhumeError, match=r"surrogate='\(unset\)' there, 'fixed' here"):
+        open_run(tmp_path, True, {"x": x}, {"opt": opt}, now)  # without the defaults: refused as before
+    assert open_run(tmp_path, True, {"x": x}, {"opt": opt}, now, defaults={"lr": 0.5, "surrogate": "fixed"}).start == 4
+    with pytest.raises(ExhumeError, match=r"surrogate='fixed' there, 'layer-scaled' here"):
+        open_run(tmp_path, True, {"x": x}, {"opt": opt}, {"config": {"lr": 0.1, "surrogate": "layer-scaled"}},
+                 defaults={"surrogate": "fixed"})
+
+
+def test_kkt_resumes_a_checkpoint_written_before_its_newer_settings(tmp_path, victim_dir, one_thread):
+    """End to end: a kkt checkpoint whose config lacks settings added since (as written by an older exhume) resumes."""
+    from exhume.attacks import get_attack
+    from exhume.files.torchfile import load_torch, save_torch
+    from exhume.victim import load_victim
+
+    view = load_victim(victim_dir).attacker_view()
+    get_attack("kkt", iterations=3, checkpoint_every=1).run(view, seed=0, out=tmp_path)
+    path = tmp_path / "checkpoint.pt"
+    payload = load_torch(path, "test", "checkpoint")
+    for key in ("surrogate", "multipliers", "sphere"):
+        payload["state"]["config"].pop(key)
+    save_torch(path, payload)
+    again = get_attack("kkt", iterations=5, checkpoint_every=1).run(view, seed=0, out=tmp_path, resume=True)
+    assert again.record.iterations == 5

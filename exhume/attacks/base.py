@@ -211,6 +211,11 @@ class Attack:
         return self.config.get(name)
 
     @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Every setting's default: what a checkpoint written before a setting existed is resumed with."""
+        return {name: p.default for name, p in cls.params.items()}
+
+    @classmethod
     def search_space(cls) -> dict[str, tuple[float, float, bool]]:
         """``name: (low, high, log)`` for each parameter that declares a search range (``Param.search``)."""
         return {name: (p.search[0], p.search[1], p.search[2] == "log") for name, p in cls.params.items() if p.search}

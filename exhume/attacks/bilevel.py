@@ -297,7 +297,8 @@ class BilevelAttack(Attack):
         p = self.problem(view, torch.device(device), seed, init)
         opt = make_optimizer(cfg["optimizer"], [p.x], cfg["lr"], cfg["momentum"])
         run = open_run(out, resume, {"x": p.x, **p.state}, {"opt": opt},
-                       {"config": resumable_settings(cfg), "seed": seed, "m": p.m}, snapshot=lambda: {"x": p.x, **p.state})
+                       {"config": resumable_settings(cfg), "seed": seed, "m": p.m}, snapshot=lambda: {"x": p.x, **p.state},
+                       defaults=self.defaults())
         self.project(p)
         step = self.stepper(p, opt, run.history)
 

@@ -177,7 +177,8 @@ class GeneratorAttack(Attack):
         tensors = dict(c.gen.state_dict())
         run = open_run(out, resume, {**tensors, **rngs}, {"opt": opt},
                        {"config": resumable_settings(cfg, INVERSION_BUDGET), "seed": seed, "method": self.name},
-                       snapshot=lambda: {**tensors, "rng": c.rng.get_state(), "torch_rng": torch.get_rng_state()})
+                       snapshot=lambda: {**tensors, "rng": c.rng.get_state(), "torch_rng": torch.get_rng_state()},
+                       defaults=self.defaults())
         c.rng.set_state(rngs["rng"])  # restored in place by a resume, else unchanged
         torch.set_rng_state(rngs["torch_rng"])
         step = self.stepper(c, opt, run.history)

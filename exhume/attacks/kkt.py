@@ -402,7 +402,7 @@ class KKTAttack(Attack):
         run = open_run(out, resume, {"x": p.x, "u": p.u, **tracker.state()}, {"opt_x": opt_x, "opt_u": opt_u},
                        {"config": resumable_settings(cfg, BUDGET_SETTINGS + ("background",)), "seed": seed, "m": p.m,
                         **({"fixed": p.fixed_info["fixed_digest"]} if p.fixed_info else {}),
-                        "start": start_digest(view.start)})
+                        "start": start_digest(view.start)}, defaults=self.defaults())
         return (opt_x, opt_u), tracker, run
 
     def result(self, p: Problem, end, run, tracker: IterateTracker, background: tuple[float, str], seed: int,

@@ -95,15 +95,16 @@ class RunState:
 
 def open_run(out: str | Path | None, resume: bool, tensors: dict[str, torch.Tensor],
              optimizers: dict[str, torch.optim.Optimizer], tag: dict[str, Any],
-             snapshot: Callable[[], dict[str, torch.Tensor]] | None = None) -> RunState:
+             snapshot: Callable[[], dict[str, torch.Tensor]] | None = None, defaults: dict[str, Any] | None = None) -> RunState:
     """The run's checkpoint ``out/checkpoint.pt``; with ``resume`` and an existing checkpoint,
     ``tensors`` and ``optimizers`` are restored in place and its progress is picked up (its
-    ``tag`` settings must equal this run's). ``snapshot`` gives the tensors to save (default:
+    ``tag`` settings must equal this run's; a setting the checkpoint predates counts as its value in
+    ``defaults``, the attack's setting defaults). ``snapshot`` gives the tensors to save (default:
     ``tensors`` as they are then)."""
     path = Path(out) / "checkpoint.pt" if out is not None else None
     run = RunState(path, snapshot or (lambda: tensors), optimizers, tag)
     if resume and path is not None and path.exists():
-        state = load_checkpoint(path, tensors, optimizers, expect=tag)
+        state = load_checkpoint(path, tensors, optimizers, expect=tag, defaults=defaults)
         run.start, run.elapsed, run.history = state["iteration"], state["elapsed"], state["history"]
     return run
 

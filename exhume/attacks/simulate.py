@@ -213,7 +213,8 @@ class SimulateAttack(Attack):
                 "opt_l": make_optimizer(cfg["optimizer"], [p.logits], cfg["lr_labels"], cfg["momentum"]),
                 "opt_r": make_optimizer(cfg["optimizer"], [p.rho], cfg["lr_rates"], cfg["momentum"])}
         run = open_run(out, resume, {"x": p.x, "logits": p.logits, "rho": p.rho}, opts,
-                       {"config": resumable_settings(cfg), "seed": seed, "m": p.x.shape[0], "start": start_digest(view.start)})
+                       {"config": resumable_settings(cfg), "seed": seed, "m": p.x.shape[0], "start": start_digest(view.start)},
+                       defaults=self.defaults())
         tau, why = background_level(cfg["background"], view.mean, tuple(view.input_shape))
 
         def emit(it: int, elapsed: float) -> None:
