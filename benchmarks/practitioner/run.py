@@ -11,6 +11,10 @@ in its own process pinned with ``taskset`` to ``--cores-per-job`` cores (the slo
 (pool and control from ``unseen.npz``) is not part of the budget. Results: ``RUNS/results/*.json``,
 then ``RUNS/results.csv`` and ``RUNS/table.md``; each audit's folder in ``RUNS/audits/``.
 
+A folder built by exhume itself (``victim.json``: the paper zoo of ``benchmarks/zoo``) is audited the same way, as
+its owner would: its model, training images and labels, and 1000 more unseen images of its classes drawn as
+``exhume evaluate`` draws its pool; weights only (method ``default``).
+
 A method is a name and a function ``(victim folder, training.json) -> extra keyword arguments of
 exhume.audit`` (``attack_args`` merged into the config's), so a new threat model is one entry of
 :data:`METHODS`; on the command line ``audit:{json}`` passes those keyword arguments directly and
@@ -116,8 +120,34 @@ def audit_settings(config: Path):
     return settings(argparse.Namespace(config=str(config), param=[], **{k: None for k in KEYS}))
 
 
+def zoo_victim_audit(folder: Path, method: str, seconds: float, seed: int, out: Path):
+    """The audit of a victim built by exhume (``benchmarks/zoo``, a folder with ``victim.json``), as its owner would run
+    it: its model, training images and labels, and ``POOL`` unseen images of the same classes (disjoint from the
+    training set, as ``exhume evaluate`` draws its pool) as the unseen set; weights only (no start is kept)."""
+    import exhume
+    from exhume.data import dataset_of, make_pool
+    from exhume.victim import load_victim
+
+    if method != "default":
+        raise SystemExit(f"{folder.name}: an exhume-built victim keeps no start or recipe; only the 'default' method applies")
+    victim = load_victim(folder)
+    ds = dataset_of(victim.data_spec)
+    train = victim.load_train_set(ds)
+    unseen = make_pool(ds, train.spec["task"], POOL + len(train), exclude=train.indices, seed=1)
+    task = "binary" if victim.task == "binary" else "multiclass"
+    return exhume.audit(victim.model, (train.x, train.y), (unseen.x, unseen.y), loss=victim.loss,
+                        weight_decay=float(victim.weight_decay or 0.0), normalize=(victim.mean, 1.0), task=task,
+                        max_seconds=seconds, out=out, seed=seed, progress=False, force=True)
+
+
+#: unseen images an exhume-built victim's audit gets beyond its training set's size (the zoo's pool)
+POOL = 1000
+
+
 def run_audit(folder: Path, method: str, seconds: float, seed: int, out: Path):
     """One job's audit: the victim as a user's model, the method's extra settings, ``seconds`` of attack."""
+    if (folder / "victim.json").is_file():
+        return zoo_victim_audit(folder, method, seconds, seed, out)
     import exhume
     from exhume.audit import load_images, load_model_class, load_weights
     from exhume.audit.command import parse_normalize
@@ -143,7 +173,7 @@ def row_of(victim: str, method: str, seed: int, seconds: float, wall: float, res
             "control": m.get("memorised_control"), "control_size": m.get("control_size"),
             "control_oracle": m.get("memorised_control_oracle"), "one_to_one": m.get("one_to_one_ssim>=0.4"),
             "one_to_one_control": m.get("one_to_one_ssim>=0.4_control"), "verdict": result.verdict, "p_value": m.get("p_value"),
-            "stationarity_residual": m["victim"].get("stationarity_residual"), "reason": result.reason, **owner_columns(m)}
+            "stationarity_residual": (m.get("victim") or {}).get("stationarity_residual"), "reason": result.reason, **owner_columns(m)}
 
 
 def owner_columns(m) -> dict[str, Any]:
@@ -178,7 +208,7 @@ def victims(zoo: Path, only: list[str] | None) -> list[str]:
     ready = zoo / "READY"
     if ready.is_file():
         return [n for n in ready.read_text().split() if n]
-    return sorted(p.parent.name for p in zoo.glob("*/audit.toml"))
+    return sorted({p.parent.name for pattern in ("*/audit.toml", "*/victim.json") for p in zoo.glob(pattern)})
 
 
 def run_all(args) -> None:
