@@ -170,8 +170,11 @@ def _add_experiment(sub) -> None:
         _common(q, f"runs/experiment-{name}")
         q.add_argument("--full", action="store_true", help="the paper's scale instead of the CPU budget (expected wall "
                        "times on a GPU and on 2 CPU cores: benchmarks/README.md#the-experiments-at-full-scale-wall-times); "
-                       "run it in checkpointed chunks with --chunk-seconds and --resume where the experiment offers them")
+                       "run it in checkpointed chunks with --chunk-seconds and --resume")
         q.add_argument("--force", action="store_true", help="run again in an --out that holds an earlier run of it, replacing its results")
+        q.add_argument("--chunk-seconds", type=float, default=None, help=f"stop after this much wall time, checkpointed as on "
+                       f"Ctrl-C (exit code {CHUNK_ENDED}); run the same command with --resume to go on: --full on a CPU, "
+                       "chunk by chunk")
         if exp.add_arguments is not None:
             exp.add_arguments(q)
 

@@ -11,10 +11,12 @@ decides. Optuna is an optional extra (``pip install 'exhume[tune]'``), imported 
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 import warnings
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 
 from exhume.errors import ConfigError
@@ -33,7 +35,16 @@ def load_optuna():
         raise ConfigError("exhume tune needs Optuna: pip install 'exhume[tune]'") from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    trials_log = logging.getLogger("optuna.study._optimize")
+    if _not_a_failed_trial not in trials_log.filters:
+        trials_log.addFilter(_not_a_failed_trial)
     return optuna
+
+
+def _not_a_failed_trial(record: logging.LogRecord) -> bool:
+    """Optuna's warning that a trial failed, with its traceback, is not shown: every exception but a numerical
+    failure leaves the objective and reaches exhume's own one line (an interrupt: its own line too)."""
+    return " failed with " not in record.getMessage()
 
 
 def storage_url(storage: str | None, out: Path) -> str:
@@ -131,10 +142,15 @@ def has_waiting(study) -> bool:
     return bool(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
 
 
-def work(study, objective: Callable, decide: Callable[[], str], poll_seconds: float = min(HEARTBEAT_INTERVAL, 2)) -> None:
+def work(study, objective: Callable, decide: Callable[[], str], poll_seconds: float = min(HEARTBEAT_INTERVAL, 2),
+         held: bool = False) -> None:
     """The worker's loop: fail the stale trials (their workers died: queued again), then as ``decide()`` says,
     ``"run"`` one trial here (a waiting one, or a new one from the sampler), ``"wait"`` for trials running
-    elsewhere, or ``"done"``."""
+    elsewhere, or ``"done"``. ``held``: Optuna's bookkeeping of a trial is held whole against interrupts
+    (:func:`exhume.interrupts.whole_step`; the objective lets them through in its own part), so that an
+    interrupt never leaves a trial running in the study for its heartbeat's grace period."""
+    from exhume.interrupts import whole_step
+
     optuna = load_optuna()
     while True:
         optuna.storages.fail_stale_trials(study)
@@ -143,7 +159,8 @@ def work(study, objective: Callable, decide: Callable[[], str], poll_seconds: fl
             return
         if what == "run":
             try:
-                study.optimize(objective, n_trials=1, catch=())
+                with whole_step() if held else nullcontext():
+                    study.optimize(objective, n_trials=1, catch=())
             except ValueError as e:  # SQLite does not lock a claimed trial: two workers can pop the same waiting one
                 if "Cannot tell a COMPLETE trial" not in str(e):
                     raise

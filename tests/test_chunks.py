@@ -152,3 +152,141 @@ def test_an_interrupt_during_a_step_arrives_after_it():
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+
+def test_an_interrupt_inside_a_checkpoint_write_stays_an_interrupt(tmp_path):
+    """torch's zip writer turns an exception inside it into a RuntimeError: a chunk's end there would crash the run."""
+    from exhume.experiments.registry import ChunkEnd
+    from exhume.files.torchfile import save_torch
+
+    writes = [0]
+    real = torch.save
+
+    def cut(obj, f, *a, **k):  # the chunk's end lands in the second write of the file
+        class Cut:
+            def write(self, b):
+                writes[0] += 1
+                if writes[0] == 2:
+                    raise ChunkEnd
+                return f.write(b)
+
+            def __getattr__(self, name):
+                return getattr(f, name)
+
+        real(obj, Cut(), *a, **k)
+
+    torch.save = cut
+    try:
+        with pytest.raises(ChunkEnd):
+            save_torch(tmp_path / "t.pt", {"x": torch.zeros(100)})
+    finally:
+        torch.save = real
+    assert list(tmp_path.iterdir()) == [], "no file, no temporary file"
+
+
+def test_a_chunk_end_that_python_drops_is_raised_again():
+    """A signal handler's exception inside a weakref callback (or a finaliser) is printed and dropped by Python."""
+    import time
+    import weakref
+
+    from exhume.experiments.registry import ChunkEnd, chunk_deadline
+
+    class Thing:
+        pass
+
+    start = time.perf_counter()
+    with pytest.raises(ChunkEnd):
+        with chunk_deadline(0.05):
+            thing = Thing()
+            ref = weakref.ref(thing, lambda r: time.sleep(0.2))  # the chunk's end lands in this callback
+            del thing
+            time.sleep(1.0)
+    assert ref() is None and time.perf_counter() - start < 0.5
+
+# The other experiments in chunks, at the tiniest settings each accepts. The victims that are trained for a time
+# (init-study's, selection's) are the suite's tiny ones, copied into both runs: a time budget trains no two alike.
+CHUNKED = {
+    "init-study": ["-n", "10", "--grid", "1", "--kkt-iterations", "40", "--bilevel-iterations", "3", "--heldout", "10"],
+    "tldr": ["--sizes", "10", "--epochs", "1", "--arch", "convnet:4;fc=8", "--steps", "8", "--samples-per-class", "1",
+             "--methods", "tldr"],
+    "selection": ["--trials", "2", "--trial-seconds", "0.2", "--pool-size", "20"],
+}
+
+
+def _table(name: str, out) -> list:
+    """What the experiment's table says, less wall times and file paths (selection: how many trials it judged and
+    which was the default; its scores are not comparable, its trials running for a time)."""
+    if name == "init-study":
+        return [{k: v for k, v in r.items() if k != "seconds"} for r in json.loads((out / "table.json").read_text())["rows"]]
+    if name == "tldr":
+        res = json.loads((out / "results.json").read_text())
+        return [res["victim_signal_separation"],
+                [{k: v for k, v in r.items() if not k.endswith("seconds") and k != "grid"} for r in res["runs"]]]
+    res = json.loads((out / "selection.json").read_text())
+    return [res["n_trials_judged"], sorted(r["default"] for r in res["trials"]), res["default_settings_trial"]["params"]]
+
+
+def _cut_attacks(out) -> set:
+    """The attacks in ``out`` stopped part way: a checkpoint and no result yet."""
+    return {str(p.parent) for p in out.rglob("checkpoint.pt")
+            if not any((p.parent / f).is_file() for f in ("reconstruction.json", "row.json"))}
+
+
+@pytest.mark.parametrize("name", sorted(CHUNKED))
+def test_every_experiment_cut_into_chunks_ends_with_the_uninterrupted_table(name, tmp_path, capsys, monkeypatch,
+                                                                            victim_dir, make_tiny_victim):
+    """``--chunk-seconds`` cuts the run as Ctrl-C would (exit code 3, one line); the same command with ``--resume``
+    goes on, and the last chunk's table is the one run's. The first chunk is a quarter of the uninterrupted run, each
+    next one 1.6 times as long as the last, so that a loaded machine still gets through what is not checkpointed
+    (loading the data, judging a finished run)."""
+    import shutil
+    import time
+
+    # the figures are drawn from the tables (tested in test_init_study_cli.py, test_tldr.py, test_tune.py): not here
+    monkeypatch.setattr("exhume.experiments.init_study._figures", lambda *a: [])
+    monkeypatch.setattr("exhume.evaluation.trainlike.class_grid", lambda *a, **k: a[2])
+    monkeypatch.setattr("exhume.experiments.selection._plot", lambda *a: None)
+    victims = {"init-study": {"victim-kkt": victim_dir, "victim-bilevel": make_tiny_victim(arch="affine", epochs=50, lr=0.5, test_size=0)},
+               "selection": {"victim": victim_dir}}.get(name, {})
+    argv = ["experiment", name, *CHUNKED[name], "--no-progress"]
+    for run in ("whole", "chunked"):
+        for folder, source in victims.items():
+            shutil.copytree(source, tmp_path / run / folder)
+    # first the uninterrupted run (which also imports what the experiment imports: a chunk's end inside an import,
+    # harmless to the command that then exits, would break the next chunk run in this process)
+    start = time.perf_counter()
+    assert main([*argv, "-o", str(tmp_path / "whole"), *(["--resume"] if victims else [])]) == 0
+    first = (time.perf_counter() - start) / 4  # the chunks' lengths follow this machine's speed
+    if name == "selection":  # and its first trial is cut for sure: the chunk's end lands in the default settings' trial
+        from exhume.experiments.registry import ChunkEnd
+        from exhume.tune import study
+
+        def cut_once(*args, real=study._trial, calls=[]):  # noqa: B006 - counts the calls
+            calls.append(1)
+            if len(calls) == 1:
+                raise ChunkEnd
+            return real(*args)
+
+        monkeypatch.setattr(study, "_trial", cut_once)
+    chunks, cut = 0, set()
+    while True:
+        chunks += 1
+        assert chunks < 20
+        code = main([*argv, "-o", str(tmp_path / "chunked"), "--chunk-seconds", f"{first * 1.6 ** (chunks - 1):.3g}",
+                     *(["--resume"] if victims or chunks > 1 else [])])
+        if code == 0:
+            break
+        err = capsys.readouterr().err
+        assert code == 3 and err.count("\n") == 1 and "run the same command with --resume to continue" in err
+        cut |= _cut_attacks(tmp_path / "chunked")
+    assert chunks >= 2, "the run was really cut"
+    assert _table(name, tmp_path / "chunked") == _table(name, tmp_path / "whole")
+    if name == "selection":  # the trial a chunk's end interrupted ran again with its settings
+        import optuna
+
+        trials = optuna.load_study(study_name="exhume-kkt", storage=f"sqlite:///{tmp_path / 'chunked' / 'tune' / 'tune.db'}").trials
+        failed = [t.params for t in trials if t.state.name == "FAIL"]
+        assert failed and all(p in [t.params for t in trials if t.state.name == "COMPLETE"] for p in failed)
+    else:
+        assert cut, "an attack was cut and continued from its checkpoint"

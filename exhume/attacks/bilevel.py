@@ -300,7 +300,7 @@ class BilevelAttack(Attack):
                        {"config": resumable_settings(cfg), "seed": seed, "m": p.m}, snapshot=lambda: {"x": p.x, **p.state},
                        defaults=self.defaults())
         self.project(p)
-        step = self.stepper(p, opt, run.history)
+        step = self.stepper(p, opt, run.history, cold=run.start == 0)  # a resumed run's θ is its checkpoint's: warm
 
         def emit(it: int, elapsed: float) -> None:
             with torch.no_grad():
@@ -335,15 +335,15 @@ class BilevelAttack(Attack):
         if self.config["project"]:
             project_range(p.x, -p.mean, 1.0 - p.mean)
 
-    def stepper(self, p: Problem, opt: torch.optim.Optimizer, history: list[dict[str, Any]]):
+    def stepper(self, p: Problem, opt: torch.optim.Optimizer, history: list[dict[str, Any]], cold: bool = True):
         """One outer step: inner training, adjoint solve, implicit gradient, optimiser step, projection."""
         cfg = self.config
 
-        cold = [True]  # the first solve of a run is not warm-started: give it more Newton steps
+        first = [cold]  # the first solve of a run from its start is not warm-started: give it more Newton steps
 
         def step(it: int, log: bool, clock) -> dict[str, str] | None:
             inner: dict[str, Any] = {}
-            steps = cfg["inner_steps"] * (4 if cold[0] else 1)
+            steps = cfg["inner_steps"] * (4 if first[0] else 1)
             spent = budget_spent(cfg["max_seconds"], clock)
             theta, inner_grad = solve_inner(p.model, p.like, p.state["theta"], p.x, p.y, p.loss, p.wd, steps, cfg["inner_tol"],
                                             cfg["inner_solver"], cfg["smooth"], inner, stop=spent)
@@ -355,7 +355,7 @@ class BilevelAttack(Attack):
                                                 stop=spent)
             if spent is not None and spent():  # the budget ran out inside this step: abandon it, state untouched
                 raise BudgetSpent
-            cold[0] = False
+            first[0] = False
             p.state["theta"], p.state["p"] = theta, adjoint
             if not torch.isfinite(gx).all():
                 raise DivergenceError(f"bilevel implicit gradient is not finite at outer step {it}; raise damping")

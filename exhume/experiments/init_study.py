@@ -107,7 +107,8 @@ def _victim(folder: Path, arch: str, n: int, seed: int, seconds: float, resume: 
     lr = 0.5 if arch.startswith("affine") else 0.2
     cfg = TrainConfig(loss="logistic", optimizer="gd", lr=lr, weight_decay=5e-3, max_epochs=1_000_000,
                       max_seconds=seconds, residual_threshold=1e-4)
-    victim = make_victim("mnist", "odd-even", n, arch, cfg, seed=seed, progress=progress)
+    victim = make_victim("mnist", "odd-even", n, arch, cfg, seed=seed, progress=progress,  # checkpointed: a chunk's end
+                         checkpoint=folder.with_name(f"{folder.name}-training.pt"), resume=resume)  # resumes it
     victim.save(folder)
     return victim
 
@@ -125,7 +126,8 @@ def _distances(images: torch.Tensor, refs: dict[str, torch.Tensor]) -> tuple[dic
     return means, np.argmin(np.stack(per, 1), 1)  # per image: index of its nearest set
 
 
-def _one_run(attack: str, view, refs, heldout, l1: float, l2: float, s: dict, folder: Path, progress: bool) -> dict:
+def _one_run(attack: str, view, refs, heldout, l1: float, l2: float, s: dict, folder: Path, progress: bool,
+             resume: bool = False) -> dict:
     from exhume.attacks import attack_class, get_attack
     from exhume.evaluation.inits import mix_images
     from exhume.evaluation.membership import membership_uncertainty
@@ -133,10 +135,11 @@ def _one_run(attack: str, view, refs, heldout, l1: float, l2: float, s: dict, fo
     init = mix_images(refs["train"], refs["partition"], refs["noise"], l1, l2)
     name = f"mix(l1={l1:g},l2={l2:g})"
     extra = {"damping": s["bilevel_damping"]} if "damping" in attack_class(attack).params else {}
-    atk = get_attack(attack, iterations=s[f"{attack}_iterations"], checkpoint_every=10**9, **RUN_ARGS[f"{attack}_args"], **extra)
-    t0 = time.perf_counter()
-    recon = atk.run(view, seed=s["seed"], progress=False, init=init, init_name=name, device=s.get("device", "cpu"))
-    seconds = time.perf_counter() - t0
+    atk = get_attack(attack, iterations=s[f"{attack}_iterations"], **RUN_ARGS[f"{attack}_args"], **extra)
+    again = resume and (folder / "checkpoint.pt").is_file()  # a run cut by a chunk's end (or Ctrl-C) continues
+    recon = atk.run(view, out=folder, resume=again, seed=s["seed"], progress=False, init=init, init_name=name,
+                    device=s.get("device", "cpu"))
+    seconds = recon.record.seconds or 0.0  # the attack's own, over every chunk
     recon.save(folder)
     cand = recon.candidates.float().clamp(0, 1)
     d_rec, near_rec = _distances(cand, refs)
@@ -343,7 +346,7 @@ def _grid_rows(attack: str, view, refs, held, s: dict, out: Path, resume: bool, 
             if resume and (folder / "row.json").exists():
                 row = read_json(folder / "row.json", what="a row written by this experiment")
             else:
-                row = _one_run(attack, view, refs, held.x, l1, l2, s, folder, progress)
+                row = _one_run(attack, view, refs, held.x, l1, l2, s, folder, progress, resume)
             rows.append(row)
             if l2 == 0.0:
                 noise_row = row

@@ -140,8 +140,6 @@ def _arguments(default_epochs: int = 6000):
                        help=f"victim training epochs per case (default {default_epochs}; --full 100000)")
         p.add_argument("--resume", action="store_true", help="reuse the finished cases in --out and continue the victim "
                        "training and the attack in progress from their checkpoints")
-        p.add_argument("--chunk-seconds", type=float, default=None, help="stop after this much wall time, checkpointed "
-                       "(exit code 3); run the same command with --resume to go on: --full on a CPU, chunk by chunk")
     return add
 
 

@@ -60,8 +60,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variants", default=None, help="the formulations, comma-separated: learned, closed-form (default both)")
     p.add_argument("--victim-steps", type=int, default=None, help="gradient-descent steps per victim (default 500)")
     p.add_argument("--resume", action="store_true", help="reuse the finished runs in --out and continue the one in progress")
-    p.add_argument("--chunk-seconds", type=float, default=None, help="stop after this much wall time, checkpointed "
-                   "(exit code 3); run the same command with --resume to go on")
 
 
 def _numbers(text: str, kind, what: str) -> list:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -65,10 +66,18 @@ def chunk_deadline(seconds: float | None) -> Iterator[None]:
     def fire(signum, frame):
         raise ChunkEnd()
 
-    previous = signal.signal(signal.SIGALRM, fire)
+    def ignored(unraisable) -> None:  # raised inside a finaliser or a weakref callback, Python drops it: raise it again
+        if isinstance(unraisable.exc_value, ChunkEnd):
+            signal.setitimer(signal.ITIMER_REAL, 0.001)
+        else:
+            hook(unraisable)
+
+    previous, hook = signal.signal(signal.SIGALRM, fire), sys.unraisablehook
+    sys.unraisablehook = ignored
     signal.setitimer(signal.ITIMER_REAL, float(seconds))
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        sys.unraisablehook = hook

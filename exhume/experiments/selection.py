@@ -27,7 +27,8 @@ from exhume.experiments.registry import register_experiment
 HELP = ("rank correlation between the tuner's attacker-side score and the oracle counts (SSIM>=0.4, memorised) across "
         "the trials of a study, and the oracle count of the attacker-selected trial vs the best one. With --study-dir it "
         "judges an existing 'exhume tune' folder; without, it trains the demo victim for 30 s and tunes 8 trials of 20 s "
-        "first (--full: 20 trials of 75 s)")
+        "first (--full: 20 trials of 75 s). --resume continues the victim's training and the study (an interrupted trial "
+        "runs again)")
 
 COMPONENTS = ("score", "explained", "plausible", "distinct", "non_degenerate", "in_range", "margin_consistent")
 
@@ -38,7 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--study-name", default=f"exhume-{DEFAULT_METHOD}", help=f"study name in the storage (default exhume-{DEFAULT_METHOD})")
     p.add_argument("--against", default=None, help="victim folder (default: the one recorded in the study)")
     p.add_argument("--pool-size", type=int, default=1000, help="unseen images for the memorisation count (default 1000)")
-    p.add_argument("--resume", action="store_true", help="without --study-dir: reuse the victim in --out and continue its study")
+    p.add_argument("--resume", action="store_true", help="without --study-dir: reuse the victim in --out (or continue its "
+                   "training) and continue its study")
+    p.add_argument("--trials", type=int, default=None, help="without --study-dir: trials to tune (default 8; --full 20)")
+    p.add_argument("--trial-seconds", type=float, default=None, help="without --study-dir: seconds per trial (default 20; --full 75)")
 
 
 def _spearman(a: list[float], b: list[float]) -> float | None:
@@ -138,9 +142,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         else:
             shutil.rmtree(out / "tune", ignore_errors=True)  # the study of the victim replaced (--force)
             cfg = TrainConfig(**{**DEMO_TRAIN, "max_seconds": DEMO_TRAIN["max_seconds"] if args.full else 30.0})
-            victim = make_victim(DEMO_DATA["data"], DEMO_DATA["task"], DEMO_DATA["n"], DEMO_DATA["arch"], cfg, seed=args.seed, progress=progress)
+            victim = make_victim(DEMO_DATA["data"], DEMO_DATA["task"], DEMO_DATA["n"], DEMO_DATA["arch"], cfg, seed=args.seed,
+                                 progress=progress, checkpoint=out / "victim-training.pt", resume=args.resume)
             victim.save(victim_dir)
-        trials, seconds = (20, 75.0) if args.full else (8, 20.0)
+        trials = args.trials or (20 if args.full else 8)
+        seconds = args.trial_seconds or (75.0 if args.full else 20.0)
         tune(victim.attacker_view(), trials, out / "tune", trial_seconds=seconds, seed=args.seed, device=args.device,
              progress=progress, victim_path=str(victim_dir.resolve()), study_name=args.study_name)
         study_dir = out / "tune"

@@ -31,9 +31,9 @@ def save_torch(path: str | Path, payload: dict[str, Any]) -> None:
 def _stream(payload: dict[str, Any], f) -> None:
     try:
         torch.save(payload, f)
-    except RuntimeError as e:  # torch's zip writer reports a failed write (disk full, file too large) as RuntimeError
-        cause = e.__context__ or e.__cause__
-        if isinstance(cause, OSError):
+    except RuntimeError as e:  # torch's zip writer reports a failed write (disk full, file too large) as RuntimeError,
+        cause = e.__context__ or e.__cause__  # and an interrupt inside it (Ctrl-C, a chunk's end) too: it stays one
+        if isinstance(cause, (OSError, KeyboardInterrupt)):
             raise cause from None
         raise
 

@@ -32,6 +32,7 @@ from typing import Any
 from exhume.attacks import ATTACKS, attack_class, get_attack
 from exhume.attacks.base import DEFAULT_METHOD
 from exhume.errors import ConfigError, DivergenceError
+from exhume.interrupts import let_through, whole_step
 from exhume.request import Request, view_of
 from exhume.studies import GRACE_PERIOD, HEARTBEAT_INTERVAL, counts, create_or_load, load_optuna, make_storage, open_study, redact, work
 
@@ -126,29 +127,34 @@ def _open(view, out: Path, storage: str | None, study_name: str, prune: bool, re
     pruner = (optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=2 * report_every, interval_steps=report_every)
               if prune else optuna.pruners.NopPruner())
     # the sampler is replaced in each trial by the trial's own (see _sampler)
-    study, created = create_or_load(study_name, rdb, sampler=_sampler(record["seed"], 0), pruner=pruner)
+    with whole_step():  # a study is created and seeded whole (an interrupt in between would lose its default trial)
+        study, created = create_or_load(study_name, rdb, sampler=_sampler(record["seed"], 0), pruner=pruner)
+        if created:
+            _seed(study, view, record)
     method = record["method"]
-    if created:
-        study.set_user_attr("method", method)
     _check_settings(study, record["settings"], created)
     if study.user_attrs.get("method", method) != method:
         raise ConfigError(f"study {study_name!r} searches the {study.user_attrs['method']!r} attack, not {method!r}; "
                           "use another --study-name / output folder")
-    if created:
-        study.set_user_attr("target_trials", record["trials"])
-        study.set_user_attr("trial_seconds", record["trial_seconds"])
-        study.set_user_attr("victim", record["victim_path"])
-        study.set_user_attr("score", "attacker-side: (1 - relative stationarity residual) x plausible-candidate share")
-        study.enqueue_trial(defaults_for(view, record["settings"]["fixed"], method), user_attrs={"is_default": True})
     return study
+
+
+def _seed(study, view, record: dict[str, Any]) -> None:
+    """A new study's attributes and its first trial, the attack's own settings."""
+    study.set_user_attr("method", record["method"])
+    study.set_user_attr("settings", record["settings"])  # what a joining worker or a rerun must match (_check_settings)
+    study.set_user_attr("target_trials", record["trials"])
+    study.set_user_attr("trial_seconds", record["trial_seconds"])
+    study.set_user_attr("victim", record["victim_path"])
+    study.set_user_attr("score", "attacker-side: (1 - relative stationarity residual) x plausible-candidate share")
+    study.enqueue_trial(defaults_for(view, record["settings"]["fixed"], record["method"]), user_attrs={"is_default": True})
 
 
 def _objective(view, study, method: str, fixed: dict[str, Any], space, out: Path, trial_seconds: float, seed: int,
                device: str, report_every: int):
-    """One trial: the attack for ``trial_seconds`` with the suggested settings, pruned on its attacker-side score."""
-    from exhume.attacks.score import attacker_score, score_reconstruction
-
-    optuna = load_optuna()
+    """One trial: the attack for ``trial_seconds`` with the suggested settings, pruned on its attacker-side score.
+    An interrupted trial (Ctrl-C, SIGTERM, a chunk's end) is failed by Optuna and queued again with its settings,
+    so that the next run (the default trial included) runs it."""
     host = socket.gethostname()
 
     def objective(trial) -> float:
@@ -159,28 +165,42 @@ def _objective(view, study, method: str, fixed: dict[str, Any], space, out: Path
         trial.set_user_attr("pid", os.getpid())
         trial.set_user_attr("folder", str(folder.resolve()))
         atk = get_attack(method, **{**fixed, **params, **attack_class(method).time_budget(trial_seconds)})
-
-        def on_step(it: int, seconds: float, candidates, multipliers=None, labels=None) -> None:
-            value = attacker_score(view, candidates, labels, multipliers)["score"]
-            trial.report(value, it)
-            if trial.should_prune():
-                trial.set_user_attr("pruned_at_seconds", round(seconds, 1))
-                raise optuna.TrialPruned(f"score {value:.4f} at iteration {it}")
-
         try:
-            recon = atk.run(view, seed=seed, device=device, progress=False, callback=on_step,
-                            callback_every=report_every, callback_multipliers=True)
-        except DivergenceError as e:  # a numerical failure: a legitimate, very bad outcome (a bad setting is not)
-            trial.set_user_attr("diverged", str(e))
-            return 0.0
-        recon.save(folder)
-        parts = score_reconstruction(view, recon)
-        for k, v in parts.items():
-            trial.set_user_attr(k, v)
-        trial.set_user_attr("iterations", recon.record.iterations)
-        return parts["score"]
+            with let_through():  # interruptible here, between Optuna's steps held whole (see _run_trials)
+                return _trial(view, trial, atk, folder, seed, device, report_every)
+        except KeyboardInterrupt:
+            study.enqueue_trial(dict(trial.params), user_attrs={k: v for k, v in trial.user_attrs.items() if k == "is_default"})
+            raise
 
     return objective
+
+
+def _trial(view, trial, atk, folder: Path, seed: int, device: str, report_every: int) -> float:
+    """One trial's attack run, its score reported every ``report_every`` iterations (for pruning); its
+    reconstruction saved in ``folder``; returns the attacker-side score."""
+    from exhume.attacks.score import attacker_score, score_reconstruction
+
+    optuna = load_optuna()
+
+    def on_step(it: int, seconds: float, candidates, multipliers=None, labels=None) -> None:
+        value = attacker_score(view, candidates, labels, multipliers)["score"]
+        trial.report(value, it)
+        if trial.should_prune():
+            trial.set_user_attr("pruned_at_seconds", round(seconds, 1))
+            raise optuna.TrialPruned(f"score {value:.4f} at iteration {it}")
+
+    try:
+        recon = atk.run(view, seed=seed, device=device, progress=False, callback=on_step,
+                        callback_every=report_every, callback_multipliers=True)
+    except DivergenceError as e:  # a numerical failure: a legitimate, very bad outcome (a bad setting is not)
+        trial.set_user_attr("diverged", str(e))
+        return 0.0
+    recon.save(folder)
+    parts = score_reconstruction(view, recon)
+    for k, v in parts.items():
+        trial.set_user_attr(k, v)
+    trial.set_user_attr("iterations", recon.record.iterations)
+    return parts["score"]
 
 
 def tune(view, trials: int, out: str | Path | None = None, trial_seconds: float | None = None, storage: str | None = None,
@@ -265,7 +285,7 @@ def _run_trials(study, objective, trials: int, desc: str, progress: bool, poll_s
             return "wait"  # the last trials run elsewhere: wait for them or their heartbeat to lapse
         return "run"
 
-    work(study, objective, decide, poll_seconds)
+    work(study, objective, decide, poll_seconds, held=True)
     bar.close()
 
 
