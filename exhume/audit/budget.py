@@ -32,8 +32,9 @@ import torch
 
 #: seconds always kept for the judging (metrics, arrays and report written; a loaded machine's slow start)
 RESERVE_FLOOR = 1.0
-#: the judging estimate's margin over its measured rates (a loaded machine's rates move between the probe and the judging)
-SAFETY = 1.25
+#: the judging estimate's factor over its measured rates (1: its parts are upper bounds already, the figures at the top of
+#: their measured range; a loaded machine's rates move between the probes and the judging, which the tolerance covers)
+SAFETY = 1.0
 #: the attack keeps at least this share of the budget, whatever the fixed work costs (the audit then overruns, and says so)
 MIN_ATTACK_SHARE = 0.5
 #: the evaluation's five figures, in draws of the membership ROC timed before the attack (measured: 2.4 to 4.3 on three
@@ -142,12 +143,13 @@ class AuditBudget:
                 f"{MIN_ATTACK_SHARE:.0%} ({self.attack:.0f} s) and the audit will take about {fixed + self.attack:.0f} s; "
                 f"--max-seconds {math.ceil(fixed / (1 - MIN_ATTACK_SHARE))} or more covers it")
 
-    def record(self, attack_seconds: float | None, judging: float, wall: float) -> dict[str, Any]:
-        """metrics.json's ``audit.budget``: the split planned and the seconds measured."""
+    def record(self, attack_seconds: float | None, judging: float, wall: float, parts: dict[str, float] | None = None) -> dict[str, Any]:
+        """metrics.json's ``audit.budget``: the split planned and the seconds measured (``parts``: the judging's)."""
         return {"max_seconds": self.seconds, "before_attack_seconds": self.before, "before_attack_parts": self.parts,
                 "judging_estimate_seconds": self.estimate,
                 "attack_budget_seconds": self.attack, "attack_seconds": None if attack_seconds is None else round(attack_seconds, 1),
-                "judging_seconds": round(judging, 1), "wall_seconds": round(wall, 1), "covered": self.covered,
+                "judging_seconds": round(judging, 1), "judging_parts": {k: round(v, 2) for k, v in (parts or {}).items()},
+                "wall_seconds": round(wall, 1), "covered": self.covered,
                 "counted_from": self.origin,
                 "definition": "the whole audit's wall time is max_seconds: the checks and the membership exposure first "
                               "(before_attack), then the attack within attack_budget, then the judging the estimate kept aside"}

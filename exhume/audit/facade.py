@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -168,9 +168,9 @@ def audit(model: nn.Module, train, unseen, *, config: AuditConfig | None = None,
         data = _audited(model, train, unseen, cfg, request.threat)
         _before_attack(data, cfg, request, t0, "the call of exhume.audit" if started is None else started[1])
         data.budget.announce(progress)
-        started = time.perf_counter()
+        began = time.perf_counter()
         recon = _attack(data, cfg, _within(request, data.budget, cfg), attack_args, progress)
-        data.attack_seconds = time.perf_counter() - started
+        data.attack_seconds = time.perf_counter() - began
         return _judge(data, recon, cfg, settings, t0)
 
 
@@ -196,6 +196,7 @@ class _Audited:
     budget: Any = None  # the audit's budget split (exhume.audit.budget.AuditBudget)
     attack_seconds: float | None = None
     roc: bytes | None = None  # the membership ROC figure, drawn before the attack (PNG)
+    judging_parts: dict[str, float] = field(default_factory=dict)  # seconds measured after the attack, by part
 
 
 def _request(cfg: AuditConfig, force: bool, resume: bool):
@@ -340,6 +341,7 @@ def _judge(data: _Audited, recon, cfg: AuditConfig, settings: dict[str, Any] | N
     failures = data.failures + equation.fit_failures(margins, cfg.weight_decay) + equation.run_failures(recon, margins, cfg.weight_decay)
     judging = time.perf_counter()
     findings, scores = _owner_findings(data, recon, cfg)
+    data.judging_parts["identifiability"] = time.perf_counter() - judging
     result = evaluate(recon, train=(data.x, None), unseen=data.unseen, margins=margins, support_margins=support_margins,
                       assumptions=failures, alpha=cfg.alpha, out=None if out is None else out / "evaluation",
                       threat_model=data.view.threat_model, owner_findings=findings)
@@ -364,7 +366,10 @@ def _timed(m: dict[str, Any], data: _Audited, t0: float, judging: float) -> None
     """The audit's seconds so far into ``m["audit"]``: the wall time and the budget's split with its measured parts."""
     now = time.perf_counter()
     m["audit"]["wall_seconds"] = round(now - t0, 1)
-    m["audit"]["budget"] = data.budget.record(data.attack_seconds, now - judging, now - t0)
+    if data.budget is not None:  # None: judged without the audit's split (a caller of _judge alone)
+        parts = {**data.judging_parts, "evaluation's matching": m.get("evaluation_seconds") or 0.0}
+        parts["figures, files and the rest"] = now - judging - sum(parts.values())
+        m["audit"]["budget"] = data.budget.record(data.attack_seconds, now - judging, now - t0, parts)
 
 
 #: at most this many unseen images are scored for membership (or as many as the training images, if more)
