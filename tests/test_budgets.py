@@ -217,7 +217,7 @@ def leaky_audit_inputs(leaky_victim_dir):
 def test_an_audit_keeps_its_budget_with_its_judging_and_owner_checks_inside(leaky_audit_inputs, tmp_path, one_thread):
     """max_seconds is the whole audit's wall time: the membership exposure runs before the attack, the judging's
     estimate is kept aside, and the attack gets the rest; the owner's figures are all there."""
-    from exhume.audit.budget import RESERVE_FLOOR
+    from exhume.evaluation.cost import RESERVE_FLOOR
 
     model, train, unseen, settings = leaky_audit_inputs
     t0 = time.perf_counter()
@@ -258,3 +258,18 @@ def test_the_audit_budgets_split_gives_the_attack_what_is_left_and_at_least_half
     assert b.attack == 80.0 and b.covered and b.warning() is None
     short = AuditBudget.split(20.0, 8.0, {"total": 6.0})
     assert short.attack == 10.0 and not short.covered and "--max-seconds 28 or more" in short.warning()
+
+
+def test_the_demo_keeps_its_two_budgets_together_taking_what_came_before_from_its_attack(victim_dir, one_thread):
+    """The demo's attack gets its own budget, or what is left of training's and attack's budgets together after what
+    came before it and the evaluation's estimate, never under half its own."""
+    from exhume.demo import _attack_budget
+
+    victim = exhume.load_victim(victim_dir)
+    b = _attack_budget(victim, 360.0, 2000.0, time.perf_counter() - 1700.0)  # 1,700 s of a 1,640-s training budget spent
+    estimate = b["evaluation_estimate_seconds"]["total"]
+    left = 2000.0 - b["before_attack_seconds"] - estimate
+    assert estimate > 1.0 and b["before_attack_seconds"] >= 1700.0
+    assert b["attack_budget_seconds"] == pytest.approx(min(360.0, max(left, 180.0)), abs=0.2)
+    assert b["attack_budget_seconds"] < 360.0  # what came before was taken from the attack
+    assert b["covered"] == (left >= 180.0)

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from exhume.audit import audit, load_images, load_model_class, load_weights
-    from exhume.audit.budget import since_process_start
+    from exhume.evaluation.cost import since_process_start
 
     started = (time.perf_counter() - since_process_start(), "the start of the exhume audit process")  # start-up and loading count
     cfg = settings(args)

@@ -287,7 +287,8 @@ def _law(data: _Audited, cfg: AuditConfig) -> dict[str, Any]:
 def _before_attack(data: _Audited, cfg: AuditConfig, request, t0: float, origin: str) -> None:
     """What does not depend on the attack, measured now: the membership exposure (timed), then the judging's estimate
     and the budget's split (:mod:`exhume.audit.budget`), kept in ``data``."""
-    from exhume.audit.budget import AuditBudget, judging_estimate
+    from exhume.audit.budget import AuditBudget
+    from exhume.evaluation.cost import judging_estimate
     from exhume.portfolio.plan import default_workers
 
     started = time.perf_counter()
@@ -303,15 +304,19 @@ def _before_attack(data: _Audited, cfg: AuditConfig, request, t0: float, origin:
 
 
 def _candidates(n: int, cfg: AuditConfig, restarts, workers: int) -> int:
-    """The candidates the attack is expected to return: one run's count (``n`` when not fixed) times its restarts
-    (the number asked, else one wave of ``workers``)."""
+    """At most the candidates the attack returns: one run's count (``n`` when not fixed) times its restarts (the number
+    asked, else the most the portfolio's sizing gives the whole budget: a wave of ``workers`` per ``seconds_per_restart``)."""
     from exhume.attacks import attack_class
+    from exhume.portfolio.variants import MAX_AUTO_RESTARTS, SECONDS_PER_RESTART, restart_plan
 
     try:
         per = attack_class(cfg.method).of_settings(cfg.attack_args).candidate_count(n) or n
     except ConfigError:  # a malformed setting: the attack's own validation names it when it runs
         per = n
-    return per * (restarts if isinstance(restarts, int) else workers)
+    if not isinstance(restarts, int):
+        waves = max(1, round(cfg.max_seconds / (restart_plan(cfg.method).seconds_per_restart or SECONDS_PER_RESTART)))
+        restarts = min(workers * waves, MAX_AUTO_RESTARTS)
+    return per * restarts
 
 
 def _within(request, budget, cfg: AuditConfig):
