@@ -340,13 +340,14 @@ def _judge(data: _Audited, recon, cfg: AuditConfig, settings: dict[str, Any] | N
     from exhume.evaluation.run import evaluate, margins_of
     from exhume.report import write_report
 
+    judging = time.perf_counter()
     out = None if cfg.out is None else Path(cfg.out)
     margins, support_margins = margins_of(data.wrapped, data.centred, data.y, data.info["task"], data.loss)
     equation = data.equation
     failures = data.failures + equation.fit_failures(margins, cfg.weight_decay) + equation.run_failures(recon, margins, cfg.weight_decay)
-    judging = time.perf_counter()
+    owner = time.perf_counter()
     findings, scores = _owner_findings(data, recon, cfg)
-    data.judging_parts["identifiability"] = time.perf_counter() - judging
+    data.judging_parts["identifiability"] = time.perf_counter() - owner
     result = evaluate(recon, train=(data.x, None), unseen=data.unseen, margins=margins, support_margins=support_margins,
                       assumptions=failures, alpha=cfg.alpha, out=None if out is None else out / "evaluation",
                       threat_model=data.view.threat_model, owner_findings=findings)

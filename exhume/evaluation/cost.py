@@ -64,6 +64,8 @@ def _ssim_seconds_per_pair(images: torch.Tensor) -> float:
     a quarter of the larger probe's average."""
     from exhume.evaluation.matching import best_match_blocked
 
+    if len(images) == 0:
+        return 0.0
     best_match_blocked(images[:2].clamp(0, 1), images[:2].clamp(0, 1))  # the first call's set-up, not per pair
     if len(images) < PROBE_IMAGES:  # a block of few columns is mostly its fixed cost: match against copies
         images = images.repeat(-(-PROBE_IMAGES // len(images)), *([1] * (images.dim() - 1)))[:PROBE_IMAGES]
