@@ -224,8 +224,11 @@ def test_an_audit_keeps_its_budget_with_its_judging_and_owner_checks_inside(leak
     r = exhume.audit(model, train, unseen, max_seconds=15.0, out=tmp_path / "audit", progress=False,
                      attack_args={"workers": 1}, **settings)
     wall = time.perf_counter() - t0
-    assert wall <= 15.0 + 5.0, wall
     b = r.metrics["audit"]["budget"]
+    # within S + 5 s; on a machine so loaded that the fixed work leaves the attack under half of S, within what the
+    # warning line promised (the fixed work, the estimate and half of S) + 5 s
+    promised = 15.0 if b["covered"] else b["before_attack_seconds"] + b["attack_budget_seconds"] + b["judging_estimate_seconds"]["total"]
+    assert wall <= promised + 5.0, (wall, b)
     assert b["judging_estimate_seconds"]["total"] >= RESERVE_FLOOR
     left = 15.0 - b["before_attack_seconds"] - b["judging_estimate_seconds"]["total"]  # at least half, on a loaded machine
     assert b["attack_budget_seconds"] == pytest.approx(max(left, 7.5), abs=0.02) and b["covered"] == (left >= 7.5)
