@@ -199,3 +199,80 @@ def test_a_portfolio_with_spawned_workers_keeps_a_20_second_budget(victim_dir, m
     assert {row["status"] for row in table} <= {"complete", runner.UNFINISHED}
     assert all((row.get("seconds") or 0) < 20.0 for row in table)
     assert (tmp_path / "run" / "reconstruction.json").is_file() and r.candidates.shape[0] > 0
+
+
+@pytest.fixture(scope="module")
+def leaky_audit_inputs(leaky_victim_dir):
+    """The leaky tiny victim of conftest.py as a user's model and arrays: 20 training digits, 300 unseen ones."""
+    from exhume.data import dataset_of, make_pool
+
+    victim = exhume.load_victim(leaky_victim_dir)
+    train = victim.load_train_set()
+    unseen = make_pool(dataset_of(victim.data_spec), "odd-even", 300, exclude=train.indices, seed=3)
+    labels = (train.y.numpy() > 0).astype(np.int64)
+    return victim.model, (train.x.numpy(), labels), unseen.x.numpy(), {"loss": "logistic", "weight_decay": 5e-3,
+                                                                       "normalize": (train.mean, 1.0)}
+
+
+def test_an_audit_keeps_its_budget_with_its_judging_and_owner_checks_inside(leaky_audit_inputs, tmp_path, one_thread):
+    """max_seconds is the whole audit's wall time: the membership exposure runs before the attack, the judging's
+    estimate is kept aside, and the attack gets the rest; the owner's figures are all there."""
+    from exhume.evaluation.cost import RESERVE_FLOOR
+
+    model, train, unseen, settings = leaky_audit_inputs
+    t0 = time.perf_counter()
+    r = exhume.audit(model, train, unseen, max_seconds=15.0, out=tmp_path / "audit", progress=False,
+                     attack_args={"workers": 1}, **settings)
+    wall = time.perf_counter() - t0
+    b = r.metrics["audit"]["budget"]
+    # within S + 5 s; on a machine so loaded that the fixed work leaves the attack under half of S, within what the
+    # warning line promised (the fixed work, the estimate and half of S) + 5 s
+    promised = 15.0 if b["covered"] else b["before_attack_seconds"] + b["attack_budget_seconds"] + b["judging_estimate_seconds"]["total"]
+    assert wall <= promised + 5.0, (wall, b)
+    assert b["judging_estimate_seconds"]["total"] >= RESERVE_FLOOR
+    left = 15.0 - b["before_attack_seconds"] - b["judging_estimate_seconds"]["total"]  # at least half, on a loaded machine
+    assert b["attack_budget_seconds"] == pytest.approx(max(left, 7.5), abs=0.02) and b["covered"] == (left >= 7.5)
+    assert b["attack_seconds"] <= b["attack_budget_seconds"] + 1.0  # the attack kept its share
+    assert b["before_attack_seconds"] + b["attack_seconds"] + b["judging_seconds"] == pytest.approx(b["wall_seconds"], abs=0.5)
+    assert r.metrics["identifiability"]["attack_to_truth"] is not None
+    assert r.metrics["membership_exposure"]["n_nonmembers"] == 300 and 0.0 <= r.metrics["membership_exposure"]["scores"][
+        "gradient_alignment"]["auc"]["value"] <= 1.0
+    saved = (tmp_path / "audit" / "evaluation" / "metrics.json").read_text()
+    assert '"attack_budget_seconds"' in saved and (tmp_path / "audit" / "evaluation" / "membership_roc.png").is_file()
+
+
+def test_a_budget_too_small_for_the_audits_fixed_work_says_so_and_keeps_half_for_the_attack(leaky_audit_inputs, capsys,
+                                                                                           one_thread):
+    from exhume.audit.budget import MIN_ATTACK_SHARE
+
+    model, train, unseen, settings = leaky_audit_inputs
+    r = exhume.audit(model, train, unseen, max_seconds=1.0, progress=False, attack_args={"workers": 1, "restarts": 1}, **settings)
+    b = r.metrics["audit"]["budget"]
+    assert not b["covered"] and b["attack_budget_seconds"] == MIN_ATTACK_SHARE * 1.0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: the audit's budget of 1 s does not cover its fixed work"), err
+    assert "--max-seconds" in err[0] and r.verdict in ("leaks", "no evidence", "inconclusive")
+
+
+def test_the_audit_budgets_split_gives_the_attack_what_is_left_and_at_least_half():
+    from exhume.audit.budget import AuditBudget
+
+    b = AuditBudget.split(100.0, 4.0, {"total": 16.0})
+    assert b.attack == 80.0 and b.covered and b.warning() is None
+    short = AuditBudget.split(20.0, 8.0, {"total": 6.0})
+    assert short.attack == 10.0 and not short.covered and "--max-seconds 28 or more" in short.warning()
+
+
+def test_the_demo_keeps_its_two_budgets_together_taking_what_came_before_from_its_attack(victim_dir, one_thread):
+    """The demo's attack gets its own budget, or what is left of training's and attack's budgets together after what
+    came before it and the evaluation's estimate, never under half its own."""
+    from exhume.demo import _attack_budget
+
+    victim = exhume.load_victim(victim_dir)
+    b = _attack_budget(victim, 360.0, 2000.0, time.perf_counter() - 1700.0)  # 1,700 s of a 1,640-s training budget spent
+    estimate = b["evaluation_estimate_seconds"]["total"]
+    left = 2000.0 - b["before_attack_seconds"] - estimate
+    assert estimate > 1.0 and b["before_attack_seconds"] >= 1700.0
+    assert b["attack_budget_seconds"] == pytest.approx(min(360.0, max(left, 180.0)), abs=0.2)
+    assert b["attack_budget_seconds"] < 360.0  # what came before was taken from the attack
+    assert b["covered"] == (left >= 180.0)

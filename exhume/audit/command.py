@@ -49,8 +49,12 @@ def settings(args: argparse.Namespace) -> AuditConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from exhume.audit import audit, load_images, load_model_class, load_weights
+    import time
 
+    from exhume.audit import audit, load_images, load_model_class, load_weights
+    from exhume.evaluation.cost import since_process_start
+
+    started = (time.perf_counter() - since_process_start(), "the start of the exhume audit process")  # start-up and loading count
     cfg = settings(args)
     model = load_weights(load_model_class(cfg.model, cfg.model_args), cfg.weights)
     x, y = load_images(cfg.train, need_labels=True)
@@ -61,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         unseen_given = unseen if unseen_y is None else (unseen, unseen_y)
         result = audit(model, (x, y), unseen_given, config=cfg, progress=not args.no_progress, force=args.force, resume=args.resume,
-                       settings=cfg.given(RECORDED))
+                       settings=cfg.given(RECORDED), started=started)
     except DataError as e:  # about the training data and the model: name the file
         raise DataError(f"{cfg.train}: {e}") from None
     _print_verdict(result, Path(cfg.out))

@@ -62,7 +62,9 @@ class AuditConfig:
                                          "weight_decay; 0 for none; required", type=float)
     positive_class: int | None = setting(None, "binary: the label counted as +1 (default: the larger label with one logit, "
                                          "class 1 with two logits)", type=int)
-    max_seconds: float = setting(300.0, "attack budget in seconds (default 300)", type=float)
+    max_seconds: float = setting(300.0, "the whole audit's budget in seconds of wall time (default 300): the checks and the "
+                                 "membership exposure first, then the attack, with the judging's measured estimate kept aside "
+                                 "for after it", type=float)
     method: str = setting(DEFAULT_METHOD, f"attack name (default {DEFAULT_METHOD})")
     attack_args: dict[str, Any] = setting({}, "an attack parameter, e.g. -p lr=0.02", flags=("-p", "--param"), action="append",
                                           metavar="KEY=VALUE")
@@ -162,7 +164,7 @@ def _weight_decay(value: Any) -> float:
 
 
 def _positive_seconds(value: Any) -> float:
-    return check_setting("max_seconds (the attack's budget in seconds)", _numeric(value), positive=True)
+    return check_setting("max_seconds (the audit's budget in seconds)", _numeric(value), positive=True)
 
 
 def _numeric(value: Any) -> Any:

@@ -1,10 +1,13 @@
 """``exhume.audit(model, train=(x, y), unseen=x_unseen, ...)``: a user's module and arrays in, a verdict out.
 
 A facade (docs/DESIGN.md, "The rooms above and below"): it wraps the model in the documented conventions
-(:mod:`exhume.victim.wrap`), runs the public :func:`exhume.attack` with its budget, measures the
-attack's assumptions on the user's training data (:mod:`exhume.evaluation.assumptions`), and
-evaluates with :func:`exhume.evaluation.run.evaluate` on the arrays (the unseen images are the
-pool and the control), then writes the report. It has no attack logic of its own.
+(:mod:`exhume.victim.wrap`), measures the attack's assumptions on the user's training data
+(:mod:`exhume.evaluation.assumptions`) and the membership exposure from the weights, runs the
+public :func:`exhume.attack` within what the budget leaves, and evaluates with
+:func:`exhume.evaluation.run.evaluate` on the arrays (the unseen images are the pool and the
+control), then writes the report. It has no attack logic of its own. ``max_seconds`` is the whole
+audit's wall time: the judging after the attack is estimated before it and kept aside
+(:mod:`exhume.audit.budget`).
 
 Nothing that changes the result is assumed: the loss, the weight decay and the input
 normalisation must be stated, or the audit is refused with a message naming the missing one.
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -136,7 +139,8 @@ def _check_matching_size(n: int, method: str, attack_args: dict[str, Any]) -> No
 
 
 def audit(model: nn.Module, train, unseen, *, config: AuditConfig | None = None, progress: bool = True,
-          settings: dict[str, Any] | None = None, force: bool = False, resume: bool = False, **options: Any) -> AuditResult:
+          settings: dict[str, Any] | None = None, force: bool = False, resume: bool = False, started: tuple[float, str] | None = None,
+          **options: Any) -> AuditResult:
     """Audit ``model`` (trained on ``train = (x, y)``) for training-data leakage; see the module docstring.
 
     ``x``: display-space images (floats in [0, 1] or uint8), ``(N, C, H, W)``, ``(N, H, W)`` or
@@ -146,20 +150,27 @@ def audit(model: nn.Module, train, unseen, *, config: AuditConfig | None = None,
     ``"cross-entropy"`` (two or more logits); ``weight_decay``: the L2 coefficient ``w`` of
     ``mean loss + (w/2)‖θ‖²``, i.e. the ``weight_decay`` of ``torch.optim.SGD``/``Adam`` (0 for
     none); ``normalize``: ``(mean, std)`` (scalars, per channel, or images) the model's inputs were
-    normalised with, or ``"none"``; and ``task``, ``positive_class``, ``max_seconds``, ``method``,
+    normalised with, or ``"none"``; ``max_seconds``: the whole audit's wall time from this call on, the judging
+    included (:mod:`exhume.audit.budget`; a budget too small for the fixed work: the attack keeps half of it, and
+    one warning line on stderr says how long the audit takes); and ``task``, ``positive_class``, ``method``,
     ``attack_args``, ``alpha``, ``out``, ``seed``, ``device``; for the known-start threat model,
     ``start`` (the starting weights: a file or a dict of tensors), ``start_partial``, ``training``
     (a dict of training settings) and ``optimizer_state`` (Adam's final state, a file): the attack
     and the assumption check then use the known-start equation. ``settings``: recorded as given.
     ``force=True`` replaces an earlier audit's attack run in ``out``; ``resume=True`` continues an
-    interrupted one (same model, data and settings) and judges it.
+    interrupted one (same model, data and settings) and judges it. ``started``: ``(time.perf_counter() value, what it
+    is)`` the budget counts from, if before this call (``exhume audit``: its process's start).
     """
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() if started is None else started[0]  # max_seconds counts from here: checks, membership, attack, judging
     cfg = from_options(config, **options)
     request, attack_args = _request(cfg, force, resume)
     with own_output(cfg.out) if cfg.out is not None else contextlib.nullcontext():  # one lock: attack, evaluation, report
         data = _audited(model, train, unseen, cfg, request.threat)
-        recon = _attack(data, cfg, request, attack_args, progress)
+        _before_attack(data, cfg, request, t0, "the call of exhume.audit" if started is None else started[1])
+        data.budget.announce(progress)
+        began = time.perf_counter()
+        recon = _attack(data, cfg, _within(request, data.budget, cfg), attack_args, progress)
+        data.attack_seconds = time.perf_counter() - began
         return _judge(data, recon, cfg, settings, t0)
 
 
@@ -181,6 +192,11 @@ class _Audited:
     equation: Any
     unseen_y: torch.Tensor | None = None  # the unseen images' labels in exhume's convention, when given
     mean: torch.Tensor | None = None  # the normalisation's mean: the model takes x - mean
+    membership: tuple | None = None  # (exposure record, per-record scores): measured before the attack
+    budget: Any = None  # the audit's budget split (exhume.audit.budget.AuditBudget)
+    attack_seconds: float | None = None
+    roc: bytes | None = None  # the membership ROC figure, drawn before the attack (PNG)
+    judging_parts: dict[str, float] = field(default_factory=dict)  # seconds measured after the attack, by part
 
 
 def _request(cfg: AuditConfig, force: bool, resume: bool):
@@ -268,6 +284,50 @@ def _law(data: _Audited, cfg: AuditConfig) -> dict[str, Any]:
     return record
 
 
+def _before_attack(data: _Audited, cfg: AuditConfig, request, t0: float, origin: str) -> None:
+    """What does not depend on the attack, measured now: the membership exposure (timed), then the judging's estimate
+    and the budget's split (:mod:`exhume.audit.budget`), kept in ``data``."""
+    from exhume.audit.budget import AuditBudget
+    from exhume.evaluation.cost import judging_estimate
+    from exhume.portfolio.plan import default_workers
+
+    started = time.perf_counter()
+    data.membership, records = _membership(data, cfg)
+    probes = time.perf_counter()
+    expected = _candidates(len(data.x), cfg, request.budget.restarts, request.budget.workers or default_workers())
+    parameters = sum(p.numel() for p in data.wrapped.parameters())
+    estimate, data.roc = judging_estimate(len(data.x), data.unseen, parameters, expected, (probes - started, records),
+                                          None if cfg.out is None else data.membership[1])
+    now = time.perf_counter()
+    parts = {"start-up, loading and checks": started - t0, "membership exposure": probes - started, "judging's probes": now - probes}
+    data.budget = AuditBudget.split(cfg.max_seconds, now - t0, estimate, origin, parts)
+
+
+def _candidates(n: int, cfg: AuditConfig, restarts, workers: int) -> int:
+    """At most the candidates the attack returns: one run's count (``n`` when not fixed) times its restarts (the number
+    asked, else the most the portfolio's sizing gives the whole budget: a wave of ``workers`` per ``seconds_per_restart``)."""
+    from exhume.attacks import attack_class
+    from exhume.portfolio.variants import MAX_AUTO_RESTARTS, SECONDS_PER_RESTART, restart_plan
+
+    try:
+        per = attack_class(cfg.method).of_settings(cfg.attack_args).candidate_count(n) or n
+    except ConfigError:  # a malformed setting: the attack's own validation names it when it runs
+        per = n
+    if not isinstance(restarts, int):
+        waves = max(1, round(cfg.max_seconds / (restart_plan(cfg.method).seconds_per_restart or SECONDS_PER_RESTART)))
+        restarts = min(workers * waves, MAX_AUTO_RESTARTS)
+    return per * restarts
+
+
+def _within(request, budget, cfg: AuditConfig):
+    """The attack's request with the budget's share as its wall time (unless ``attack_args`` set the attack's own)."""
+    from dataclasses import replace
+
+    if "max_seconds" in cfg.attack_args:
+        return request
+    return replace(request, budget=replace(request.budget, max_seconds=budget.attack))
+
+
 def _attack(data: _Audited, cfg: AuditConfig, request, attack_args: dict[str, Any], progress: bool):
     """The public :func:`exhume.attack` on the attacker's view (its start attached already), within the audit's budget."""
     import exhume  # the public exhume.attack: whatever runs it (e.g. a restart portfolio) applies here
@@ -280,11 +340,14 @@ def _judge(data: _Audited, recon, cfg: AuditConfig, settings: dict[str, Any] | N
     from exhume.evaluation.run import evaluate, margins_of
     from exhume.report import write_report
 
+    judging = time.perf_counter()
     out = None if cfg.out is None else Path(cfg.out)
     margins, support_margins = margins_of(data.wrapped, data.centred, data.y, data.info["task"], data.loss)
     equation = data.equation
     failures = data.failures + equation.fit_failures(margins, cfg.weight_decay) + equation.run_failures(recon, margins, cfg.weight_decay)
+    owner = time.perf_counter()
     findings, scores = _owner_findings(data, recon, cfg)
+    data.judging_parts["identifiability"] = time.perf_counter() - owner
     result = evaluate(recon, train=(data.x, None), unseen=data.unseen, margins=margins, support_margins=support_margins,
                       assumptions=failures, alpha=cfg.alpha, out=None if out is None else out / "evaluation",
                       threat_model=data.view.threat_model, owner_findings=findings)
@@ -293,13 +356,26 @@ def _judge(data: _Audited, recon, cfg: AuditConfig, settings: dict[str, Any] | N
                    "stationarity_limit": data.measured["limit"],
                    "train_accuracy": float((torch.as_tensor(margins) > 0).double().mean())}
     m["audit"] = {**(settings or {}), "method": cfg.method, "max_seconds": cfg.max_seconds, "seed": cfg.seed,
-                  "wall_seconds": round(time.perf_counter() - t0, 1), **_start_record(data.view, cfg)}
+                  "wall_seconds": None, **_start_record(data.view, cfg)}
     m["law"] = _law(data, cfg)
     if out is not None:
+        _write_scores(scores, out / "evaluation", data.roc)
+    _timed(m, data, t0, judging)
+    if out is not None:
         result.save(out / "evaluation")
-        _write_scores(scores, out / "evaluation")
         write_report(out)
+        _timed(m, data, t0, judging)  # the report written: the seconds returned (metrics.json's are those before the report)
     return AuditResult(verdict=m["verdict"], reason=m["verdict_reason"], metrics=m, reconstruction=recon, out=out)
+
+
+def _timed(m: dict[str, Any], data: _Audited, t0: float, judging: float) -> None:
+    """The audit's seconds so far into ``m["audit"]``: the wall time and the budget's split with its measured parts."""
+    now = time.perf_counter()
+    m["audit"]["wall_seconds"] = round(now - t0, 1)
+    if data.budget is not None:  # None: judged without the audit's split (a caller of _judge alone)
+        parts = {**data.judging_parts, "evaluation's matching": m.get("evaluation_seconds") or 0.0}
+        parts["figures, files and the rest"] = now - judging - sum(parts.values())
+        m["audit"]["budget"] = data.budget.record(data.attack_seconds, now - judging, now - t0, parts)
 
 
 #: at most this many unseen images are scored for membership (or as many as the training images, if more)
@@ -311,18 +387,25 @@ def _owner_findings(data: _Audited, recon, cfg: AuditConfig) -> tuple[dict[str, 
     (:mod:`exhume.evaluation.identifiability`) and the membership exposure from the weights
     (:mod:`exhume.evaluation.weights_membership`) on the training images and up to ``MEMBERSHIP_NONMEMBERS`` unseen ones."""
     from exhume.evaluation.identifiability import identifiability
-    from exhume.evaluation.weights_membership import membership_exposure
 
     ident = identifiability(data.equation, data.wrapped, data.centred, data.y, data.loss, data.measured, recon)
-    count = min(len(data.unseen), max(len(data.x), MEMBERSHIP_NONMEMBERS))
-    pick = torch.from_numpy(np.sort(np.random.default_rng(cfg.seed).permutation(len(data.unseen))[:count]))
-    labels = None if data.unseen_y is None else data.unseen_y[pick]
-    exposure, scores = membership_exposure(data.view, data.centred, data.y, data.unseen[pick] - data.mean, labels, seed=cfg.seed)
+    exposure, scores = data.membership if data.membership is not None else _membership(data, cfg)[0]
     return {"identifiability": ident, "membership_exposure": exposure}, scores
 
 
-def _write_scores(scores: dict[str, np.ndarray], folder: Path) -> None:
-    """The per-record membership scores (``membership_scores.npz``) and their ROC (``membership_roc.png``)."""
+def _membership(data: _Audited, cfg: AuditConfig) -> tuple[tuple[dict[str, Any], dict[str, np.ndarray]], int]:
+    """The membership exposure from the weights (it does not depend on the attack) and the records it scored."""
+    from exhume.evaluation.weights_membership import membership_exposure
+
+    count = min(len(data.unseen), max(len(data.x), MEMBERSHIP_NONMEMBERS))
+    pick = torch.from_numpy(np.sort(np.random.default_rng(cfg.seed).permutation(len(data.unseen))[:count]))
+    labels = None if data.unseen_y is None else data.unseen_y[pick]
+    got = membership_exposure(data.view, data.centred, data.y, data.unseen[pick] - data.mean, labels, seed=cfg.seed)
+    return got, len(data.x) + count
+
+
+def _write_scores(scores: dict[str, np.ndarray], folder: Path, roc: bytes | None = None) -> None:
+    """The per-record membership scores (``membership_scores.npz``) and their ROC (``membership_roc.png``; ``roc``: drawn already)."""
     import io
 
     from exhume.evaluation.weights_membership import plot_roc
@@ -331,4 +414,7 @@ def _write_scores(scores: dict[str, np.ndarray], folder: Path) -> None:
     buffer = io.BytesIO()
     np.savez(buffer, **scores)
     atomic_write(folder / "membership_scores.npz", buffer.getvalue())
-    plot_roc(scores, folder / "membership_roc.png")
+    if roc is None:
+        plot_roc(scores, folder / "membership_roc.png")
+    else:
+        atomic_write(folder / "membership_roc.png", roc)
