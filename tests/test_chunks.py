@@ -269,6 +269,20 @@ def test_every_experiment_cut_into_chunks_ends_with_the_uninterrupted_table(name
             return real(*args)
 
         monkeypatch.setattr(study, "_trial", cut_once)
+    else:  # and the first chunk's end lands in an attack for sure: a timer's signal at its second step, as a real one would
+        import signal
+
+        from exhume.attacks import loop
+
+        def alarm_once(desc, total, max_seconds, start, elapsed, step, *args, real=loop.run_loop, fired=[], **kw):  # noqa: B006
+            def stepped(i, *a):
+                if i == start + 1 and not fired:
+                    fired.append(desc)
+                    signal.raise_signal(signal.SIGALRM)  # held by the step, delivered after it: ChunkEnd
+                return step(i, *a)
+            return real(desc, total, max_seconds, start, elapsed, stepped, *args, **kw)
+
+        monkeypatch.setattr(loop, "run_loop", alarm_once)
     chunks, cut = 0, set()
     while True:
         chunks += 1
