@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from scipy.ndimage import gaussian_filter
+from skimage import metrics as skimage_metrics  # a test dependency (pyproject.toml [test])
 
 from exhume.errors import ConfigError, DataError
 from exhume.evaluation import (
@@ -29,8 +30,6 @@ from exhume.evaluation import (
     window_description,
     window_for,
 )
-
-skimage_metrics = pytest.importorskip("skimage.metrics")
 
 MNIST = Path(__file__).resolve().parents[1] / "exhume" / "data" / "mnist_subset.npz"
 

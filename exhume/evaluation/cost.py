@@ -92,10 +92,19 @@ def evaluation_estimate(n: int, images: torch.Tensor, unseen: int, candidates: i
     ``unseen`` pool and control images, the SSIM rate measured on ``images``, one figure drawn (a ROC of as many scores)."""
     import numpy as np
 
-    pairs = candidates * (n + unseen) + n * unseen
     rng = np.random.default_rng(0)
     scores = {"loss_members": rng.random(n), "loss_nonmembers": rng.random(unseen)}
-    parts = {"evaluation": pairs * _ssim_seconds_per_pair(images), "figures": FIGURES_AFTER * figure(scores)[0]}
+    return _with_total({"evaluation": _matching_seconds(n, unseen, candidates, images), "figures": FIGURES_AFTER * figure(scores)[0]})
+
+
+def _matching_seconds(n: int, unseen: int, candidates: int, images: torch.Tensor) -> float:
+    """The evaluation's SSIM matching: every candidate against the training and unseen images, the training images
+    against the control, at the rate measured on ``images``."""
+    return (candidates * (n + unseen) + n * unseen) * _ssim_seconds_per_pair(images)
+
+
+def _with_total(parts: dict[str, float]) -> dict[str, float]:
+    """``parts`` and their ``total`` (with :data:`RESERVE_FLOOR`), rounded to hundredths."""
     parts["total"] = RESERVE_FLOOR + SAFETY * sum(parts.values())
     return {k: round(v, 2) for k, v in parts.items()}
 
@@ -111,9 +120,6 @@ def judging_estimate(n: int, unseen: torch.Tensor, parameters: int, candidates: 
     """
     seconds, records = membership
     ident = n * seconds / max(records, 1) + n * n * parameters / _product_rate(n)
-    pairs = candidates * (n + len(unseen)) + n * len(unseen)  # candidates against all images; the training images against the control
-    evaluation = pairs * _ssim_seconds_per_pair(unseen)
+    evaluation = _matching_seconds(n, len(unseen), candidates, unseen)
     one, roc = (0.0, None) if scores is None else figure(scores)
-    parts = {"identifiability": ident, "evaluation": evaluation, "figures": FIGURES_AFTER * one}
-    parts["total"] = RESERVE_FLOOR + SAFETY * sum(parts.values())
-    return {k: round(v, 2) for k, v in parts.items()}, roc
+    return _with_total({"identifiability": ident, "evaluation": evaluation, "figures": FIGURES_AFTER * one}), roc
