@@ -34,7 +34,7 @@ default) and for the CNN ``traced`` with the weights in channels-last memory for
 runs its own attack from the same start; the paths alternate in rounds of ``--block`` steps, and
 one step's loss and gradients are checked equal to ``main``'s first. The attack loop's heap setting
 (:func:`exhume.heap.retained_heap`) is process-wide, so it is left out here (measured whole-process
-in ``benchmarks/README.md``). ``--compile`` times the stationarity term's value and gradients
+in ``benchmarks/notes/2026-11-27-cnn-speed.md``). ``--compile`` times the stationarity term's value and gradients
 eager, traced (``make_fx``, as kkt replays it) and compiled (``torch.compile`` of the traced graph,
 inductor): trace and compile seconds, CPU ms per call.
 

@@ -11,8 +11,7 @@ Iterations, not seconds, bound each run, so the load of the machine does not ent
 ``-p KEY=VALUE`` goes to every attack (``trace=off`` to compare with a revision before 2026-11-27's
 trace rule, whose switch to the traced step came after 5 s by the clock).
 
-Exit status 1 when any hash differs. Results: ``benchmarks/README.md``, "Bit-identical across the
-refactorings".
+Exit status 1 when any hash differs. Results: ``benchmarks/notes/2026-11-27-bit-identity.md``.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ output folder (so the checkpoint's write is part of the peak). The table compare
 with the peak less ``rss0`` (what the attack added) and the whole process's peak with
 ``rss0 + estimate``.
 
-    .venv/bin/python benchmarks/memory_estimate.py              # the table of benchmarks/README.md
+    .venv/bin/python benchmarks/memory_estimate.py              # the table of benchmarks/notes/2026-11-27-operations.md
     .venv/bin/python benchmarks/memory_estimate.py --case kkt mlp:1000 1,28,28 200 float32
 """
 

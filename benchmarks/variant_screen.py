@@ -14,7 +14,7 @@ half of one with the first half of the other, which is the mixed portfolio of th
 Why iterations rather than seconds: the comparison does not move with the machine's load (this
 machine is shared; a time budget buys a different number of iterations from one run to the next),
 and the restarts' seeds are the same in every config, so a pair differs in its settings only.
-Candidates are concatenated, not merged (as in ``pool_curve.py``). Evaluator-side: reads the
+Candidates are concatenated, not merged (as in ``research/pool_curve.py``). Evaluator-side: reads the
 training set.
 """
 
@@ -31,8 +31,8 @@ import torch
 
 import exhume
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "zoo"))
-from run import pooled, restart_results  # noqa: E402  (the zoo's concatenation of restarts' candidates)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: exhume and benchmarks.zoo without installing
+from benchmarks.zoo.run import pooled, restart_results  # noqa: E402  (the zoo's concatenation of restarts' candidates)
 
 
 def run_config(victim, folder: Path, variants: list[dict], restarts: int, iterations: int, seed: int, workers: int) -> list:

@@ -3,27 +3,16 @@ path a GPU takes) and by the reference recipe, judged, and one table written."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.gpu import run as bench
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("gpu_bench", ROOT / "benchmarks" / "gpu" / "run.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_the_gpu_benchmark_runs_at_its_tiny_size(tmp_path):
-    bench = _bench()
     assert bench.main(["--tiny", "--out", str(tmp_path), "--attack-seconds", "1", "--train-scale", "0.5"]) == 0
     got = json.loads((tmp_path / "results.json").read_text())
     rows = got["rows"]

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "zoo"))
-
-from reference import RECIPE, reference_loss  # noqa: E402
+from benchmarks.zoo.reference import RECIPE, reference_loss
 
 
 def test_reference_loss_equals_a_hand_computation_on_a_tiny_model():

@@ -31,9 +31,9 @@ import numpy as np
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parents[1]), str(HERE.parent)]  # the repository root, benchmarks/
+sys.path.insert(0, str(HERE.parents[1]))  # the repository root: exhume and benchmarks.practitioner without installing
 
-from practitioner import data, models  # noqa: E402
+from benchmarks.practitioner import data, models  # noqa: E402
 
 FILES = ("models.py", "weights.safetensors", "start.safetensors", "train.npz", "unseen.npz", "audit.toml", "training.json")
 
@@ -96,7 +96,7 @@ ZOO = (
     Spec("fashion-frozen-linear", "fashion", "10-class", "FrozenTrunkHead", {"head_hidden": 0, "outputs": 10}, "adam", 1e-3,
          weight_decay=5e-3, batch=32, epochs=100, n=100, seed=10, pretrain=_FASHION_PRE, transfer=_TRUNK, freeze="trunk."),
 )
-#: the counting argument's test (benchmarks/README.md, "What the known-start equation cannot identify"): two victims of the
+#: the counting argument's test (benchmarks/notes/2026-11-27-known-start-identifiability.md): two victims of the
 #: zoo that nothing leaked from, trained the same way on 40 images, so that their trained parameters outnumber the pixels
 #: of their training images; built with --only, not part of READY
 SMALL_N = (replace(ZOO[9], name="fashion-cnn-finetune-sgdm-n40", n=40), replace(ZOO[10], name="mnist-frozen-head-n40", n=40))

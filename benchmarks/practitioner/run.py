@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import importlib.util
 import json
 import sys
 import time
@@ -33,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parents[1]), str(HERE.parent)]  # the repository root, benchmarks/
+sys.path.insert(0, str(HERE.parents[1]))  # the repository root: exhume and benchmarks without installing
 
 def owner_training(training: dict) -> dict[str, Any]:
     """The training settings an owner knows, from the victim's training.json (exhume.audit's ``training``)."""
@@ -88,11 +87,10 @@ ROW_KEYS = ("victim", "method", "seed", "budget_s", "wall_s", "attack_s", "itera
 
 
 def zoo_parallel():
-    """``benchmarks/zoo/run.py``'s :func:`parallel` (slots pinned to cores with taskset), imported by path."""
-    spec = importlib.util.spec_from_file_location("benchmarks_zoo_run", HERE.parent / "zoo" / "run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.parallel
+    """``benchmarks/zoo/run.py``'s :func:`parallel` (slots pinned to cores with taskset)."""
+    from benchmarks.zoo.run import parallel
+
+    return parallel
 
 
 def method_kwargs(method: str, folder: Path, training: dict) -> dict[str, Any]:
@@ -273,7 +271,7 @@ def pivot_cell(r: dict | None) -> str:
 
 
 def pivot(args) -> None:
-    """One row per victim, one column per method (benchmarks/README.md's known-start table), and the totals."""
+    """One row per victim, one column per method (the known-start table of benchmarks/notes/2026-11-27-known-start-audits.md), and the totals."""
     rows = [json.loads(p.read_text()) for p in sorted((Path(args.out) / "results").glob("*.json"))]
     by = {(r["victim"], r["method"]): r for r in rows}
     names = list(dict.fromkeys(r["victim"] for r in rows))

@@ -27,7 +27,7 @@ Methods:
   (near-duplicates are merged on the raw candidates; the default merges floored ones).
 
 ``--keep`` saves each job's returned reconstruction in ``OUT/reconstructions/<victim>__<method>__s<seed>/``,
-for judging again (``benchmarks/memorised_sets.py``: which training images each method memorises).
+for judging again (``research/memorised_sets.py``: which training images each method memorises).
 
 ``table`` gathers ``results.csv``, ``results.json`` and ``table.md`` from the job files.
 """
@@ -44,8 +44,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1]))  # the repository root
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parents[1]))  # the repository root: exhume and benchmarks.zoo without installing
 
 #: kkt as on main before issue 10: the last iterate, constant learning rate, u learned at 1e-2 (other defaults current)
 OLD_KKT = {"average_decay": 0.0, "keep": "last", "lr_schedule": "constant", "lr_lambda": 1e-2, "subspace": "off",
@@ -67,7 +66,7 @@ def pooled(recons, method: str, extra: dict):
 
 def restart_results(run) -> list:
     """The finished reconstructions saved in ``run/restarts/<k>/`` (a portfolio's folder) or ``run/<k>/``
-    (``first_layer_start.py``'s), in restart order; a clear exit when there are none."""
+    (``research/first_layer_start.py``'s), in restart order; a clear exit when there are none."""
     from exhume.attacks import load_reconstruction
 
     run = Path(run)
@@ -109,7 +108,7 @@ def attack(view, method: str, seconds: float, seed: int):
     if method == "old":
         return get_attack("kkt", iterations=10_000_000, max_seconds=seconds, **OLD_KKT).run(view, seed=seed, progress=False)
     if method == "reference":
-        from reference import run_reference
+        from benchmarks.zoo.reference import run_reference
 
         return run_reference(view, seconds, seed=seed)
     kind, _, overrides = method.partition(":")
@@ -151,7 +150,7 @@ def job(args) -> None:
         tau, _ = background_level("auto", view.mean, tuple(view.input_shape))
         raw["background_tau"] = tau
         recon.candidates = dark_floor(recon.candidates.float(), tau)
-    if args.keep:  # the returned candidates, for judging again (benchmarks/memorised_sets.py)
+    if args.keep:  # the returned candidates, for judging again (research/memorised_sets.py)
         recon.save(Path(args.result).parent.parent / "reconstructions" / Path(args.result).stem)
     res = exhume.evaluate(recon, victim, pool_size=1000, figures=False)
     m = res.metrics
@@ -172,8 +171,9 @@ def job(args) -> None:
 
 def build(args) -> None:
     import torch
-    from zoo import BY_NAME
-    from zoo import build as build_victim
+
+    from benchmarks.zoo.zoo import BY_NAME
+    from benchmarks.zoo.zoo import build as build_victim
 
     torch.set_num_threads(args.threads)
     v = build_victim(BY_NAME[args.name], args.out, args.fashion_root)
@@ -202,7 +202,7 @@ def parallel(commands: list[list[str]], slots: int, cores: int, log: Path, first
 
 
 def run_all(args) -> None:
-    from zoo import ZOO
+    from benchmarks.zoo.zoo import ZOO
 
     out = Path(args.out)
     me = [sys.executable, str(Path(__file__).resolve())]

@@ -4,7 +4,7 @@ Each entry is what ``exhume train`` would build from the same flags (``command``
 zoo builds them with :func:`exhume.victim.make_victim`, which the CLI calls. Training is capped
 by ``epochs`` only, so a victim is the same whatever the machine's load (full-batch training is
 deterministic): the caps are the epoch counts the first zoo reached under wall-clock caps of
-45-90 s on the lent 16-core machine (``benchmarks/README.md``). Haim's regime (weight decay 0,
+45-90 s on the lent 16-core machine (``benchmarks/notes/2026-11-25-zoo-victims.md``). Haim's regime (weight decay 0,
 first layer N(0,1)·1e-4, "towards 1e6 epochs") stops at about 66,000 of them.
 """
 
@@ -58,7 +58,7 @@ ZOO = (
     ZooVictim("mnist-256-stdinit-wd1e-3", "mnist", "odd-even", 100, "mlp:256,256;bias=all", 1e-3, 5, epochs=6_000),
     ZooVictim("mnist-256-stdinit-nowd", "mnist", "odd-even", 100, "mlp:256,256;bias=all", 0.0, 6, epochs=6_000),
     # 10-class victims on 28×28 images, where the first layer shows the inputs' span (the two 10-class victims on
-    # 8×8 digits have none); added for kkt's learning-rate schedule (benchmarks/README.md)
+    # 8×8 digits have none); added for kkt's learning-rate schedule (benchmarks/notes/2026-11-25-constant-rates.md)
     ZooVictim("mnist-multiclass-haim", "mnist", "multiclass", 100, "mlp:256,256;bias=none;init=1e-4", 0.0, 7, epochs=40_000),
     ZooVictim("fashion-multiclass-wd5e-3", "fashion-mnist", "multiclass", 100, "mlp:256,256;bias=none;init=1e-4", 5e-3, 8,
               epochs=30_000),

@@ -1,0 +1,1 @@
+"""The papers' settings on one GPU (``run.py``)."""
