@@ -166,14 +166,14 @@ def _add_experiment(sub) -> None:
     from exhume.experiments import EXPERIMENTS
 
     p = sub.add_parser("experiment", help="run a named experiment that reproduces a paper's finding (each states its CPU default; "
-                       "times measured: benchmarks/README.md#the-experiments-wall-times)")
+                       "times measured: docs/defaults.md#experiments-cpu-defaults)")
     exp_sub = p.add_subparsers(dest="experiment", required=True, help="the experiment to run")
     for name, exp in sorted(EXPERIMENTS.items()):
         text = exp.help.replace("%", "%%")  # argparse formats help strings with %
         q = exp_sub.add_parser(name, help=text, description=text)
         _common(q, f"runs/experiment-{name}")
         q.add_argument("--full", action="store_true", help="the paper's scale instead of the CPU budget (expected wall "
-                       "times on a GPU and on 2 CPU cores: benchmarks/README.md#the-experiments-at-full-scale-wall-times); "
+                       "times on a GPU and on 2 CPU cores: docs/defaults.md#experiments-full-scale); "
                        "run it in checkpointed chunks with --chunk-seconds and --resume")
         q.add_argument("--force", action="store_true", help="run again in an --out that holds an earlier run of it, replacing its results")
         q.add_argument("--chunk-seconds", type=float, default=None, help=f"stop after this much wall time, checkpointed as on "

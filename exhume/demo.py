@@ -4,7 +4,7 @@ Settings (after docs/METHODS.md §1): a bias-free MLP 784-256-256-1 (first layer
 digits odd/even, mean subtracted, logistic loss, full-batch GD lr 0.2 with weight decay 5e-3 for 6000
 epochs; then the ``kkt`` attack (a portfolio of restarts, m = 200 each) for a fixed wall-clock budget;
 then the evaluation against the 100 training digits and a pool of 1000 unseen digits. Times and
-results measured: ``benchmarks/README.md#the-demos-budget``.
+results measured: ``docs/defaults.md#demo-budgets``.
 """
 
 from __future__ import annotations

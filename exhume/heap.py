@@ -4,7 +4,7 @@ A step of an attack on a CNN allocates and frees tens of activation-sized tensor
 200 candidates of a 16-channel 28×28 convolution). With its default settings glibc hands such
 blocks back to the operating system when they are freed (``munmap``, or trimming the heap's top),
 and the next allocation pays a page fault for every page it touches: about a third of a CNN step
-on this project's machines (``benchmarks/README.md``, "CNNs at full speed"). Inside
+on this project's machines (``docs/defaults.md#constants-retained-heap``). Inside
 :func:`retained_heap` blocks up to 32 MiB come from the heap and the heap is not trimmed, so freed
 pages are reused; on leaving it the heap is trimmed once, and later trimmed above 64 MiB of free
 top. The process's peak memory is that of the run (pages are kept, not added). Where the C library

@@ -304,7 +304,7 @@ def test_experiment_is_registered_and_checks_sizes():
     from exhume.experiments import get_experiment
     from exhume.experiments.tldr import _parse_sizes
 
-    text = get_experiment("tldr").help  # its CPU default in sizes and steps; the time measured is in benchmarks/README.md
+    text = get_experiment("tldr").help  # its CPU default in sizes and steps; the time measured is in docs/defaults.md
     assert "300 generator steps" in text and " min" not in text
     assert _parse_sizes("1000, 2000") == [1000, 2000]
     with pytest.raises(ConfigError, match="sizes"):

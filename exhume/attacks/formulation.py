@@ -8,7 +8,7 @@ Four forms of ``θ = Σ_j λ_j ∇_θ h(Φ(θ; x̂_j), ŷ_j)`` (docs/METHODS.md 
 - ``soft-margin``: ``h = Φ_y − log Σ_{k≠y} exp Φ_k`` (:func:`exhume.losses.soft_margin`; the margin
   for binary victims), λ ≥ 0. ``−∇_θℓ_CE = σ(−h)·∇_θh``, so with weight decay it is exact for
   cross-entropy (``λ_i = σ(−h_i)/(n·w)``); it memorised about twice as many training images as
-  ``margin`` on 10-class victims (``benchmarks/README.md``, "The soft margin for 10-class victims").
+  ``margin`` on 10-class victims (``docs/defaults.md#kkt-formulation``).
 - ``loss``: ``h = −ℓ(Φ, ŷ)``, λ ≥ 0. Exact for *any* loss at a stationary point of
   ``mean_i ℓ_i + (w/2)‖θ‖²``: ``θ = (1/(n·w)) Σ_i −∇_θ ℓ_i``, so every training point has
   ``λ = 1/(n·w)``.
@@ -27,7 +27,7 @@ decay the margins follow from the weights (``σ(−m*)·m* = w‖θ‖²/L``); w
 ``S = ‖θ‖²/(L·n·q₀)``, the multiplier of ``n`` training points at margin ``q₀ = NO_DECAY_MARGIN``,
 an assumption the evaluator checks against the real margins
 (:func:`exhume.evaluation.assumptions.scale_failure`; pass ``lambda_scale=`` to override it). Why
-this rule: ``benchmarks/README.md``, "λ scale without weight decay".
+this rule: ``docs/defaults.md#kkt-lambda_scale``.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ FORMULATIONS = ("auto", "margin", "soft-margin", "loss", "output")
 MARGIN_FORMS = ("margin", "soft-margin")  # the forms whose h is a classifier's margin (λ ≥ 0)
 AUTO_SCALE_FACTOR = 5.0 / 3.0  # measured on the demo victim, see exhume/attacks/kkt.py
 # Without weight decay the training margins are not tied to the weights, so S assumes margin q₀.
-# Chosen on the zoo's two Haim victims (benchmarks/README.md, "λ scale without weight decay").
+# Chosen on the zoo's two Haim victims (docs/defaults.md, kkt: lambda_scale).
 NO_DECAY_MARGIN = 30.0
 
 

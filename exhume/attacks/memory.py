@@ -5,7 +5,7 @@ shapes, its candidate count and its dtype, before it allocates anything: the par
 ``P``, the input size ``D`` and the activations one input creates in a forward pass (``A``,
 counted by :func:`activation_elements` on one and two inputs, so any ``nn.Module`` is measured
 as it runs), times coefficients measured against ``/usr/bin/time``'s maximum resident set
-(``benchmarks/memory_estimate.py``; the table is in ``benchmarks/README.md``). The estimate is
+(``benchmarks/memory_estimate.py``; the table: ``docs/defaults.md#constants-memory-estimate``). The estimate is
 what the attack adds to the process, not the interpreter and torch already loaded.
 
 :func:`check_memory` compares it with the memory available to this process (``MemAvailable``

@@ -26,7 +26,7 @@ rule assumes an i.i.d. initialisation; a first layer that started from pretraine
 (``subspace="off"``). Data directions weaker than the floor are lost. :class:`Subspace` projects in
 centred input space, ``x̂ ← V Vᵀ x̂``; the kkt attack applies it to the initial candidates and after
 every step (``subspace="auto"``) and records why where there is no span. Measurements:
-``benchmarks/README.md``, "The training inputs' span, read from the first layer".
+``docs/defaults.md#kkt-subspace`` (and ``#kkt-denoise`` for :func:`learned_part`).
 """
 
 from __future__ import annotations

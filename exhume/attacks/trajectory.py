@@ -94,8 +94,7 @@ def forgotten_start(model: nn.Module, start: dict[str, torch.Tensor]) -> str | N
     """Why a known start is not used: training forgot it (``⟨θ_T, θ_0⟩/‖θ_0‖² < FORGOTTEN_START``; Adam's coupled
     weight decay at equilibrium), so θ_T depends on the data alone and the stationary equation, the ``T → ∞``
     limit, is the one to solve. None where the start survives or some parameter is frozen at it (the stationary
-    equation would take a frozen extractor for trained). Measured: ``benchmarks/README.md``, "A start that
-    training forgot"."""
+    equation would take a frozen extractor for trained). Measured: ``docs/defaults.md#audit-forgotten-start``."""
     if frozen_names(model, start):
         return None
     params = {k: v.detach() for k, v in model.named_parameters()}

@@ -13,7 +13,7 @@ When the fixed work leaves the attack less than :data:`MIN_ATTACK_SHARE` of the 
 keeps that share and the audit takes longer than asked: one warning line says how long and which
 budget would cover it. metrics.json's ``audit`` records the budget, the time before the attack, the
 judging estimate, the attack's share and seconds, the judging's measured seconds and the whole wall
-time. Measurements: benchmarks/README.md, "The audit's budget covers its judging".
+time. Measurements: docs/defaults.md#audit-budget.
 """
 
 from __future__ import annotations

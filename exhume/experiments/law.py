@@ -47,7 +47,7 @@ HELP = ("memorised fraction and one-to-one SSIM against p/(d·n) (the law of dat
         "(d = 64) 0 against 1, random features and two-layer MLPs trained by full-batch GD from PyTorch's init, n = 5 and 10, "
         "p/(d·n) = 0.25, 1, 4, 16, one seed, 1,000 kkt iterations per run (16 victims, 32 runs). --full: bundled MNIST "
         "(d = 784), also a small CNN, n = 5, 10, 20, 50, seven ratios 0.25-16, two seeds, 3,000 iterations (for a GPU: "
-        "benchmarks/README.md gives its expected wall time). Finished runs are reused with --resume.")
+        "docs/defaults.md gives its expected wall time). Finished runs are reused with --resume.")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

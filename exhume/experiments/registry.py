@@ -1,7 +1,7 @@
 """Named experiments (``exhume experiment NAME``) that reproduce the papers' findings.
 
 Each experiment registers a name, a help text that states its CPU default (cases, epochs,
-iterations; the times measured are in benchmarks/README.md, not in the help), an argument hook and
+iterations; the times measured are in docs/defaults.md, not in the help), an argument hook and
 a run function. It writes its figure(s) and table(s) into its run folder and returns a dict of
 headline numbers, including what the paper found and what this run found, side by side.
 """

@@ -19,7 +19,7 @@
 
    Why SSIM as well: a candidate is memorised when it beats the best unseen image by SSIM, often
    by a few thousandths, and with the correlation alone the merge dropped such winners
-   (``benchmarks/README.md``, "Merging near-duplicates: the correlation alone dropped winners").
+   (``docs/defaults.md#portfolio-merge``).
 4. **Sort** best-first by rank.
 
 Per-candidate provenance (``Reconstruction.provenance``): ``restart``, ``index`` (within its

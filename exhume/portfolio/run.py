@@ -104,7 +104,7 @@ def check_portfolio_memory(view, method: str, attack_kwargs: dict[str, Any], var
 
 
 #: seconds of pooling per candidate kept aside from a time budget, at least POOL_RESERVE[0] seconds and at most the
-#: share POOL_RESERVE[1] of the budget (benchmarks/README.md#the-portfolios-deadline-and-pooling-reserve)
+#: share POOL_RESERVE[1] of the budget (docs/defaults.md#portfolio-pooling-reserve)
 POOL_SECONDS_PER_CANDIDATE = 5e-4
 POOL_RESERVE = (2.0, 0.1)
 

@@ -20,7 +20,7 @@ decides:
 The decision and the measurement are kept in ``config["portfolio"]["sizing"]``; a resumed
 portfolio reuses the stored decision (``OUT/restarts/sizing.json``) instead of probing again, so
 that its finished restarts still match the plan. The measurements behind the constants:
-``benchmarks/README.md#restart-sizing``.
+``docs/defaults.md#portfolio-iterations-per-restart`` and the rows beside it.
 """
 
 from __future__ import annotations
