@@ -24,23 +24,17 @@ measured reason: docs/METHODS.md §5 and docs/defaults.md.
 from exhume.attacks.kkt.attack import KKTAttack
 from exhume.attacks.kkt.problem import Problem
 from exhume.attacks.kkt.settings import (
-    DEFAULT_START_EQUATION,
     LR_LAMBDA_MARGIN,
     LR_LAMBDA_SIGNED,
-    MULTIPLIER_MODES,
     PRESETS,
-    SNAPSHOT_EVERY,
-    START_CANDIDATES_PER_POINT,
     TRACE_MIN_ITERATIONS,
     TRACE_MIN_SECONDS,
-    candidate_count,
     equation_for,
     resolve_lr_lambda,
     traces,
 )
 from exhume.attacks.kkt.step import Step
-from exhume.attacks.kkt.terms import Terms, criterion, terms
+from exhume.attacks.kkt.terms import terms
 
-__all__ = ["DEFAULT_START_EQUATION", "LR_LAMBDA_MARGIN", "LR_LAMBDA_SIGNED", "MULTIPLIER_MODES", "PRESETS", "SNAPSHOT_EVERY",
-           "START_CANDIDATES_PER_POINT", "TRACE_MIN_ITERATIONS", "TRACE_MIN_SECONDS", "KKTAttack", "Problem", "Step", "Terms",
-           "candidate_count", "criterion", "equation_for", "resolve_lr_lambda", "terms", "traces"]
+__all__ = ["LR_LAMBDA_MARGIN", "LR_LAMBDA_SIGNED", "PRESETS", "TRACE_MIN_ITERATIONS", "TRACE_MIN_SECONDS", "KKTAttack", "Problem",
+           "Step", "equation_for", "resolve_lr_lambda", "terms", "traces"]
