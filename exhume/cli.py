@@ -91,6 +91,7 @@ def _add_attack(sub) -> None:
     p.add_argument("--iterations", type=int, default=None, help="maximum optimisation steps (default: the attack's)")
     p.add_argument("--max-seconds", type=float, default=None, help="wall-clock budget in seconds; resumable with --resume (default: none)")
     p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE", help="any attack parameter, e.g. -p lr=0.5 -p alpha=19")
+    p.add_argument("--preset", default=None, metavar="NAME", help="the attack's named settings (--list-params lists them); -p wins")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out (written for this victim)")
     p.add_argument("--force", action="store_true", help="replace a run already in --out")
     from exhume.evaluation.inits import INIT_KINDS
@@ -266,7 +267,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     import exhume
 
     kwargs = parse_params(args.param)
-    for key in ("dtype", "iterations", "max_seconds"):
+    for key in ("dtype", "iterations", "max_seconds", "preset"):
         if getattr(args, key) is not None:
             kwargs[key] = getattr(args, key)
     if args.workers is not None and args.workers < 1:
@@ -413,8 +414,10 @@ def list_params(method: str) -> str:
         rows.append((name, repr(prm.default), prm.range_text(), prm.help))
     w = [max(len(r[i]) for r in rows + [("name", "default", "range", "")]) for i in range(3)]
     head = f"{'name':<{w[0]}}  {'default':<{w[1]}}  {'range':<{w[2]}}  meaning"
+    presets = [f"{name}: " + ", ".join(f"{k}={v!r}" for k, v in settings.items()) for name, settings in ATTACKS[method].presets.items()]
     return "\n".join([f"parameters of the {method!r} attack (set with -p NAME=VALUE):", head]
-                     + [f"{a:<{w[0]}}  {b:<{w[1]}}  {c:<{w[2]}}  {d}" for a, b, c, d in rows])
+                     + [f"{a:<{w[0]}}  {b:<{w[1]}}  {c:<{w[2]}}  {d}" for a, b, c, d in rows]
+                     + (["presets (--preset NAME; -p settings beside it win):", *presets] if presets else []))
 
 
 def _list_params_early(argv: Sequence[str]) -> int | None:

@@ -1,6 +1,7 @@
 """The batched restarts (exhume/portfolio/batched.py): the same candidates as the restarts run one by one at equal
-iterations (float64), a divergent restart leaving the batch alone, resume from a batched checkpoint, the choice of path
-('auto' batches on a CUDA device string, without needing CUDA) and the CLI's --batch-restarts."""
+iterations (float64) for every kkt setting that enters the step, a divergent restart leaving the batch alone, resume
+from a batched checkpoint, the choice of path ('auto' batches on a CUDA device string, without needing CUDA) and the
+CLI's --batch-restarts."""
 
 from __future__ import annotations
 
@@ -15,8 +16,16 @@ from exhume.portfolio.batched import batch_key, groups, use_batched
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-# float64 and snapshots inside the run: the averaged iterates and the kept snapshot are compared too
-EXACT = {"iterations": 60, "dtype": "float64", "snapshot_every": 20, "checkpoint_every": 25, "lr": 0.05}
+# float64 and snapshots inside the run (every 20 iterations, snapshots): the averaged iterates and the kept snapshot are
+# compared too
+EXACT = {"iterations": 60, "dtype": "float64", "checkpoint_every": 25, "lr": 0.05}
+
+
+@pytest.fixture
+def snapshots(monkeypatch):
+    """kkt takes a snapshot every 20 iterations (its constant is 500), and the lone runs stay eager."""
+    monkeypatch.setattr("exhume.attacks.kkt.settings.SNAPSHOT_EVERY", 20)
+    monkeypatch.setattr("exhume.attacks.kkt.settings.traces", lambda iterations, seconds: False)
 
 
 def _restarts(out, count: int):
@@ -24,12 +33,10 @@ def _restarts(out, count: int):
 
 
 @pytest.mark.parametrize("traced", [False, True], ids=["eager", "traced"])
-def test_batched_restarts_equal_the_restarts_run_one_by_one(victim_dir, tmp_path, monkeypatch, traced):
-    import exhume.attacks.kkt as kkt_mod
+def test_batched_restarts_equal_the_restarts_run_one_by_one(victim_dir, tmp_path, monkeypatch, snapshots, traced):
     import exhume.portfolio.batched as batched_mod
 
-    # the lone runs stay eager however loaded the machine; the batch replays its traced graph from the first step or never
-    monkeypatch.setattr(kkt_mod, "traces", lambda iterations, seconds: False)
+    # the batch replays its traced graph from the first step or never
     monkeypatch.setattr(batched_mod, "traces", lambda iterations, seconds: traced)
     victim = exhume.load_victim(victim_dir)
     one = run_portfolio(victim, restarts=3, workers=1, out=tmp_path / "one", progress=False, batch_restarts="off", **EXACT)
@@ -149,7 +156,7 @@ def test_a_module_vmap_cannot_run_falls_back_to_one_restart_after_another():
     torch.manual_seed(0)
     view = AttackerView(model=_Branchy(), task="binary", input_shape=(1, 4, 4), mean=torch.full((1, 4, 4), 0.3),
                         loss="logistic", weight_decay=1e-2, n_train_hint=4)
-    r = run_portfolio(view, restarts=2, workers=1, progress=False, batch_restarts="on", iterations=5, trace="off")
+    r = run_portfolio(view, restarts=2, workers=1, progress=False, batch_restarts="on", iterations=5)
     group = r.config["portfolio"]["batched"]["groups"][0]
     assert group["batched"] is False and "torch.func.vmap cannot run this module" in group["reason"]
     assert [row["iterations"] for row in r.config["portfolio"]["restarts"]] == [5, 5]
@@ -180,13 +187,11 @@ def test_exhume_attack_device_cuda_takes_the_batched_path(victim_dir, tmp_path, 
         assert seen == {"device": "cuda", "batched": batched, "restarts": 3}
 
 
-def test_a_cnn_batched_equals_its_restarts_one_by_one(monkeypatch):
+def test_a_cnn_batched_equals_its_restarts_one_by_one(snapshots):
     """A 28×28 CNN whose activations take the surrogate ReLU's one-node path under vmap (more than 2^16 elements)."""
-    import exhume.attacks.kkt as kkt_mod
     from exhume.models.builders import build_model
     from exhume.victim import AttackerView
 
-    monkeypatch.setattr(kkt_mod, "traces", lambda iterations, seconds: False)
     torch.manual_seed(0)
     view = AttackerView(model=build_model("cnn:4;fc=16;pool=avg", (1, 28, 28), 1), task="binary", input_shape=(1, 28, 28),
                         mean=torch.full((1, 28, 28), 0.13), loss="logistic", weight_decay=5e-3, n_train_hint=12)
@@ -198,19 +203,62 @@ def test_a_cnn_batched_equals_its_restarts_one_by_one(monkeypatch):
         [r["final_relative_stationarity"] for r in batched.config["portfolio"]["restarts"]], rel=1e-9)
 
 
-def test_the_known_start_equation_batched_equals_its_restarts_one_by_one(monkeypatch):
+def _view(kind: str, victim_dir):
+    """The victim of a case: the MNIST victim of the suite, or a small random network (binary, 3-class, regression), or
+    a fine-tuned one with its start known."""
     from _start_cases import fine_tuned
 
-    import exhume.attacks.kkt as kkt_mod
+    from exhume.models.builders import build_model
     from exhume.victim import AttackerView
 
-    monkeypatch.setattr(kkt_mod, "traces", lambda iterations, seconds: False)
-    model, start, _ = fine_tuned()
-    view = AttackerView(model=model, task="binary", input_shape=(1, 4, 4), mean=torch.full((1, 4, 4), 0.5), loss="logistic",
-                        weight_decay=1e-3, n_train_hint=4)
-    kw = dict(restarts=2, workers=1, progress=False, iterations=30, dtype="float64", start=start)
-    one, batched = (run_portfolio(view, batch_restarts=b, **kw) for b in ("off", "on"))
-    assert batched.config["equation_used"] == "endpoints" and batched.config["portfolio"]["batched"]["groups"][0]["batched"]
-    assert torch.allclose(one.candidates, batched.candidates, atol=1e-6)
-    assert [r["final_relative_stationarity"] for r in one.config["portfolio"]["restarts"]] == pytest.approx(
-        [r["final_relative_stationarity"] for r in batched.config["portfolio"]["restarts"]], rel=1e-9)
+    if kind == "mnist":
+        return exhume.load_victim(victim_dir).attacker_view(), {}
+    if kind == "start":
+        model, start, _ = fine_tuned()
+        return AttackerView(model=model, task="binary", input_shape=(1, 4, 4), mean=torch.full((1, 4, 4), 0.5), loss="logistic",
+                            weight_decay=1e-3, n_train_hint=4), {"start": start}
+    torch.manual_seed(0)
+    task, classes, loss = {"binary": ("binary", 1, "logistic"), "multiclass": ("multiclass", 3, "cross-entropy"),
+                           "regression": ("regression", 1, "squared")}[kind]
+    return AttackerView(model=build_model("mlp:12;bias=none", (1, 6, 6), classes), task=task, input_shape=(1, 6, 6),
+                        mean=torch.full((1, 6, 6), 0.3), loss=loss, weight_decay=1e-2, n_train_hint=4,
+                        num_classes=classes if task == "multiclass" else None), {}
+
+
+#: every kkt setting that enters the step, each case on a victim it applies to: (victim, settings, what the run must use)
+STEP_CASES = {
+    "learned, stationary, span and denoise": ("mnist", {}, {"subspace_used": "above-noise"}),
+    "span and denoise off": ("mnist", {"subspace": "off", "denoise": "off"}, {}),
+    "closed-form, non-negative": ("binary", {"multipliers": "closed-form"}, {"formulation": "margin"}),
+    "closed-form, signed": ("regression", {"multipliers": "closed-form"}, {"formulation": "output"}),
+    "centred prior, tv": ("binary", {"prior": "centred", "tv_weight": 1e-3}, {}),
+    "soft margin": ("multiclass", {}, {"formulation": "soft-margin"}),
+    "runner-up margin": ("multiclass", {"formulation": "margin"}, {}),
+    "loss": ("binary", {"formulation": "loss"}, {}),
+    "output": ("regression", {}, {"formulation": "output"}),
+    "sgd, the iterate itself": ("binary", {"optimizer": "sgd", "lr": 1e-3, "average_decay": 0.0}, {}),
+    "trajectory": ("mnist", {"start_equation": "trajectory"}, {"equation_used": "trajectory"}),
+    "endpoints": ("start", {}, {"equation_used": "endpoints"}),
+    "endpoints, closed-form": ("start", {"multipliers": "closed-form"}, {"equation_used": "endpoints"}),
+    "haim2022 preset": ("binary", {"preset": "haim2022", "lr": 0.02}, {"prior": "centred"}),
+}
+
+
+@pytest.mark.parametrize("case", list(STEP_CASES))
+def test_every_setting_of_the_step_batched_equals_its_restarts_one_by_one(case, victim_dir, tmp_path, snapshots):
+    """Batched (one vmapped evaluation, then each restart's own kkt Step.advance) = lone, restart by restart, in float64:
+    candidates, multipliers, kept snapshot, loss history and final stationarity."""
+    kind, settings, used = STEP_CASES[case]
+    view, extra = _view(kind, victim_dir)
+    kw = dict(restarts=2, workers=1, progress=False, iterations=45, dtype="float64", log_every=5, **extra, **settings)
+    one = run_portfolio(view, out=tmp_path / "one", batch_restarts="off", **kw)
+    batched = run_portfolio(view, out=tmp_path / "batched", batch_restarts="on", **kw)
+    assert batched.config["portfolio"]["batched"]["groups"][0]["batched"], batched.config["portfolio"]["batched"]
+    assert {k: batched.config.get(k) for k in used} == used
+    for a, b in zip(_restarts(tmp_path / "one", 2), _restarts(tmp_path / "batched", 2), strict=True):
+        assert a.summary["iterations"] == b.summary["iterations"] == 45 and a.summary["kept_iteration"] == b.summary["kept_iteration"]
+        assert torch.allclose(a.candidates, b.candidates, rtol=0, atol=1e-6)  # float32 on output, float64 inside
+        assert torch.allclose(a.scores, b.scores, rtol=1e-6, atol=1e-9)
+        assert a.summary["final_relative_stationarity"] == pytest.approx(b.summary["final_relative_stationarity"], rel=1e-8)
+        assert [h["loss"] for h in a.loss_history] == pytest.approx([h["loss"] for h in b.loss_history], rel=1e-8)
+    assert torch.allclose(one.candidates, batched.candidates, atol=1e-6)  # the same pooled result

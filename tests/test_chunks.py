@@ -102,7 +102,7 @@ def test_kkt_cases_in_chunks_end_with_the_uninterrupted_table(tmp_path, monkeypa
     float rounding differs from the eager step's in the last bits."""
     from exhume.experiments.registry import ChunkEnd, chunk_deadline
 
-    monkeypatch.setattr("exhume.attacks.kkt.traces", lambda iterations, seconds: False)
+    monkeypatch.setattr("exhume.attacks.kkt.settings.traces", lambda iterations, seconds: False)
 
     whole, whole_arrays = _run(tmp_path / "whole", resume=False)
     chunks, resumed_training = 0, False

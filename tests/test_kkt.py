@@ -1,10 +1,10 @@
 """The stationarity attack: torch.func path against a plain autograd reference, the surrogate
-ReLU, recovery on Haim's 2D toy, any nn.Module, resume, and parameter validation."""
+ReLU, recovery on Haim's 2D toy, any nn.Module, resume (checkpoints of settings kkt no longer has
+included), parameter validation and presets."""
 
 from __future__ import annotations
 
 import functools
-import re
 
 import pytest
 import torch
@@ -13,7 +13,7 @@ from torch import nn
 
 from exhume.attacks import get_attack
 from exhume.attacks.formulation import NO_DECAY_MARGIN, typical_margin
-from exhume.attacks.kkt import KKTAttack, consistency_term
+from exhume.attacks.kkt import PRESETS, KKTAttack
 from exhume.attacks.stationarity import homogeneity_degree, stationarity_residual, stationarity_residual_and_objective
 from exhume.attacks.surrogate import soft_activations, soft_relu
 from exhume.errors import ConfigError, ExhumeError
@@ -135,8 +135,7 @@ def test_2d_toy_recovers_the_points_on_the_margin():
     x, margins, view = _toy_victim()
     # a constant step: with SGD at this small rate the steps are too few for a cosine decay to 0 (the point nearest
     # the boundary: 0.017 away after 1,000 steps as after 3,000; 0.027 and 0.028 at seeds 1 and 2, either way)
-    recon = get_attack("kkt", iterations=1000, optimizer="sgd", lr=0.001, init_scale=0.01,
-                       lr_schedule="constant").run(view, progress=False, seed=0)
+    recon = get_attack("kkt", iterations=1000, optimizer="sgd", lr=0.001, init_scale=0.01).run(view, progress=False, seed=0)
     dist = torch.cdist(x, recon.candidates).min(1).values
     on_margin = margins.argsort()[:1]
     # the point nearest the decision boundary is recovered almost exactly; a random candidate set
@@ -171,41 +170,6 @@ def test_residual_and_margins_from_one_forward_equal_the_separate_computations()
         assert torch.allclose(a, b, rtol=1e-10, atol=1e-14)
 
 
-def test_the_consistency_term_vanishes_at_the_training_points_multipliers():
-    """λ_i = σ(−margin_i)/(n·w) on a victim trained with weight decay and the logistic loss: the
-    stationarity equation holds with these multipliers, and the consistency term is zero there."""
-    x, margins, view = _toy_victim()
-    n_w = 20 * 1e-3
-    lam = torch.sigmoid(-margins) / n_w
-    params = {k: v.detach() for k, v in view.model.named_parameters()}
-    y = (margins / view.model(x - view.mean).detach()).round()  # the training labels, ±1
-    theta2 = sum((v**2).sum() for v in params.values())
-
-    def residual(scale: float):
-        r, h = stationarity_residual_and_objective(view.model, params, x - view.mean, y, scale * lam)
-        return float(r / theta2), h
-
-    r, h = residual(1.0)
-    # the victim is close to stationary with these multipliers (20,000 epochs), and far from it with half or twice them
-    assert r < 0.05 and 5 * r < residual(0.5)[0] and 5 * r < residual(2.0)[0]
-    assert torch.allclose(h, margins, rtol=1e-5, atol=1e-6)
-    assert float(consistency_term(lam, h, n_w)) < 1e-10
-    assert float(consistency_term(2 * lam, h, n_w)) == pytest.approx(float(torch.log(torch.tensor(2.0))) ** 2, rel=1e-5)
-
-
-@pytest.mark.parametrize("weight_decay, task, loss, message", [
-    (0.0, "binary", "logistic", "weight decay w > 0"),
-    (1e-3, "regression", "squared", "margin formulation of a classifier"),
-    (1e-3, "binary", "squared", "logistic or cross-entropy loss"),
-    (1e-3, "binary", None, "pass loss="),
-])
-def test_consistency_needs_weight_decay_a_margin_and_a_logistic_loss(weight_decay, task, loss, message):
-    view = AttackerView(model=UserNet(), task=task, input_shape=(5,), mean=torch.zeros(5), loss=loss,
-                        weight_decay=weight_decay, n_train_hint=4)
-    with pytest.raises(ConfigError, match=message):
-        get_attack("kkt", iterations=1, consistency_weight=1e-3).run(view, progress=False)
-
-
 def test_without_weight_decay_the_lambda_scale_is_the_multiplier_at_the_assumed_margin():
     """S = ‖θ‖²/(L·n·q₀) from the weights alone, not the S = 1 that found nothing on the zoo's Haim victims."""
     from exhume.models import MLP
@@ -225,9 +189,6 @@ def test_without_weight_decay_the_lambda_scale_is_the_multiplier_at_the_assumed_
             p.mul_(2.0)
     scaled = get_attack("kkt", iterations=1).run(view, progress=False)
     assert scaled.config["lambda_scale_value"] == pytest.approx(recon.config["lambda_scale_value"] * 4.0, rel=1e-6)
-    # a portfolio variant scales the estimate; the recorded value is the one the attack used
-    halved = get_attack("kkt", iterations=1, lambda_scale_factor=0.5).run(view, progress=False)
-    assert halved.config["lambda_scale_value"] == pytest.approx(scaled.config["lambda_scale_value"] * 0.5, rel=1e-6)
 
 
 def test_a_homogeneous_net_leaves_the_multipliers_scale_to_s():
@@ -263,12 +224,14 @@ def test_attack_runs_on_a_module_exhume_did_not_build():
     assert hist[-1] < hist[0]
 
 
-@pytest.mark.parametrize("schedule", ["constant", "cosine"])  # the default, and the schedule that reads the iteration
-def test_resume_continues_exactly_where_the_interrupted_run_stopped(tmp_path, schedule):
+def test_resume_continues_exactly_where_the_interrupted_run_stopped(tmp_path, monkeypatch):
+    from exhume.attacks.kkt import settings
+
+    monkeypatch.setattr(settings, "SNAPSHOT_EVERY", 20)  # with the averaged snapshot inside the run
     torch.manual_seed(0)
     model = UserNet(d=12)
     view = AttackerView(model=model, task="binary", input_shape=(12,), mean=torch.zeros(12), n_train_hint=4)
-    kw = dict(lr=1e-3, checkpoint_every=20, snapshot_every=20, lr_schedule=schedule)  # with the averaged snapshot
+    kw = dict(lr=1e-3, checkpoint_every=20)
 
     def ctrl_c(*args, **kwargs):
         raise KeyboardInterrupt
@@ -313,15 +276,12 @@ def test_repr_shows_the_arguments():
         ({"lr": "fast"}, "lr must be a number"),
         ({"iterations": 2.5}, "iterations must be an integer"),
         ({"alpha": float("nan")}, "alpha must be finite"),
-        ({"lambda_scale_factor": 0.0}, "lambda_scale_factor must be >= 1e-06"),
         ({"prior": "box"}, "prior must be one of"),
         ({"dtype": "float16"}, "dtype must be one of"),
         ({"lambda_scale": -2}, "lambda_scale"),
-        ({"momentum": 1.5}, "momentum must be <= 1"),
         ({"m": 0}, "m must be >= 1"),
         ({"candidates_per_point": 0.0}, "candidates_per_point must be >= 0.001"),
         ({"tv_weight": -1e-4}, "tv_weight must be >= 0"),
-        ({"consistency_weight": -1.0}, "consistency_weight must be >= 0"),
     ],
 )
 def test_bad_arguments_are_refused_by_name(kwargs, message):
@@ -380,56 +340,88 @@ def test_attacks_leave_the_callers_module_as_it_is_in_float64(method, arch, task
     assert all(v.dtype == before[k].dtype and torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
-def test_holding_the_training_points_fixed_leaves_almost_nothing_of_theta():
-    from exhume.attacks.stationarity import fixed_part
-    from exhume.losses import margin
-
-    x, margins, view = _toy_victim()
-    params = {k: v.detach() for k, v in view.model.named_parameters()}
-    y = (margins / view.model(x - view.mean).detach()).round()
-    target, lam, share = fixed_part(view.model, params, x - view.mean, y, margin)
-    assert share > 0.98 and (lam >= 0).all()
-    rest = sum((target[k].double() ** 2).sum() for k in params)
-    theta2 = sum((v.double() ** 2).sum() for v in params.values())
-    assert float(rest / theta2) == pytest.approx(1 - share, rel=1e-3)
-    # half of them explain less
-    assert fixed_part(view.model, params, x[:10] - view.mean, y[:10], margin)[2] < share - 0.05
+#: the settings kkt no longer has, each with a value a user might give (all refused) and the value of its old default
+GONE = {"lambda_scale_factor": (0.5, 1.0), "consistency_weight": (1e-3, 0.0), "surrogate": ("layer-scaled", "fixed"),
+        "sphere": ("on", "off"), "lr_schedule": ("cosine", "constant"), "mixed_derivative": ("jvp", "double-backward"),
+        "keep": ("last", "best"), "momentum": (0.5, 0.9), "snapshot_every": (10, 500), "start_multipliers": ("signed", "auto"),
+        "trace": ("off", "auto")}
 
 
-def test_a_deflated_run_finds_the_points_the_fixed_candidates_leave():
-    """The three training points nearest the boundary are left out of the fixed set: six free
-    candidates solving for what the other seventeen leave find them; the same six candidates on
-    the whole of θ do not (3,000 iterations each, seed 0)."""
-    x, margins, view = _toy_victim()
-    y = (margins / view.model(x - view.mean).detach()).round()
-    missing, keep = margins.argsort()[:3], margins.argsort()[3:]
-    atk = get_attack("kkt", iterations=3000, m=6)
-    deflated = atk.run(view, progress=False, seed=0, fixed=(x[keep], y[keep]))
-    plain = atk.run(view, progress=False, seed=0)
-    assert deflated.config["fixed_candidates"] == 17 and deflated.config["fixed_share_explained"] > 0.9
-    d_deflated = torch.cdist(x[missing], deflated.candidates).min(1).values
-    d_plain = torch.cdist(x[missing], plain.candidates).min(1).values
-    assert d_deflated.max() < 0.2 < d_plain.min()
+def test_kkt_declares_thirty_settings():
+    assert len(KKTAttack.params) == 30 and not set(GONE) & set(KKTAttack.params)
 
 
-@pytest.mark.parametrize("fixed, message", [
-    ((torch.zeros(3, 2),), "pair of tensors"),
-    ((torch.zeros(3, 5), torch.ones(3)), "shape (k >= 1, 2)"),
-    ((torch.zeros(0, 2), torch.ones(0)), "shape (k >= 1, 2)"),
-    ((torch.zeros(3, 2), torch.ones(4)), "labels must have shape (3,)"),
-    ((torch.full((3, 2), float("nan")), torch.ones(3)), "finite"),
-])
-def test_bad_fixed_candidates_are_refused(fixed, message):
+@pytest.mark.parametrize("name", sorted(GONE))
+def test_a_setting_kkt_no_longer_has_is_refused_by_name_in_one_line(name):
+    with pytest.raises(ConfigError, match=rf"attack 'kkt' has no parameter\(s\) {name}; known: ") as err:
+        get_attack("kkt", **{name: GONE[name][0]})
+    assert "\n" not in str(err.value)
+
+
+def test_a_checkpoint_written_with_settings_kkt_no_longer_has_resumes_at_their_old_values(tmp_path):
+    """A checkpoint whose config holds the old settings at the values that did what kkt does now resumes to the
+    uninterrupted result; one that used another value (another algorithm) is refused, naming the setting."""
+    torch.manual_seed(0)
+    view = AttackerView(model=UserNet(d=12), task="binary", input_shape=(12,), mean=torch.zeros(12), n_train_hint=4)
+    kw = dict(lr=1e-3, checkpoint_every=10)
+    full = get_attack("kkt", iterations=20, **kw).run(view, progress=False, seed=3)
+    get_attack("kkt", iterations=10, **kw).run(view, out=tmp_path, progress=False, seed=3)
+    path = tmp_path / "checkpoint.pt"
+    payload = torch.load(path, weights_only=True)
+    payload["state"]["config"].update({k: old for k, (_, old) in GONE.items()})
+    torch.save(payload, path)
+    resumed = get_attack("kkt", iterations=20, **kw).run(view, out=tmp_path, resume=True, progress=False, seed=3)
+    assert resumed.summary["iterations"] == 20 and torch.allclose(resumed.candidates, full.candidates, atol=1e-6)
+    payload["state"]["config"]["sphere"] = "on"
+    torch.save(payload, path)
+    with pytest.raises(ExhumeError, match="sphere='on' there"):
+        get_attack("kkt", iterations=20, **kw).run(view, out=tmp_path, resume=True, progress=False, seed=3)
+
+
+def test_a_preset_gives_its_settings_the_callers_win_and_the_run_records_its_name():
+    preset = PRESETS["haim2022"]
+    atk = get_attack("kkt", preset="haim2022")
+    assert {k: atk.config[k] for k in preset} == preset and atk.config["preset"] == "haim2022"
+    assert preset["optimizer"] == "sgd" and preset["prior"] == "centred" and preset["average_decay"] == 0.0
+    mine = get_attack("kkt", preset="haim2022", lr=0.05, prior="display")
+    assert mine.config["lr"] == 0.05 and mine.config["prior"] == "display" and mine.config["lr_lambda"] == preset["lr_lambda"]
+    assert "preset" not in get_attack("kkt").config
     _, _, view = _toy_victim()
-    with pytest.raises(ConfigError, match=re.escape(message)):
-        get_attack("kkt", iterations=2).run(view, progress=False, fixed=fixed)
+    recon = get_attack("kkt", preset="haim2022", iterations=3).run(view, progress=False)
+    assert recon.config["preset"] == "haim2022" and recon.config["dtype"] == "float64" and recon.config["subspace"] == "off"
+    assert recon.summary["kept_iterate"].startswith("iterate,")  # average_decay 0: the iterate itself
 
 
-def test_resume_refuses_other_fixed_candidates(tmp_path):
-    x, margins, view = _toy_victim()
-    y = (margins / view.model(x - view.mean).detach()).round()
-    atk = get_attack("kkt", iterations=20, checkpoint_every=10)
-    atk.run(view, out=tmp_path, progress=False, fixed=(x[:5], y[:5]))
-    with pytest.raises(ExhumeError, match="fixed"):
-        get_attack("kkt", iterations=40, checkpoint_every=10).run(view, out=tmp_path, resume=True, progress=False,
-                                                                  fixed=(x[:6], y[:6]))
+def test_an_unknown_preset_is_refused_in_one_line_naming_the_known_ones():
+    with pytest.raises(ConfigError, match="attack 'kkt' has no preset 'haim2023'; known: haim2022") as err:
+        get_attack("kkt", preset="haim2023")
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="attack 'bilevel' has no preset 'haim2022'; known: none"):
+        get_attack("bilevel", preset="haim2022")
+
+
+def test_the_portfolios_default_variants_leave_a_presets_settings_alone():
+    from exhume.portfolio import make_plan
+
+    plain = make_plan("kkt", 2, workers=1, attack_kwargs={"iterations": 5})
+    preset = make_plan("kkt", 2, workers=1, attack_kwargs={"iterations": 5, "preset": "haim2022"})
+    assert plain.restarts[1].kwargs["lr_lambda"] == 1e-2  # the alternation of the multipliers' rate ...
+    assert "lr_lambda" not in preset.restarts[1].kwargs  # ... is the preset's rate on every restart
+    assert all(get_attack("kkt", **r.kwargs).config["lr_lambda"] == PRESETS["haim2022"]["lr_lambda"] for r in preset.restarts)
+
+
+def test_the_cli_takes_a_preset_and_lists_them(victim_dir, tmp_path, capsys):
+    from exhume import load_reconstruction
+    from exhume.cli import main
+
+    assert main(["attack", "--list-params"]) == 0
+    listing = capsys.readouterr().out
+    assert "haim2022" in listing and "presets" in listing
+    out = tmp_path / "run"
+    assert main(["attack", str(victim_dir), "-o", str(out), "--preset", "haim2022", "-p", "lr=0.05", "--iterations", "2",
+                 "--restarts", "1", "--no-progress"]) == 0
+    cfg = load_reconstruction(out).config
+    assert cfg["preset"] == "haim2022" and cfg["optimizer"] == "sgd" and cfg["lr"] == 0.05
+    assert main(["attack", str(victim_dir), "-o", str(tmp_path / "x"), "-p", "sphere=on", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no parameter(s) sphere" in err

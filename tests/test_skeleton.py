@@ -22,7 +22,7 @@ def test_range_penalty_and_projection_by_hand():
 
 def test_kkt_and_bilevel_share_one_parameter_fragment():
     kkt, bilevel = ATTACKS["kkt"].params, ATTACKS["bilevel"].params
-    for name in ("optimizer", "momentum", "weight_decay"):
+    for name in ("optimizer", "weight_decay"):
         assert kkt[name] is CANDIDATE_PARAMS[name] and bilevel[name] is CANDIDATE_PARAMS[name]
     # bilevel solves its lower level to 1e-9, so it alone defaults to float64 (same choices)
     assert kkt["dtype"] is CANDIDATE_PARAMS["dtype"] and bilevel["dtype"].default == "float64"
@@ -56,14 +56,30 @@ def test_a_checkpoint_older_than_a_setting_resumes_at_its_default(tmp_path):
     another value of it is still refused, naming it."""
     x = torch.zeros(3, requires_grad=True)
     opt = make_optimizer("sgd", [x], 0.1)
-    open_run(tmp_path, False, {"x": x}, {"opt": opt}, {"config": {"lr": 0.1}}).save(4, 1.0)  # written before "surrogate"
-    now = {"config": {"lr": 0.1, "surrogate": "fixed"}}
-    with pytest.raises(ExhumeError, match=r"surrogate='\(unset\)' there, 'fixed' here"):
+    open_run(tmp_path, False, {"x": x}, {"opt": opt}, {"config": {"lr": 0.1}}).save(4, 1.0)  # written before "denoise"
+    now = {"config": {"lr": 0.1, "denoise": "auto"}}
+    with pytest.raises(ExhumeError, match=r"denoise='\(unset\)' there, 'auto' here"):
         open_run(tmp_path, True, {"x": x}, {"opt": opt}, now)  # without the defaults: refused as before
-    assert open_run(tmp_path, True, {"x": x}, {"opt": opt}, now, defaults={"lr": 0.5, "surrogate": "fixed"}).start == 4
-    with pytest.raises(ExhumeError, match=r"surrogate='fixed' there, 'layer-scaled' here"):
-        open_run(tmp_path, True, {"x": x}, {"opt": opt}, {"config": {"lr": 0.1, "surrogate": "layer-scaled"}},
-                 defaults={"surrogate": "fixed"})
+    assert open_run(tmp_path, True, {"x": x}, {"opt": opt}, now, defaults={"lr": 0.5, "denoise": "auto"}).start == 4
+    with pytest.raises(ExhumeError, match=r"denoise='auto' there, 'off' here"):
+        open_run(tmp_path, True, {"x": x}, {"opt": opt}, {"config": {"lr": 0.1, "denoise": "off"}},
+                 defaults={"denoise": "auto"})
+
+
+def test_a_checkpoint_with_a_retired_setting_resumes_at_the_values_that_did_what_the_attack_does_now(tmp_path):
+    """A setting the attack no longer has: accepted at a value ``retired`` lists (momentum 0.9 for every attack on
+    candidate images), refused at another, naming it; a setting neither current nor retired is refused too."""
+    x = torch.zeros(3, requires_grad=True)
+    opt = make_optimizer("sgd", [x], 0.1)
+    now = {"config": {"lr": 0.1}}
+    for config, refused in (({"momentum": 0.9, "keep": "best"}, None), ({"momentum": 0.5}, "momentum=0.5 there"),
+                            ({"keep": "last"}, "keep='last' there"), ({"other": 1}, "other=1 there")):
+        open_run(tmp_path, False, {"x": x}, {"opt": opt}, {"config": {"lr": 0.1, **config}}).save(4, 1.0)
+        if refused is None:
+            assert open_run(tmp_path, True, {"x": x}, {"opt": opt}, now, retired={"keep": ("best",)}).start == 4
+            continue
+        with pytest.raises(ExhumeError, match=refused):
+            open_run(tmp_path, True, {"x": x}, {"opt": opt}, now, retired={"keep": ("best",)})
 
 
 def test_kkt_resumes_a_checkpoint_written_before_its_newer_settings(tmp_path, victim_dir, one_thread):
@@ -76,7 +92,7 @@ def test_kkt_resumes_a_checkpoint_written_before_its_newer_settings(tmp_path, vi
     get_attack("kkt", iterations=3, checkpoint_every=1).run(view, seed=0, out=tmp_path)
     path = tmp_path / "checkpoint.pt"
     payload = load_torch(path, "test", "checkpoint")
-    for key in ("surrogate", "multipliers", "sphere"):
+    for key in ("multipliers", "start_equation", "preconditioner"):
         payload["state"]["config"].pop(key)
     save_torch(path, payload)
     again = get_attack("kkt", iterations=5, checkpoint_every=1).run(view, seed=0, out=tmp_path, resume=True)

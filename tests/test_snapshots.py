@@ -38,20 +38,27 @@ def tiny_view():
     return AttackerView(model=model, task="binary", input_shape=(10,), mean=torch.zeros(10), n_train_hint=6)
 
 
-def test_kept_snapshot_is_never_worse_than_the_last_iterate_by_the_attacks_own_loss():
+def test_kept_snapshot_is_never_worse_than_the_last_iterate_by_the_attacks_own_loss(monkeypatch):
+    from exhume.attacks.kkt import settings
+
     view = tiny_view()
-    kw = dict(iterations=300, snapshot_every=50, lr=0.05, lr_schedule="constant", average_decay=0.9)
-    best = get_attack("kkt", keep="best", **kw).run(view, progress=False, seed=1)
-    last = get_attack("kkt", keep="last", **kw).run(view, progress=False, seed=1)
+    kw = dict(iterations=300, lr=0.05, average_decay=0.9)
+    monkeypatch.setattr(settings, "SNAPSHOT_EVERY", 10**9)  # no snapshot inside the run: the last averaged iterate is kept
+    last = get_attack("kkt", **kw).run(view, progress=False, seed=1)
+    monkeypatch.setattr(settings, "SNAPSHOT_EVERY", 50)  # the same descent, a snapshot every 50 iterations
+    best = get_attack("kkt", **kw).run(view, progress=False, seed=1)
     assert last.summary["kept_iteration"] == 300
     assert 50 <= best.summary["kept_iteration"] <= 300 and best.summary["kept_iteration"] % 50 == 0
     assert best.summary["kept_criterion"] <= last.summary["kept_criterion"]
     assert "moving average" in best.summary["kept_iterate"]
 
 
-def test_averaged_iterate_is_not_worse_than_the_last_iterate():
+def test_averaged_iterate_is_not_worse_than_the_last_iterate(monkeypatch):
+    from exhume.attacks.kkt import settings
+
+    monkeypatch.setattr(settings, "SNAPSHOT_EVERY", 10**9)  # the final iterates compared, averaged or not
     view = tiny_view()
-    kw = dict(iterations=400, lr=0.05, lr_schedule="constant", keep="last")
+    kw = dict(iterations=400, lr=0.05)
     avg = get_attack("kkt", average_decay=0.95, **kw).run(view, progress=False, seed=2)
     plain = get_attack("kkt", average_decay=0.0, **kw).run(view, progress=False, seed=2)
     assert avg.summary["kept_criterion"] <= plain.summary["kept_criterion"] * 1.05

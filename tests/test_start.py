@@ -166,7 +166,7 @@ def test_bad_known_start_arguments_are_refused_by_name(kwargs, message):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"preconditioner": "state"}, "second moment"), ({"consistency_weight": 1.0}, "consistency_weight"),
+    ({"preconditioner": "state"}, "second moment"),
 ])
 def test_known_start_settings_that_do_not_fit_the_view_are_refused(kwargs, message):
     from exhume.attacks import get_attack

@@ -151,12 +151,19 @@ class Attack:
     - :meth:`candidate_count`: how many candidates one run makes for ``n`` training points;
     - ``uses_start``: it uses the starting weights when the view has them (the known-start threat
       model), and :meth:`equation_on` names the equation it then inverts;
+    - ``presets``: named settings, ``Attack(preset=NAME, **overrides)`` (``exhume attack --preset NAME``), the
+      preset's settings then the caller's, the name recorded in the config;
     - ``batchable``: its restarts can run as one batched problem (``exhume.portfolio.batched``: it
       provides ``problem``, ``unknowns`` and ``open_state``).
     """
 
     name: ClassVar[str] = ""
     params: ClassVar[dict[str, Param]] = {}
+    #: named settings: ``Attack(preset=NAME, **overrides)`` takes the preset's settings, then the caller's
+    presets: ClassVar[dict[str, dict[str, Any]]] = {}
+    #: settings the attack no longer has, with the values under which a run did what it does now: a checkpoint that
+    #: recorded one resumes (:func:`exhume.attacks.checkpoint.load_checkpoint`)
+    retired: ClassVar[dict[str, tuple[Any, ...]]] = {}
     takes_init: ClassVar[bool] = True  # run() accepts starting candidates (init=, init_name=)
     equation: ClassVar[Equation] = Stationarity()  # an attack that declares none is judged on every check
     restart_plan: ClassVar[RestartPlan | None] = None
@@ -165,13 +172,27 @@ class Attack:
     uses_start: ClassVar[bool] = False  # a start in the view changes what it solves (exhume.attack refuses one otherwise)
     batchable: ClassVar[bool] = False  # the portfolio may run its restarts as one batched problem
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, preset: str | None = None, **kwargs: Any) -> None:
+        kwargs = self.with_preset(preset, kwargs)
         unknown = sorted(set(kwargs) - set(self.params))
         if unknown:
             raise ConfigError(
                 f"attack {self.name!r} has no parameter(s) {', '.join(unknown)}; known: {', '.join(sorted(self.params))}"
             )
         self.config = {k: p.validate(k, kwargs.get(k, p.default)) for k, p in self.params.items()}
+        if preset is not None:
+            self.config["preset"] = preset  # recorded; its settings are in the config already
+        self.given = frozenset(kwargs)  # the settings the caller chose, a preset's included
+
+    @classmethod
+    def with_preset(cls, preset: str | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``kwargs`` on top of the settings of ``preset`` (None: ``kwargs`` alone); an unknown preset is one line."""
+        if preset is None:
+            return dict(kwargs)
+        if preset not in cls.presets:
+            known = ", ".join(sorted(cls.presets)) or "none"
+            raise ConfigError(f"attack {cls.name!r} has no preset {preset!r}; known: {known}")
+        return {**cls.presets[preset], **kwargs}
 
     def __getattr__(self, key: str) -> Any:
         config = self.__dict__.get("config", {})

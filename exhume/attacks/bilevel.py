@@ -295,7 +295,7 @@ class BilevelAttack(Attack):
         self.check(view)
         cfg = self.config
         p = self.problem(view, torch.device(device), seed, init)
-        opt = make_optimizer(cfg["optimizer"], [p.x], cfg["lr"], cfg["momentum"])
+        opt = make_optimizer(cfg["optimizer"], [p.x], cfg["lr"])
         run = open_run(out, resume, {"x": p.x, **p.state}, {"opt": opt},
                        {"config": resumable_settings(cfg), "seed": seed, "m": p.m}, snapshot=lambda: {"x": p.x, **p.state},
                        defaults=self.defaults())

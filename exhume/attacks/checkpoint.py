@@ -49,13 +49,15 @@ def save_checkpoint(path: Path, tensors: dict[str, torch.Tensor], optimizers: di
 
 
 def load_checkpoint(path: Path, tensors: dict[str, torch.Tensor], optimizers: dict[str, torch.optim.Optimizer], expect: dict[str, Any],
-                    defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+                    defaults: dict[str, Any] | None = None, retired: dict[str, tuple[Any, ...]] | None = None) -> dict[str, Any]:
     """Restore ``tensors`` and ``optimizers`` in place; returns the saved progress state.
 
     ``expect`` lists settings that must match the checkpoint's (resuming with other settings
     would silently mix two runs). ``defaults``: the attack's setting defaults; a setting missing
     from a checkpoint's ``config`` (one added to exhume after the checkpoint was written) counts as
-    its default, since a new setting's default keeps the behaviour the older run had.
+    its default, since a new setting's default keeps the behaviour the older run had. ``retired``: settings the
+    attack no longer has, with the values under which the older run did what this one does; a checkpoint that
+    recorded one of them with another value is refused.
     """
     payload = load_torch(path, "cannot resume", "exhume checkpoint", limit=expected_limit(state_bytes(tensors, optimizers)))
     owner = _OWNER.get() or {}
@@ -65,8 +67,10 @@ def load_checkpoint(path: Path, tensors: dict[str, torch.Tensor], optimizers: di
                           f"{payload.get('victim')!r}, this victim's is {owner['victim']!r}); use a new output folder")
     for key, value in expect.items():
         saved = state.get(key)
-        if key == "config" and defaults and isinstance(saved, dict):
-            saved = {**{k: v for k, v in defaults.items() if k in value}, **saved}
+        if key == "config" and isinstance(saved, dict) and isinstance(value, dict):
+            saved = {**{k: v for k, v in (defaults or {}).items() if k in value}, **saved}
+            gone = retired or {}
+            saved = {k: v for k, v in saved.items() if k in value or k not in gone or v not in gone[k]}
         if saved != value:
             if isinstance(saved, dict) and isinstance(value, dict):  # name the settings that differ, not the whole dicts
                 diff = sorted(set(saved) | set(value), key=str)

@@ -15,31 +15,21 @@ theorem: at the minimiser ``λ*`` the derivative of the minimum in ``x̂`` is th
 ``‖w − Φ(x̂)ᵀλ*‖²`` at ``λ*`` held fixed, for the signed and the bounded solve alike (``λ*`` is
 optimal over a set that does not depend on ``x̂``), so one solve without a graph and the usual
 residual give the exact gradient (tests/test_closed_form.py checks it against autograd through the
-explicit formula). The ridge ``ε = RIDGE·mean(diag A)`` is held fixed within a step.
-
-A network that is positively homogeneous in its input (ReLU layers without input biases) fixes a
-training point only up to a positive scale, and so does the margin's or output's gradient span:
-:func:`homogeneous_in_input` detects it and :func:`on_sphere` keeps each centred candidate at the
-norm a data-like input has (:func:`data_radius`, from the data mean alone).
+explicit formula). The ridge ``ε = RIDGE·mean(diag A)`` is held fixed within a step. The solve runs
+under ``torch.func.vmap`` too (the batched restarts, :mod:`exhume.portfolio.batched`).
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
-from torch.func import functional_call
 
 from exhume.attacks.stationarity import Objective, least_squares, per_candidate_gradients
 from exhume.attacks.surrogate import soft_activations
 from exhume.attacks.trajectory import StartEquation, per_sample, probe_images
-from exhume.errors import ConfigError
 
 #: the ridge, relative to the mean diagonal of ΦΦᵀ (duplicate gradients, e.g. a layer equal at both endpoints, stay solvable)
 RIDGE = 1e-8
-#: the relative tolerance of f(2x) = 2 f(x) in :func:`homogeneous_in_input`
-HOMOGENEITY_TOLERANCE = 1e-4
 
 
 def gradient_rows(model: nn.Module, x: torch.Tensor, y: torch.Tensor, objective: Objective, alpha: float | None,
@@ -81,29 +71,6 @@ def projection_residual(J: torch.Tensor, w: torch.Tensor, ridge: float = RIDGE) 
     return (w @ w - v @ torch.linalg.solve(gram, v)) / (w @ w)
 
 
-def homogeneous_in_input(model: nn.Module, params: dict[str, torch.Tensor], input_shape, probes: int = 8) -> bool:
-    """Whether ``f(2x) = 2·f(x)`` on random inputs (rel. tolerance :data:`HOMOGENEITY_TOLERANCE`): positive homogeneity of degree 1."""
-    ref = next(iter(params.values()))
-    x = torch.randn(probes, *input_shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(ref)
-    with torch.no_grad():
-        one, two = functional_call(model, params, (x,)), functional_call(model, params, (2 * x,))
-    scale = float(one.abs().max())
-    return scale > 0 and float((two - 2 * one).abs().max()) <= HOMOGENEITY_TOLERANCE * 2 * scale
-
-
-def data_radius(mean: torch.Tensor) -> float:
-    """``√Σ μ(1 − μ)``: the expected norm of a centred input drawn pixel by pixel with the data mean ``μ`` as probability."""
-    mu = mean.detach().double().clamp(0.0, 1.0)
-    return max(math.sqrt(float((mu * (1 - mu)).sum())), 1e-6)
-
-
-def on_sphere(x: torch.Tensor, radius: float) -> None:
-    """Each candidate (a row of ``x``, centred) rescaled in place to norm ``radius``."""
-    with torch.no_grad():
-        norms = x.reshape(len(x), -1).norm(dim=1).clamp_min(1e-12)
-        x.mul_((radius / norms).reshape(-1, *([1] * (x.dim() - 1))))
-
-
 def one_point(model: nn.Module, eq: StartEquation, mean: torch.Tensor, labels: torch.Tensor, objective: Objective) -> StartEquation:
     """``eq`` with its gradient points merged into the last one where every trained parameter's ``∇_θ h`` is the same at
     each (the trained parameters enter linearly, e.g. a readout on frozen features): checked on probe images drawn from the
@@ -120,23 +87,3 @@ def one_point(model: nn.Module, eq: StartEquation, mean: torch.Tensor, labels: t
         return eq
     info = {**eq.info, "gradient_points_used": f"1 of {len(eq.points)}: the trained parameters' gradients are the same at each"}
     return StartEquation(eq.names, eq.points[-1:], eq.target, eq.direction, eq.norm2, info, shared=eq.shared)
-
-
-def closed_form_setup(cfg: dict, view, model: nn.Module, params: dict, form, x: torch.Tensor,
-                      u: torch.Tensor) -> tuple[bool, float | None]:
-    """kkt's ``multipliers`` and ``sphere`` settings (``cfg``) as used: u frozen when closed-form; the sphere's radius
-    (``x`` put on it) or None; both recorded in ``form.info``."""
-    closed = cfg["multipliers"] == "closed-form"
-    if closed and cfg["consistency_weight"] > 0:
-        raise ConfigError("consistency_weight ties learned multipliers to margins; with multipliers='closed-form' they are "
-                          "solved by least squares: leave consistency_weight at 0 or pass multipliers='learned'")
-    form.info["multipliers_solved"] = "closed-form least squares every step" if closed else "learned (λ = S·u)"
-    if closed:
-        u.requires_grad_(False)
-    sphere = cfg["sphere"] == "on" or (cfg["sphere"] == "auto" and closed and form.name in ("margin", "output")
-                                      and homogeneous_in_input(model, params, tuple(view.input_shape)))
-    radius = data_radius(view.mean) if sphere else None
-    form.info["sphere_radius"] = radius
-    if radius is not None:
-        on_sphere(x, radius)
-    return closed, radius

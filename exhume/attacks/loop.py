@@ -2,7 +2,7 @@
 
 * :func:`budget_params`: the run-budget parameters (steps, wall time, checkpoint and logging
   cadence), one fragment merged into each attack's ``params``;
-* :func:`make_optimizer`: Adam or SGD with momentum, built the same way everywhere;
+* :func:`make_optimizer`: Adam or SGD with momentum (:data:`SGD_MOMENTUM`), built the same way everywhere;
 * :func:`open_run`: the checkpoint file in ``out``, restored in place on ``resume`` (with the
   settings a resumed run must share), and saved by :meth:`RunState.save`;
 * :func:`attack_loop` / :func:`run_loop`: progress, time budget, logging cadence, checkpoints
@@ -35,15 +35,20 @@ from exhume.heap import retained_heap
 from exhume.interrupts import whole_step
 from exhume.progress import Progress
 
+#: SGD's momentum (optimizer="sgd"): the reference implementation's (docs/METHODS.md §1)
+SGD_MOMENTUM = 0.9
+
 # the parameters of the attacks that optimise candidate images directly (kkt, bilevel)
 CANDIDATE_PARAMS: dict[str, Param] = {
     "n_guess": Param(None, int, "attacker's guess of n (default from the victim's metadata, else 100)", low=1, allow_none=True),
     "lr": Param(1e-2, float, "learning rate for the candidates x̂", low=0.0),
     "optimizer": Param("adam", str, "optimiser of the candidates (and of kkt's multipliers)", choices=STEP_OPTIMIZERS),
-    "momentum": Param(0.9, float, "SGD momentum (sgd only)", low=0.0, high=1.0),
     "weight_decay": Param(None, float, "the victim's weight decay w, if its metadata lacks it", low=0.0, allow_none=True),
     "dtype": Param("float32", str, "computation precision", choices=tuple(DTYPES)),
 }
+
+#: settings :data:`CANDIDATE_PARAMS` no longer has, with the values a checkpoint may have recorded (Attack.retired)
+RETIRED_CANDIDATE_SETTINGS: dict[str, tuple[Any, ...]] = {"momentum": (SGD_MOMENTUM,)}
 
 #: the known start's decay c and the output's soft threshold, as kkt and simulate declare them
 START_DECAY = Param("auto", float, "known start: c in θ_T − c·θ_0, the start's share left by weight decay: 'auto' "
@@ -67,7 +72,7 @@ def budget_params(total: int, checkpoint_every: int, log_every: int, name: str =
     }
 
 
-def make_optimizer(kind: str, params: Iterable[torch.Tensor], lr: float, momentum: float = 0.9,
+def make_optimizer(kind: str, params: Iterable[torch.Tensor], lr: float, momentum: float = SGD_MOMENTUM,
                    betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.Optimizer:
     """``"adam"`` (with ``betas``) or ``"sgd"`` (with ``momentum``) over ``params``."""
     if kind == "sgd":
@@ -95,16 +100,17 @@ class RunState:
 
 def open_run(out: str | Path | None, resume: bool, tensors: dict[str, torch.Tensor],
              optimizers: dict[str, torch.optim.Optimizer], tag: dict[str, Any],
-             snapshot: Callable[[], dict[str, torch.Tensor]] | None = None, defaults: dict[str, Any] | None = None) -> RunState:
+             snapshot: Callable[[], dict[str, torch.Tensor]] | None = None, defaults: dict[str, Any] | None = None,
+             retired: dict[str, tuple[Any, ...]] | None = None) -> RunState:
     """The run's checkpoint ``out/checkpoint.pt``; with ``resume`` and an existing checkpoint,
     ``tensors`` and ``optimizers`` are restored in place and its progress is picked up (its
     ``tag`` settings must equal this run's; a setting the checkpoint predates counts as its value in
-    ``defaults``, the attack's setting defaults). ``snapshot`` gives the tensors to save (default:
-    ``tensors`` as they are then)."""
+    ``defaults``, the attack's setting defaults; one the attack no longer has must hold a value ``retired``, or
+    :data:`RETIRED_CANDIDATE_SETTINGS`, accepts). ``snapshot`` gives the tensors to save (default: ``tensors`` as they are then)."""
     path = Path(out) / "checkpoint.pt" if out is not None else None
     run = RunState(path, snapshot or (lambda: tensors), optimizers, tag)
     if resume and path is not None and path.exists():
-        state = load_checkpoint(path, tensors, optimizers, expect=tag, defaults=defaults)
+        state = load_checkpoint(path, tensors, optimizers, expect=tag, defaults=defaults, retired={**RETIRED_CANDIDATE_SETTINGS, **(retired or {})})
         run.start, run.elapsed, run.history = state["iteration"], state["elapsed"], state["history"]
     return run
 

@@ -209,9 +209,9 @@ class SimulateAttack(Attack):
         self.check(view)
         cfg = self.config
         p = self.problem(view, torch.device(device), seed, init)
-        opts = {"opt_x": make_optimizer(cfg["optimizer"], [p.x], cfg["lr"], cfg["momentum"]),
-                "opt_l": make_optimizer(cfg["optimizer"], [p.logits], cfg["lr_labels"], cfg["momentum"]),
-                "opt_r": make_optimizer(cfg["optimizer"], [p.rho], cfg["lr_rates"], cfg["momentum"])}
+        opts = {"opt_x": make_optimizer(cfg["optimizer"], [p.x], cfg["lr"]),
+                "opt_l": make_optimizer(cfg["optimizer"], [p.logits], cfg["lr_labels"]),
+                "opt_r": make_optimizer(cfg["optimizer"], [p.rho], cfg["lr_rates"])}
         run = open_run(out, resume, {"x": p.x, "logits": p.logits, "rho": p.rho}, opts,
                        {"config": resumable_settings(cfg), "seed": seed, "m": p.x.shape[0], "start": start_digest(view.start)},
                        defaults=self.defaults())

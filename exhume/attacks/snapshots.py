@@ -23,8 +23,8 @@ import torch
 class IterateTracker:
     """The averaged iterate, the kept snapshot and their counters, all as tensors (saved in checkpoints)."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], decay: float, every: int, keep: str = "best") -> None:
-        self.decay, self.every, self.keep = float(decay), int(every), keep
+    def __init__(self, tensors: dict[str, torch.Tensor], decay: float, every: int) -> None:
+        self.decay, self.every = float(decay), int(every)
         self.avg = {k: v.detach().clone() for k, v in tensors.items()}
         self.best = {k: v.detach().clone() for k, v in tensors.items()}
         # iterates averaged so far, the kept snapshot's criterion and iteration
@@ -53,7 +53,7 @@ class IterateTracker:
     def consider(self, iteration: int, score_of: Callable[[dict[str, torch.Tensor]], float]) -> float:
         """Score the averaged iterate and keep it if the criterion prefers it (lower is better)."""
         score = float(score_of(self.avg))
-        if self.keep == "last" or score <= self.best_score:  # a NaN score never replaces a snapshot
+        if score <= self.best_score:  # a NaN score never replaces a snapshot
             self.meta[1], self.meta[2] = score, iteration
             for k, v in self.avg.items():
                 self.best[k].copy_(v)

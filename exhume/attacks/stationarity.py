@@ -2,18 +2,14 @@
 
 ``Σ_j λ_j ∇_θ margin(Φ(θ; x̂_j), ŷ_j)`` is the gradient in ``θ`` of the scalar
 ``Σ_j λ_j margin_j``, so one vector-Jacobian product gives the whole sum (no per-sample
-gradients). The residual stays differentiable in ``x̂`` and ``λ`` in one of two ways, equal up to
-rounding (:data:`MIXED_DERIVATIVES`):
+gradients). The residual stays differentiable in ``x̂`` and ``λ``: the gradient keeps its graph and
+the residual is differentiated through it (a double backward). :class:`TracedResidual` records that
+double backward once as a graph of tensor operations and replays it (the same numbers without
+autograd's and torch.func's per-operation costs).
 
-- ``"double-backward"``: the gradient keeps its graph and the residual is differentiated through it;
-- ``"jvp"``: ``g = Σ_j λ_j ∇_θ h_j`` without a graph, ``r = t − g`` held fixed, then
-  ``∂‖r‖²/∂(x̂, λ) = −2 ∂⟨r, g⟩/∂(x̂, λ)``, where ``⟨r, g⟩`` is the forward-mode derivative of
-  ``Σ_j λ_j h_j`` in ``θ`` along ``r`` (``torch.func.jvp``), differentiated by one reverse pass.
-  It costs one more forward and backward than the double backward, and measured slower on CPU
-  for the MLPs and CNNs of ``benchmarks/bench_iteration.py``; it is kept as the tested alternative.
-
-:class:`TracedResidual` records the double backward once as a graph of tensor operations and
-replays it (the same numbers without autograd's and torch.func's per-operation costs).
+Least squares on gradient rows (:func:`least_squares`, :func:`gram_least_squares`), signed or
+bounded, serve kkt's closed-form multipliers, the known-start equation's fitted start share and the
+evaluator's checks; the bounded solve runs under ``torch.func.vmap`` as well (:func:`bounded_solve`).
 """
 
 from __future__ import annotations
@@ -23,16 +19,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.func import functional_call, grad, jvp
+from torch.func import functional_call, grad
 
 from exhume.attacks.surrogate import soft_activations
-from exhume.errors import ConfigError
 from exhume.losses import margin, per_sample_loss
 
 #: per-sample scalar h_j(Φ(x̂_j), ŷ_j) whose parameter gradients are summed with weights λ_j
 Objective = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-#: how the residual is differentiated in x̂ and λ (module docstring)
-MIXED_DERIVATIVES = ("double-backward", "jvp")
 
 
 def output_objective(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -85,8 +78,8 @@ def stationarity_residual(
 ) -> torch.Tensor:
     """``‖θ − Σ_j λ_j ∇_θ h_j‖²``, summed over every parameter tensor (``h`` the margin by default).
 
-    ``target`` replaces ``θ`` on the left (the network is still evaluated at ``params``): the part
-    of ``θ`` that candidates held fixed do not explain (:func:`fixed_part`).
+    ``target`` replaces ``θ`` on the left (the network is still evaluated at ``params``): e.g. the weights'
+    learned part (:func:`exhume.attacks.subspace.learned_part`).
     """
     return stationarity_residual_and_objective(model, params, x, y, lam, alpha, objective, target)[0]
 
@@ -99,35 +92,6 @@ def stationarity_residual_and_objective(
     g, h = weighted_gradient_and_objective(model, params, x, y, lam, alpha, objective)
     t = params if target is None else target
     return sum(((t[k] - g[k]) ** 2).sum() for k in params), h
-
-
-def stationarity_residual_jvp(
-    model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, lam: torch.Tensor,
-    alpha: float | None = None, objective: Objective = margin, target: dict[str, torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`stationarity_residual_and_objective` with its gradients in ``x`` and ``λ`` through a jvp.
-
-    The value is ``‖r‖²``, ``r = t − g`` from a first pass without a graph; the gradient is that of
-    ``−2⟨r, g⟩`` with ``r`` held fixed, ``⟨r, g⟩`` the derivative of ``Σ_j λ_j h_j`` in ``θ`` along
-    ``r``. ``h`` is differentiable in ``x`` as well. Without a graph to build (no grad mode, or
-    neither ``x`` nor ``λ`` requires grad) the second pass is skipped.
-    """
-    t = params if target is None else target
-    with torch.no_grad():
-        g, h = weighted_gradient_and_objective(model, params, x.detach(), y, lam.detach(), alpha, objective)
-        r = {k: t[k] - g[k] for k in params}
-        value = sum((v**2).sum() for v in r.values())
-    if not (torch.is_grad_enabled() and (x.requires_grad or lam.requires_grad)):
-        return value, h
-
-    def weighted(p: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        h = objective(functional_call(model, p, (x,)), y)
-        return (lam * h).sum(), h
-
-    with soft_activations(alpha):
-        _, along_r, h = jvp(weighted, (params,), (r,), has_aux=True)
-    mixed = -2.0 * along_r
-    return value + (mixed - mixed.detach()), h
 
 
 class _WithGradients(torch.autograd.Function):
@@ -213,13 +177,6 @@ class TracedResidual:
         return graph
 
 
-def residual_function(mixed_derivative: str):
-    """The residual-and-objective function (same signature) for a :data:`MIXED_DERIVATIVES` name."""
-    if mixed_derivative not in MIXED_DERIVATIVES:
-        raise ConfigError(f"unknown mixed_derivative {mixed_derivative!r}; known: {', '.join(MIXED_DERIVATIVES)}")
-    return stationarity_residual_jvp if mixed_derivative == "jvp" else stationarity_residual_and_objective
-
-
 def homogeneity_degree(model: nn.Module, params: dict[str, torch.Tensor], input_shape, dtype, seed: int = 0) -> float:
     """Estimate ``L`` in ``⟨θ, ∇_θ Φ(x)⟩ = L·Φ(x)`` (exact for bias-free ReLU nets: their depth).
 
@@ -257,38 +214,11 @@ def per_candidate_gradients(
         return torch.func.vmap(one)(x, y)
 
 
-def fixed_part(
-    model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-    objective: Objective = margin, signed: bool = False, theta: dict[str, torch.Tensor] | None = None,
-) -> tuple[dict[str, torch.Tensor], torch.Tensor, float]:
-    """What candidates held fixed leave of ``θ``: ``(θ − Σ_f λ_f ∇_θ h_f, λ, share)``.
-
-    ``theta`` replaces ``θ`` on the left (the network is still evaluated at ``params``), e.g. the
-    weights' learned part (:func:`exhume.attacks.subspace.learned_part`).
-
-    ``λ`` minimises ``‖θ − Σ_f λ_f ∇_θ h_f‖²`` (non-negative unless ``signed``; exact ReLU
-    derivative, float64) and ``share`` is the fraction of ``‖θ‖²`` that the fixed candidates
-    explain, ``1 − ‖θ − Σ_f λ_f ∇_θ h_f‖² / ‖θ‖²``. Weights and candidates only: attacker-side.
-    Memory: the per-candidate gradients, ``k × P`` float64 numbers (100 candidates of a 1000-1000
-    MLP on MNIST: about 1.4 GB).
-    """
-    J = per_candidate_gradients(model, params, x, y, objective).double()
-    theta = torch.cat([(params if theta is None else theta)[k].reshape(-1) for k in params]).double()
-    lam = least_squares(J, theta, nonnegative=not signed, ridge=1e-10)
-    rest = theta - J.T @ lam
-    share = float(1.0 - (rest @ rest) / (theta @ theta))
-    target, i = {}, 0
-    for k, v in params.items():
-        target[k] = rest[i:i + v.numel()].reshape(v.shape).to(v.dtype)
-        i += v.numel()
-    return target, lam, share
-
-
 def least_squares(J: torch.Tensor, t: torch.Tensor, nonnegative: bool = False, free: int = 0, ridge: float = 1e-12) -> torch.Tensor:
     """``argmin_c ‖t − Jᵀc‖² + ε‖c‖²`` for rows ``J`` ``(k, P)`` and ``t`` ``(P,)``, in ``J``'s dtype.
 
     Solved through the ``k × k`` Gram matrix ``A = JJᵀ`` (``v = Jt``) by :func:`gram_least_squares`. Shared by
-    the evaluator's checks, the deflation's fixed candidates and kkt's closed-form multipliers.
+    the evaluator's checks, the known-start equation and kkt's closed-form multipliers.
     """
     return gram_least_squares(J @ J.T, J @ t, nonnegative, free, ridge)
 
@@ -303,12 +233,38 @@ def gram_least_squares(gram: torch.Tensor, b: torch.Tensor, nonnegative: bool = 
     gram = gram + ridge * gram.diagonal().mean().clamp_min(1e-300) * torch.eye(len(gram), dtype=gram.dtype, device=gram.device)
     if not nonnegative:
         return torch.linalg.solve(gram, b)
+    chol = torch.linalg.cholesky(gram)
+    rhs = torch.linalg.solve_triangular(chol, b[:, None], upper=False)[:, 0]
+    return bounded_solve(chol.mT.detach(), rhs.detach(), free)  # no derivative flows through the solve
+
+
+@torch.library.custom_op("exhume::bounded_solve", mutates_args=())
+def bounded_solve(a: torch.Tensor, b: torch.Tensor, free: int) -> torch.Tensor:
+    """``argmin_{c ≥ 0} ‖a·c − b‖`` except the last ``free`` coefficients (unbounded): scipy's BVLS, in ``b``'s dtype.
+
+    A custom operator, so that a vmapped caller (the batched restarts) solves each problem of its batch in turn
+    (:func:`_bounded_solve_vmap`) and a traced one records it as one node; no derivative flows through it."""
     import numpy as np
     from scipy.optimize import lsq_linear
 
-    chol = torch.linalg.cholesky(gram)
-    rhs = torch.linalg.solve_triangular(chol, b[:, None], upper=False)[:, 0]
-    lo = np.zeros(len(gram))
-    lo[len(gram) - free:] = -np.inf
-    got = lsq_linear(chol.T.cpu().double().numpy(), rhs.cpu().double().numpy(), bounds=(lo, np.inf), method="bvls").x
+    lo = np.zeros(a.shape[1])
+    lo[a.shape[1] - free:] = -np.inf
+    got = lsq_linear(a.cpu().double().numpy(), b.cpu().double().numpy(), bounds=(lo, np.inf), method="bvls").x
     return torch.as_tensor(got, dtype=b.dtype, device=b.device)
+
+
+@bounded_solve.register_fake
+def _bounded_solve_shape(a: torch.Tensor, b: torch.Tensor, free: int) -> torch.Tensor:
+    return b.new_empty(a.shape[1])
+
+
+def _bounded_solve_vmap(info, in_dims, a: torch.Tensor, b: torch.Tensor, free: int):  # noqa: ANN001, ANN202
+    """:func:`bounded_solve` over a batch: one solve per problem."""
+    a_dim, b_dim, _ = in_dims
+    size = info.batch_size
+    a = a.movedim(a_dim, 0) if a_dim is not None else a.expand(size, *a.shape)
+    b = b.movedim(b_dim, 0) if b_dim is not None else b.expand(size, *b.shape)
+    return torch.stack([bounded_solve(a[k], b[k], free) for k in range(size)]), 0
+
+
+bounded_solve.register_vmap(_bounded_solve_vmap)

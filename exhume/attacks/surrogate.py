@@ -12,14 +12,9 @@ pass through a forward-mode one, under ``torch.func`` transforms (``grad``, ``jv
 Large activations (a convolution's) go through one custom ``autograd.Function`` node, which costs
 fewer passes over them; small ones through the composite ``relu(z).detach() + s(z) − s(z).detach()``,
 ``s = softplus(α·z)/α``, whose stock operations cost less than the node's Python overhead there.
-``alpha`` may be a :class:`LayerScaled` ``c`` instead of a number: each activation call then uses
-``α = c / median|z|`` of each candidate's own pre-activations at that layer (held fixed in derivatives),
-a sharpness relative to the layer's scale rather than absolute (:func:`layer_alpha`).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -35,24 +30,20 @@ class _SoftReLU(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(z: torch.Tensor, alpha: float | torch.Tensor) -> torch.Tensor:
+    def forward(z: torch.Tensor, alpha: float) -> torch.Tensor:
         return z.clamp_min(0)  # what torch.relu computes, through an operation soft_activations leaves alone
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
         z, alpha = inputs
-        if isinstance(alpha, torch.Tensor):  # a layer-scaled α (no derivative flows into it)
-            ctx.save_for_backward(z, alpha)
-            ctx.save_for_forward(z, alpha)
-        else:
-            ctx.save_for_backward(z)
-            ctx.save_for_forward(z)
-            ctx.alpha = alpha
+        ctx.save_for_backward(z)
+        ctx.save_for_forward(z)
+        ctx.alpha = alpha
 
     @staticmethod
     def slope(ctx) -> torch.Tensor:  # noqa: ANN001
-        z, *alpha = ctx.saved_tensors
-        return torch.sigmoid((alpha[0] if alpha else ctx.alpha) * z)
+        (z,) = ctx.saved_tensors
+        return torch.sigmoid(ctx.alpha * z)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN205
@@ -64,52 +55,27 @@ class _SoftReLU(torch.autograd.Function):
 
 
 #: below this many elements :func:`soft_relu` uses the composite: the one node's fixed cost under torch.func
-#: (about 0.3 ms a step) outweighs the passes it saves (crossover measured between 5e4 and 6e4, benchmarks/README.md)
+#: (about 0.3 ms a step) outweighs the passes it saves (crossover measured between 5e4 and 6e4, docs/defaults.md)
 ONE_NODE_MIN_ELEMENTS = 1 << 16
 
 
-@dataclass(frozen=True)
-class LayerScaled:
-    """A surrogate sharpness relative to each layer's scale: ``α = c / median|z|`` (:func:`layer_alpha`)."""
-
-    c: float
-
-
-#: the smallest scale :func:`layer_alpha` divides by (an all-zero activation gets a step-like α, not inf)
-SCALE_FLOOR = 1e-12
-
-
-def layer_alpha(z: torch.Tensor, c: float) -> torch.Tensor:
-    """``c / median|z|`` per candidate (``z``'s first dimension; the whole of ``z`` when it has one), detached,
-    shaped to broadcast against ``z``: the median is over one candidate's units at this layer, so it is the
-    same whether the candidates come together, one by one (``vmap``) or stacked per restart."""
-    a = z.detach().abs()
-    if a.dim() < 2:
-        return c / a.reshape(-1).median().clamp_min(SCALE_FLOOR)
-    med = a.reshape(a.shape[0], -1).median(dim=1).values.clamp_min(SCALE_FLOOR)
-    return (c / med).reshape(-1, *([1] * (a.dim() - 1)))
-
-
-def soft_relu(z: torch.Tensor, alpha: float | LayerScaled) -> torch.Tensor:
+def soft_relu(z: torch.Tensor, alpha: float) -> torch.Tensor:
     """``relu(z)`` in value, ``sigmoid(α·z)`` in derivative (reverse and forward mode, any order).
 
     One autograd node (:func:`soft_relu_one_node`) for large activations, the composite below
-    :data:`ONE_NODE_MIN_ELEMENTS` elements; the two have the same derivatives. ``alpha``: a number, or
-    a :class:`LayerScaled` (``α`` from this activation's own scale, :func:`layer_alpha`).
+    :data:`ONE_NODE_MIN_ELEMENTS` elements; the two have the same derivatives.
     """
-    if isinstance(alpha, LayerScaled):
-        alpha = layer_alpha(z, alpha.c)
     if z.numel() < ONE_NODE_MIN_ELEMENTS:
         return soft_relu_composite(z, alpha)
     return soft_relu_one_node(z, alpha)
 
 
-def soft_relu_one_node(z: torch.Tensor, alpha: float | torch.Tensor) -> torch.Tensor:
+def soft_relu_one_node(z: torch.Tensor, alpha: float) -> torch.Tensor:
     """:func:`soft_relu` as one custom autograd node (fewer passes over the activations)."""
-    return _SoftReLU.apply(z, alpha if isinstance(alpha, torch.Tensor) else float(alpha))
+    return _SoftReLU.apply(z, float(alpha))
 
 
-def soft_relu_composite(z: torch.Tensor, alpha: float | torch.Tensor) -> torch.Tensor:
+def soft_relu_composite(z: torch.Tensor, alpha: float) -> torch.Tensor:
     """:func:`soft_relu` written with stock operations (the reference it is tested against).
 
     ``softplus`` is linear beyond ``α·z > 20``, so there its second derivative is 0 where
@@ -119,7 +85,7 @@ def soft_relu_composite(z: torch.Tensor, alpha: float | torch.Tensor) -> torch.T
     return torch.relu(z).detach() + (s - s.detach())
 
 
-def soft_leaky_relu(z: torch.Tensor, alpha: float | LayerScaled, slope: float = 0.01) -> torch.Tensor:
+def soft_leaky_relu(z: torch.Tensor, alpha: float, slope: float = 0.01) -> torch.Tensor:
     """``leaky_relu(z, slope)`` in value, ``slope + (1 − slope)·sigmoid(α·z)`` in derivative."""
     return slope * z + (1.0 - slope) * soft_relu(z, alpha)
 
@@ -127,13 +93,12 @@ def soft_leaky_relu(z: torch.Tensor, alpha: float | LayerScaled, slope: float = 
 class soft_activations(TorchFunctionMode):  # noqa: N801 - used as a context manager
     """Context manager: ReLU-family activations get the ``sigmoid(α·z)`` derivative inside it.
 
-    ``alpha=None`` (or ``inf``) leaves every activation untouched; a :class:`LayerScaled` sets ``α`` per
-    activation call from its own scale.
+    ``alpha=None`` (or ``inf``) leaves every activation untouched.
     """
 
-    def __init__(self, alpha: float | LayerScaled | None) -> None:
+    def __init__(self, alpha: float | None) -> None:
         super().__init__()
-        self.alpha = alpha if isinstance(alpha, LayerScaled) else None if alpha is None or alpha == float("inf") else float(alpha)
+        self.alpha = None if alpha is None or alpha == float("inf") else float(alpha)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}

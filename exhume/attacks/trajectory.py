@@ -162,7 +162,7 @@ def build_equation(view, model: nn.Module, params: dict[str, torch.Tensor], equa
         direction[k] = scale * start[k] if k in start else torch.zeros_like(params[k])
     at_start = {k: start.get(k, v) for k, v in params.items()}
     points = [params] if equation == "trajectory" else [at_start, params]
-    eq = StartEquation(names, points, target, direction if c is None else None, 0.0)
+    eq = StartEquation(names, points, target, direction if c is None and start else None, 0.0)  # no start: no c to fit
     eq.norm2 = float(sum((r ** 2).sum() for r in _project(eq, target).values()))
     eq.info = {"equation": equation, "start_decay": c, "start_decay_rule": c_rule, "preconditioner": p_rule, "start_survival": survival,
                "frozen_parameters": sorted(frozen), "start_unknown_parameters": sorted(k for k in names if k not in start),

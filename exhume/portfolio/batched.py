@@ -2,14 +2,15 @@
 
 Spawned worker processes share a GPU badly (a CUDA context each, small kernels side by side).
 Here the restarts of a group run in lock-step: their candidates are stacked ``(R, m, …)`` and one
-call of ``torch.func.vmap`` over the restart dimension evaluates every restart's loss, its own
-stationarity residual ``θ − Σ_{j∈r} λ_j ∇_θ h_j`` included (so one restart's candidates never
-explain another's weights); one backward pass of the sum gives each restart exactly its own
-gradients. Everything else stays per restart and is the single run's own code
-(:class:`~exhume.attacks.kkt.KKTAttack`): its seed's starting point, its optimisers (a variant's
-``lr_lambda``), the averaged iterates and snapshots, the checkpoint in ``OUT/restarts/<k>/`` (a
-batched restart resumes alone or batched), the result. At equal iterations the candidates are those
-of the restarts run one by one, up to rounding (``tests/test_batched.py``, float64).
+call of ``torch.func.vmap`` over the restart dimension evaluates every restart's loss terms
+(:func:`exhume.attacks.kkt.terms`), its own stationarity residual ``θ − Σ_{j∈r} λ_j ∇_θ h_j``
+included (so one restart's candidates never explain another's weights); one backward pass of the
+sum gives each restart exactly its own gradients. The rest of each restart's step is the single
+run's own (:meth:`exhume.attacks.kkt.Step.advance`): its optimisers (a variant's ``lr_lambda``),
+the projection, the averaged iterates and snapshots, the history; so are its seed's starting point,
+the checkpoint in ``OUT/restarts/<k>/`` (a batched restart resumes alone or batched) and the result.
+At equal iterations the candidates are those of the restarts run one by one, up to rounding
+(``tests/test_batched.py``, float64, every kkt setting that enters the step).
 
 Restarts batch together when their settings differ only in :data:`PER_RESTART` (the default
 variants do); other groups run one after another, the budget split by their sizes. A divergent
@@ -17,15 +18,14 @@ restart leaves the batch and is recorded as diverged, as a lone one is. A module
 cannot run (control flow on tensor values) leaves the group to the usual path.
 
 ``batch_restarts="auto"`` (:func:`use_batched`) picks this path on a CUDA device, where one
-process per restart wasted the device (``benchmarks/README.md``); on CPU, forked one-thread
-workers stay the default (measured no slower there; ``--batch-restarts on`` asks for this path).
-TF32 stays off: no measurement yet shows it gives equal results.
+process per restart wasted the device (docs/defaults.md); on CPU, forked one-thread workers stay
+the default (measured no slower there; ``--batch-restarts on`` asks for this path). TF32 stays off:
+no measurement yet shows it gives equal results.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -109,13 +109,12 @@ def capacity(view, method: str, restart: Restart, device: str) -> int | None:
 
 @dataclass
 class Member:
-    """One restart inside a batch: the single run's problem, optimisers, averaged iterates and checkpoint."""
+    """One restart inside a batch: the single run's problem, step (optimisers, averaged iterates) and checkpoint."""
 
     restart: Restart
     attack: Any
     problem: Any
-    opts: tuple[torch.optim.Optimizer, ...]
-    tracker: Any
+    step: Any  # exhume.attacks.kkt.Step
     run: Any
     error: str | None = None
 
@@ -135,7 +134,7 @@ def open_batch(view, restarts: list[Restart], method: str, store, resume: bool, 
     """The problems of ``restarts``: the first built as a lone run builds it, the others sharing its equation
     and drawing their own starting point from their seed (what a lone run of theirs would draw)."""
     from exhume.attacks import get_attack
-    from exhume.attacks.kkt import resolve_lr_lambda
+    from exhume.attacks.kkt import Step, resolve_lr_lambda
 
     dev = torch.device(device)
     members: list[Member] = []
@@ -147,28 +146,43 @@ def open_batch(view, restarts: list[Restart], method: str, store, resume: bool, 
             p = first = atk.problem(view, dev, r.seed, None)
         else:
             x, u = atk.unknowns(view, first.m, first.form.signed, first.eq, r.seed, None, dev)
+            u.requires_grad_(not first.closed)
             with torch.no_grad():
                 x.copy_(first.span.project(x))
             form = first.form.name if first.eq is None else "output"
             p = replace(first, x=x, u=u, lr_lambda=resolve_lr_lambda(atk.config["lr_lambda"], form))
         opts, tracker, run = atk.open_state(view, p, store.folder(r.index), resume and store.folder(r.index) is not None, r.seed)
-        members.append(Member(r, atk, p, opts, tracker, run))
-    lead = members[0]
-    fn = value_and_gradients(torch.func.vmap(lambda x, u: lead.attack.terms(lead.problem, x, u)))
-    return Batch(members, fn, list(members))
+        members.append(Member(r, atk, p, Step(atk.config, p, opts, tracker, run.history), run))
+    return Batch(members, value_and_gradients(vmapped_terms(members[0])), list(members))
+
+
+def vmapped_terms(lead: Member):
+    """``(X, U) -> (terms (R, 4), U')``: every restart's loss terms (:func:`exhume.attacks.kkt.terms`, the settings and
+    problem of ``lead``, which the batch shares) and its multipliers after the step's evaluation (the closed-form ones
+    where they are solved, else ``U`` itself)."""
+    from exhume.attacks.kkt import terms
+    from exhume.attacks.kkt.terms import solved_u
+
+    cfg, p = lead.attack.config, lead.problem
+
+    def one(x, u):  # noqa: ANN001, ANN202
+        t = terms(cfg, p, x, u)
+        return torch.stack(t[:4]), (u if t.lam is None else solved_u(p, t.lam))
+
+    return torch.func.vmap(one)
 
 
 def value_and_gradients(vmapped):
-    """``(X, U) -> (terms (4, R), ∂/∂X, ∂/∂U)``: every restart's loss terms and the gradients of their sum, which are
-    each restart's own (the restarts share no unknown), through ``torch.func`` alone (no autograd graph kept)."""
+    """``(X, U) -> (terms (R, 4), ∂/∂X, ∂/∂U, U')``: every restart's loss terms and the gradients of their sum, which
+    are each restart's own (the restarts share no unknown), through ``torch.func`` alone (no autograd graph kept)."""
 
     def total(X, U):  # noqa: ANN001, ANN202, N803
-        terms = torch.stack(vmapped(X, U))
-        return terms[0].sum(), terms.detach()
+        terms, solved = vmapped(X, U)
+        return terms[:, 0].sum(), (terms.detach(), solved.detach())
 
     def f(X, U):  # noqa: ANN001, ANN202, N803
-        (gx, gu), (_, terms) = torch.func.grad_and_value(total, argnums=(0, 1), has_aux=True)(X, U)
-        return terms, gx, gu
+        (gx, gu), (_, (terms, solved)) = torch.func.grad_and_value(total, argnums=(0, 1), has_aux=True)(X, U)
+        return terms, gx, gu, solved
 
     return f
 
@@ -191,7 +205,7 @@ def trace(f, args) -> Any:
     return graph
 
 
-def evaluate(batch: Batch, clock) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def evaluate(batch: Batch) -> tuple[torch.Tensor, ...]:
     """:func:`value_and_gradients` at the live restarts' unknowns: eager in a short run, else replayed from its trace
     from the first step (traced again when a restart leaves the batch; :func:`exhume.attacks.kkt.traces`)."""
     args = (torch.stack([m.problem.x.detach() for m in batch.live]), torch.stack([m.problem.u.detach() for m in batch.live]))
@@ -209,51 +223,33 @@ def evaluate(batch: Batch, clock) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 
 
 def batched_step(batch: Batch, it: int, log: bool, clock) -> dict[str, str] | None:
-    """Iteration ``it`` of every live restart: one vmapped evaluation of every loss and gradient, each restart's own update."""
+    """Iteration ``it`` of every live restart: one vmapped evaluation of every loss and gradient, then each restart's
+    own :meth:`~exhume.attacks.kkt.Step.advance` (a divergent restart leaves the batch, its error recorded)."""
     live = batch.live
-    cfg = live[0].attack.config
-    if cfg["lr_schedule"] == "cosine":
-        frac = max(it / cfg["iterations"], clock() / batch.seconds if batch.seconds else 0.0)
-        for mem in live:
-            for opt, base in zip(mem.opts, (mem.attack.config["lr"], mem.problem.lr_lambda)):
-                opt.param_groups[0]["lr"] = base * 0.5 * (1.0 + math.cos(math.pi * min(frac, 1.0)))
     try:
-        terms, gx, gu = evaluate(batch, clock)
+        terms, gx, gu, solved = evaluate(batch)
     except (RuntimeError, NotImplementedError) as e:
         if batch.checked:
             raise
         # the first evaluation tells whether vmap runs this module; no update has been made
         raise _NotBatchable(f"torch.func.vmap cannot run this module ({type(e).__name__}: {str(e)[:200]})") from None
     batch.checked = True
-    finite = torch.isfinite(terms[0]).tolist()
-    values = terms.tolist() if log else None
-    batch.live = []
-    for k, (mem, ok) in enumerate(zip(live, finite)):
-        if not ok:
-            mem.error = f"kkt attack diverged at iteration {it} (loss {float(terms[0, k])}); lower lr (now {mem.attack.config['lr']})"
+    rows = terms.tolist()  # one synchronisation for every restart's divergence check and record
+    batch.live, records = [], []
+    for k, mem in enumerate(live):
+        p = mem.problem
+        p.x.grad = gx[k]
+        if not p.closed:
+            p.u.grad = gu[k]
+        try:
+            records.append(mem.step.advance(it, log, clock, rows[k], solved[k] if p.closed else None))
+        except DivergenceError as e:
+            mem.error = str(e)
             continue
-        mem.problem.x.grad, mem.problem.u.grad = gx[k], gu[k]
-        _update(mem, it, log, clock, None if values is None else [row[k] for row in values])
         batch.live.append(mem)
     if not batch.live:
         raise DivergenceError(f"every restart of the batch diverged by iteration {it}")
-    return {"stat": f"{min(values[1][k] for k, ok in enumerate(finite) if ok):.3g}"} if log else None
-
-
-def _update(mem: Member, it: int, log: bool, clock, values: list[float] | None) -> None:
-    """One restart's update after the shared backward pass: as :meth:`KKTAttack.stepper` does for a lone run."""
-    p = mem.problem
-    for opt in mem.opts:
-        opt.step()
-    if p.span.basis is not None:
-        with torch.no_grad():
-            p.x.copy_(p.span.project(p.x))
-    mem.tracker.update({"x": p.x, "u": p.u})
-    if it % mem.attack.config["snapshot_every"] == 0:
-        mem.tracker.consider(it, mem.attack.criterion(p))
-    if values is not None:
-        mem.run.history.append({"iteration": it, "loss": values[0], "stationarity": values[1], "dual": values[2],
-                                "prior": values[3], "seconds": round(clock(), 3)})
+    return {"stat": f"{min(r['stationarity'] for r in records):.3g}"} if log else None
 
 
 def run_group(view, method: str, restarts: list[Restart], store, resume: bool, device: str, progress: bool,
@@ -290,9 +286,8 @@ def run_group(view, method: str, restarts: list[Restart], store, resume: bool, d
         if mem.error is not None or end is None:
             out.append((mem, None))
             continue
-        if mem.tracker.best_iteration != end.done:
-            mem.tracker.consider(end.done, mem.attack.criterion(mem.problem))
-        out.append((mem, mem.attack.result(mem.problem, end, mem.run, mem.tracker, tau, mem.restart.seed, "noise", view)))
+        mem.step.close(end.done)
+        out.append((mem, mem.attack.result(mem.problem, end, mem.run, mem.step.tracker, tau, mem.restart.seed, "noise", view)))
     return out
 
 

@@ -43,7 +43,11 @@ def has_plan(method: str) -> bool:
 
 
 def variants_for(method: str, fixed: Iterable[str] = ()) -> list[dict[str, Any]]:
-    """``method``'s default variants, less every parameter in ``fixed`` (the ones the caller set)."""
+    """``method``'s default variants, less every parameter in ``fixed`` (the ones the caller set; given as the caller's
+    settings, those of the ``preset`` among them count as set too)."""
+    cls = ATTACKS.get(method)
+    if cls is not None and isinstance(fixed, Mapping):
+        fixed = cls.with_preset(fixed.get("preset"), {k: v for k, v in fixed.items() if k != "preset"})
     fixed = set(fixed)
     return [{k: v for k, v in var.items() if k not in fixed} for var in restart_plan(method).variants]
 

@@ -1,6 +1,5 @@
-"""The stationarity term's two derivative paths (double backward, jvp in θ then one reverse pass)
-and the one-node surrogate ReLU, each against its reference: equal losses, gradients in the
-candidates and the multipliers, margins, and candidates after a short kkt run."""
+"""The stationarity term's traced replay and the one-node surrogate ReLU, each against its reference: equal losses,
+gradients in the candidates and the multipliers, and candidates after a short kkt run; the rule that decides tracing."""
 
 from __future__ import annotations
 
@@ -10,15 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from exhume.attacks import get_attack, kkt, surrogate
-from exhume.attacks.stationarity import (
-    TracedResidual,
-    negative_loss_objective,
-    output_objective,
-    stationarity_residual_and_objective,
-    stationarity_residual_jvp,
-)
+from exhume.attacks.stationarity import TracedResidual, negative_loss_objective, output_objective, stationarity_residual_and_objective
 from exhume.attacks.surrogate import soft_activations, soft_relu, soft_relu_composite, soft_relu_one_node
-from exhume.errors import ConfigError
 from exhume.losses import margin, soft_margin
 from exhume.models import CNN, MLP
 from exhume.victim import AttackerView
@@ -80,54 +72,12 @@ def _objective(form: str, classes: int):
     return {"margin": margin, "soft-margin": soft_margin, "output": output_objective}[form]
 
 
-def _grads(residual, model, params, x0, y, lam0, objective, target, through_h=True):
-    """Loss value, its gradients in x and λ and the margins (``through_h``: a term in h added, the consistency term's route)."""
+def _grads(residual, model, params, x0, y, lam0, objective, target):
+    """The residual's value, its gradients in x and λ, and the margins."""
     x, lam = x0.clone().requires_grad_(), lam0.clone().requires_grad_()
     stat, h = residual(model, params, x, y, lam, ALPHA, objective, target)
-    (stat + 0.3 * (h**2).sum() if through_h else stat).backward()
+    stat.backward()
     return stat.detach(), x.grad, lam.grad, h.detach()
-
-
-CASES = [(a, c, f) for a in ("mlp", "max", "avg") for c in (2, 3) for f in ("margin", "soft-margin", "loss", "output")
-         if not (f == "output" and c == 3)]
-
-
-@pytest.mark.parametrize(("arch", "classes", "form"), CASES)
-@pytest.mark.parametrize(("with_target", "one_node"), [(False, False), (True, True)])
-def test_the_jvp_path_gives_the_double_backwards_loss_and_gradients(arch, classes, form, with_target, one_node, monkeypatch):
-    if one_node:  # every activation through the one-node surrogate (these are below its size threshold)
-        monkeypatch.setattr(surrogate, "ONE_NODE_MIN_ELEMENTS", 0)
-    model, shape = _victim(arch, classes)
-    params = {k: v.detach() for k, v in model.named_parameters()}
-    gen = torch.Generator().manual_seed(4)
-    m = 6
-    x0 = torch.randn(m, *shape, dtype=torch.float64, generator=gen)
-    lam0 = torch.rand(m, dtype=torch.float64, generator=gen) + 0.1
-    y = torch.tensor([1.0, -1.0] * (m // 2), dtype=torch.float64) if classes == 2 else torch.arange(m) % classes
-    target = {k: 0.5 * v + 0.01 * torch.randn(v.shape, dtype=v.dtype, generator=gen) for k, v in params.items()} if with_target else None
-    obj = _objective(form, classes)
-    ref = _grads(stationarity_residual_and_objective, model, params, x0, y, lam0, obj, target)
-    ours = _grads(stationarity_residual_jvp, model, params, x0, y, lam0, obj, target)
-    assert float(ours[0]) == float(ref[0])  # the same first pass: the value is not a rounding apart
-    assert ref[1].abs().sum() > 0 and ref[2].abs().sum() > 0
-    for a, b in zip(ours, ref):
-        assert torch.allclose(a, b, rtol=1e-9, atol=1e-12 * float(b.abs().max()))
-
-
-def test_the_jvp_path_in_float32_and_without_a_graph():
-    model, shape = _victim("max", 2)
-    model = model.float()
-    params = {k: v.detach() for k, v in model.named_parameters()}
-    gen = torch.Generator().manual_seed(5)
-    x0, lam0 = torch.randn(8, *shape, generator=gen), torch.rand(8, generator=gen)
-    y = torch.tensor([1.0, -1.0] * 4)
-    ref = _grads(stationarity_residual_and_objective, model, params, x0, y, lam0, margin, None)
-    ours = _grads(stationarity_residual_jvp, model, params, x0, y, lam0, margin, None)
-    for a, b in zip(ours, ref):
-        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6 * float(b.abs().max()))
-    with torch.no_grad():
-        value, h = stationarity_residual_jvp(model, params, x0, y, lam0, ALPHA)
-    assert float(value) == float(ours[0]) and torch.equal(h, ours[3])
 
 
 class TwoConvNet(nn.Module):
@@ -144,28 +94,6 @@ class TwoConvNet(nn.Module):
         return self.fc(x.flatten(1)).squeeze(-1)
 
 
-def test_a_short_kkt_run_finds_the_same_candidates_on_both_paths(monkeypatch):
-    monkeypatch.setattr(surrogate, "ONE_NODE_MIN_ELEMENTS", 0)
-    torch.manual_seed(0)
-    view = AttackerView(model=TwoConvNet(), task="binary", input_shape=(1, 8, 8), mean=torch.full((1, 8, 8), 0.2),
-                        weight_decay=1e-3, loss="logistic", n_train_hint=4)
-    runs = {}
-    for path in ("double-backward", "jvp"):
-        attack = get_attack("kkt", iterations=40, dtype="float64", log_every=10, tv_weight=1e-4, consistency_weight=0.1,
-                            snapshot_every=15, mixed_derivative=path)
-        runs[path] = attack.run(view, progress=False)
-    a, b = runs["double-backward"], runs["jvp"]
-    assert torch.allclose(a.candidates, b.candidates, rtol=0, atol=1e-7)
-    assert torch.allclose(a.scores, b.scores, rtol=1e-6)
-    assert [h["loss"] for h in a.loss_history] == pytest.approx([h["loss"] for h in b.loss_history], rel=1e-9)
-    assert a.loss_history[-1]["stationarity"] < a.loss_history[0]["stationarity"]
-
-
-def test_an_unknown_mixed_derivative_is_refused():
-    with pytest.raises(ConfigError, match="mixed_derivative"):
-        get_attack("kkt", mixed_derivative="finite-differences")
-
-
 @pytest.mark.parametrize(("arch", "classes", "form"), [("mlp", 2, "margin"), ("max", 3, "soft-margin"), ("avg", 2, "loss"),
                                                        ("avg", 3, "margin")])
 def test_the_traced_replay_gives_the_eager_loss_and_gradients_step_after_step(arch, classes, form):
@@ -177,8 +105,8 @@ def test_the_traced_replay_gives_the_eager_loss_and_gradients_step_after_step(ar
     obj, traced = _objective(form, classes), TracedResidual()
     for _ in range(2):  # traced on the first call, replayed on the second with other candidates and multipliers
         x0, lam0 = torch.randn(6, *shape, dtype=torch.float64, generator=gen), torch.rand(6, dtype=torch.float64, generator=gen)
-        ref = _grads(stationarity_residual_and_objective, model, params, x0, y, lam0, obj, target, through_h=False)
-        ours = _grads(traced, model, params, x0, y, lam0, obj, target, through_h=False)  # h comes back without a graph
+        ref = _grads(stationarity_residual_and_objective, model, params, x0, y, lam0, obj, target)
+        ours = _grads(traced, model, params, x0, y, lam0, obj, target)
         assert traced.info["residual_traced"]
         for a, b in zip(ours, ref):
             assert torch.allclose(a, b, rtol=1e-10, atol=1e-14 * float(b.abs().max()))
@@ -213,28 +141,27 @@ def test_a_module_that_cannot_be_traced_is_left_to_the_eager_path():
     x0, lam0 = torch.randn(5, 4, dtype=torch.float64), torch.rand(5, dtype=torch.float64)
     y = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0], dtype=torch.float64)
     traced = TracedResidual()
-    ours = _grads(traced, model, params, x0, y, lam0, margin, None, through_h=False)
-    ref = _grads(stationarity_residual_and_objective, model, params, x0, y, lam0, margin, None, through_h=False)
+    ours = _grads(traced, model, params, x0, y, lam0, margin, None)
+    ref = _grads(stationarity_residual_and_objective, model, params, x0, y, lam0, margin, None)
     assert not traced.info["residual_traced"] and "cannot be traced" in traced.info["residual_trace_note"]
     for a, b in zip(ours, ref):
         assert torch.equal(a, b)
 
 
-def test_kkt_replays_the_traced_step_and_finds_what_the_eager_steps_find(monkeypatch):
+def test_kkt_replays_the_traced_step_and_finds_what_the_eager_steps_find():
     short = get_attack("kkt", iterations=3).run(AttackerView(model=TwoConvNet(), task="binary", input_shape=(1, 8, 8),
                                                              mean=0.2, n_train_hint=2), progress=False)
     assert not short.config["residual_traced"] and "fewer than 1000 iterations" in short.config["residual_trace_note"]
-    monkeypatch.setattr(kkt, "traces", lambda iterations, seconds: True)  # from the first step
     torch.manual_seed(0)
     view = AttackerView(model=TwoConvNet(), task="binary", input_shape=(1, 8, 8), mean=torch.full((1, 8, 8), 0.2),
                         weight_decay=1e-3, loss="logistic", n_train_hint=4)
-    runs = {t: get_attack("kkt", iterations=40, dtype="float64", tv_weight=1e-4, snapshot_every=15, trace=t).run(view, progress=False)
-            for t in ("auto", "off")}
-    assert runs["auto"].config["residual_traced"] and not runs["off"].config["residual_traced"]
-    assert "'trace' is 'off'" in runs["off"].config["residual_trace_note"]
-    assert torch.allclose(runs["auto"].candidates, runs["off"].candidates, rtol=0, atol=1e-7)
-    jvp = get_attack("kkt", iterations=2, mixed_derivative="jvp").run(view, progress=False)
-    assert not jvp.config["residual_traced"] and "jvp" in jvp.config["residual_trace_note"]
+    attack = get_attack("kkt", iterations=40, dtype="float64", tv_weight=1e-4)
+    runs = {t: attack.run(view, progress=False, trace=t) for t in (True, False)}  # traced from the first step, or eager
+    assert runs[True].config["residual_traced"] and not runs[False].config["residual_traced"]
+    assert "asked for" in runs[False].config["residual_trace_note"]
+    assert torch.allclose(runs[True].candidates, runs[False].candidates, rtol=0, atol=1e-7)
+    closed = get_attack("kkt", iterations=2, multipliers="closed-form").run(view, progress=False, trace=True)
+    assert not closed.config["residual_traced"] and "closed-form" in closed.config["residual_trace_note"]
 
 
 def test_trace_auto_is_decided_by_the_runs_settings_never_by_the_clock():

@@ -1,0 +1,194 @@
+"""The kkt attack's class: its protocol (equation, restart plan, presets, memory estimate), its run and its result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from exhume.attacks.base import Attack, Reconstruction, RestartPlan, init_record, register
+from exhume.attacks.checkpoint import BUDGET_SETTINGS, resumable_settings
+from exhume.attacks.equations import Equation, KnownStart, Stationarity
+from exhume.attacks.formulation import form_for
+from exhume.attacks.kkt import problem as problem_mod
+from exhume.attacks.kkt.problem import Problem
+from exhume.attacks.kkt.settings import PARAMS, PRESETS, RETIRED, SNAPSHOT_EVERY, candidate_count, check, equation_for, resolve_lr_lambda
+from exhume.attacks.kkt.step import Step, stationarity_for
+from exhume.attacks.kkt.terms import residual, solved_u, terms
+from exhume.attacks.loop import attack_loop, make_optimizer, open_run
+from exhume.attacks.priors import background_level, dark_floor
+from exhume.attacks.record import SolvedEquation
+from exhume.attacks.snapshots import IterateTracker
+from exhume.attacks.subspace import Subspace
+from exhume.attacks.trajectory import StartEquation, forgotten_start
+from exhume.starts import start_digest
+
+
+@register
+class KKTAttack(Attack):
+    """Stationarity (KKT) reconstruction from the weights alone: binary, multiclass, regression."""
+
+    name = "kkt"
+    equation = Stationarity(multiplier_scale=True)  # S is set from the weights alone: checked against the real margins
+    # restarts alternate lr_lambda 1e-4 ('auto' for classifiers; 1e-2 for regression) and 1e-2: the equation leaves the
+    # multipliers' scale free; learned fast it drifts on some victims and must move on others, so the alternation hedges
+    # (variants of the λ scale and of α did not pay): docs/METHODS.md §5, docs/defaults.md
+    restart_plan = RestartPlan(variants=({}, {"lr_lambda": 1e-2}))
+    multipliers = True
+    uses_start = True  # a start in the view switches the equation (start_equation="auto")
+    batchable = True  # exhume/portfolio/batched.py stacks its restarts
+    params = PARAMS
+    presets = PRESETS
+    retired = RETIRED
+    memory_knobs = {"m": "count", "dtype": "dtype"}
+
+    def equation_used(self, view) -> str:
+        """The equation a run on ``view`` solves: 'stationary', or with a start 'trajectory' / 'endpoints'
+        (:mod:`exhume.attacks.trajectory`, whose :func:`~exhume.attacks.trajectory.known_start_residual` is its check)."""
+        return equation_for(self.config["start_equation"], view)
+
+    def equation_on(self, view) -> Equation:
+        """Stationarity, or with ``start_equation`` other than 'stationary' the known-start equation (its check)."""
+        used = self.equation_used(view)
+        if used == "stationary":
+            return self.equation
+        return KnownStart(view=view if getattr(view, "start", None) is not None else None, kind=used,
+                          decay=self.config["start_decay"], preconditioner=self.config["preconditioner"],
+                          formulation=self.config["formulation"], nonnegative=True)
+
+    def effective(self, view, name: str) -> Any:
+        if name == "m":
+            return candidate_count(self.config["m"], self.config["candidates_per_point"], self.config["n_guess"] or view.n_train_hint or 100)
+        return super().effective(view, name)
+
+    def peak_memory_bytes(self, view) -> int:
+        """Peak bytes from the victim's parameters ``P``, input size ``D``, activations per input ``A``, the candidates ``m`` and
+        the dtype's bytes ``b``: the larger of the set-up (SVDs of the weights in float64: ``5.2·8P + 1.4·m·D·b``) and the
+        steps (``6.8·P·b + 14.9·m·D·b + 5.2·m·A·b``), coefficients measured (``benchmarks/memory_estimate.py``)."""
+        from exhume.attacks import memory as mem
+
+        b, m = mem.dtype_bytes(self.config["dtype"]), self.effective(view, "m")
+        p, d = mem.parameter_count(view.model), mem.input_elements(view)
+        a = mem.activation_elements(view.model, tuple(view.input_shape))
+        svd = self.config["subspace"] != "off" or self.config["denoise"] != "off"
+        setup = (5.2 * 8 * p if svd else 2 * p * b) + 1.4 * m * d * b
+        steps = 6.8 * p * b + 14.9 * m * d * b + 5.2 * b * (m * a.per_input + a.fixed)
+        if self.config["multipliers"] == "closed-form":  # Φ at up to two points, and its float64 copy: counted, not measured
+            steps += 2 * m * p * (b + 8)
+        return int(mem.BASE_BYTES + max(setup, steps))
+
+    def candidate_count(self, n: int) -> int:
+        return candidate_count(self.config["m"], self.config["candidates_per_point"], int(self.config["n_guess"] or n))
+
+    def search_start(self, view) -> dict[str, float]:
+        """The defaults, with ``lr_lambda="auto"`` as it resolves for the formulation this run uses on ``view``."""
+        form = form_for(view, self.config["formulation"], self.config["loss"])
+        return {**super().search_start(view), "lr_lambda": resolve_lr_lambda(self.config["lr_lambda"], form)}
+
+    def check(self, view) -> None:
+        check(self.config, view)
+
+    def run(self, view, out: str | Path | None = None, seed: int = 0, device: str = "cpu", resume: bool = False,
+            progress: bool = True, callback=None, callback_every: int = 1000, init: torch.Tensor | None = None,
+            init_name: str = "noise", callback_multipliers: bool = False, trace: bool | None = None) -> Reconstruction:
+        """Run the attack on ``view`` (an :class:`~exhume.victim.AttackerView`).
+
+        ``out``: folder for checkpoints (every ``checkpoint_every`` iterations and at the end);
+        ``resume``: continue from its checkpoint. ``callback(iteration, seconds, candidates)`` is
+        called every ``callback_every`` iterations with the display-space candidates (for
+        quality-over-time curves; its time is not counted in ``seconds``). ``init``: starting
+        candidates in display space (default: noise); ``init_name`` labels them in the result
+        (ground-truth, partition and mix initialisations are oracle tools and marked so).
+        ``callback_multipliers=True`` also passes the current multipliers ``λ = S·u`` and the labels as the
+        keywords ``multipliers`` and ``labels`` (for attacker-side scoring during a hyperparameter search).
+        ``trace`` (not a setting: for tests and benchmarks) forces the traced step (True) or the eager one (False);
+        None leaves it to the settings (:func:`~exhume.attacks.kkt.settings.traces`).
+        """
+        self.check(view)
+        cfg = self.config
+        p = self.problem(view, torch.device(device), seed, init)
+        opts, tracker, run = self.open_state(view, p, out, resume, seed)
+        step = self.stepper(p, opts, run.history, tracker, trace)
+        tau, why = background_level(cfg["background"], view.mean, tuple(view.input_shape))
+
+        def emit(it: int, elapsed: float) -> None:
+            with torch.no_grad():
+                extra = {"multipliers": (p.form.scale * p.u).float().cpu(), "labels": p.y.cpu()} if callback_multipliers else {}
+                callback(it, elapsed, dark_floor((p.x + p.mean).float(), tau).cpu(), **extra)
+
+        end = attack_loop("kkt attack", cfg, run, step, progress=progress, emit=None if callback is None else emit,
+                          emit_every=callback_every)
+        step.close(end.done)
+        return self.result(p, end, run, tracker, (tau, why), seed, init_name, view)
+
+    def problem(self, view, dev: torch.device, seed: int, init: torch.Tensor | None) -> Problem:
+        """The working copy of the victim, the equation and the starting unknowns (:func:`exhume.attacks.kkt.problem.build`)."""
+        return problem_mod.build(self.config, self.given, view, dev, seed, init, span_of=self.span)
+
+    def unknowns(self, view, m: int, signed: bool, eq: StartEquation | None, seed: int, init: torch.Tensor | None,
+                 dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The starting candidates and multipliers drawn from ``seed`` (:func:`exhume.attacks.kkt.problem.unknowns`)."""
+        return problem_mod.unknowns(self.config, view, m, signed, eq, seed, init, dev)
+
+    def span(self, view, model, params, n: int, eq: StartEquation | None, x: torch.Tensor) -> Subspace:
+        """The training inputs' span, ``x`` projected onto it (:func:`exhume.attacks.kkt.problem.span`)."""
+        return problem_mod.span(self.config, view, model, params, n, eq, x)
+
+    def open_state(self, view, p: Problem, out, resume: bool, seed: int):
+        """``((opt_x, opt_u), tracker, run)`` of a run on ``p``: its optimisers, averaged iterates and checkpoint
+        (restored in place on ``resume``); shared with the batched restarts (:mod:`exhume.portfolio.batched`)."""
+        cfg = self.config
+        opt_x = make_optimizer(cfg["optimizer"], [p.x], cfg["lr"])
+        opt_u = make_optimizer(cfg["optimizer"], [p.u], p.lr_lambda)
+        tracker = IterateTracker({"x": p.x, "u": p.u}, cfg["average_decay"], SNAPSHOT_EVERY)
+        run = open_run(out, resume, {"x": p.x, "u": p.u, **tracker.state()}, {"opt_x": opt_x, "opt_u": opt_u},
+                       {"config": resumable_settings(cfg, BUDGET_SETTINGS + ("background", "preset")), "seed": seed, "m": p.m,
+                        "start": start_digest(view.start)}, defaults=self.defaults(), retired=self.retired)
+        return (opt_x, opt_u), tracker, run
+
+    def stepper(self, p: Problem, opts, history: list[dict[str, Any]], tracker: IterateTracker, trace: bool | None = None) -> Step:
+        """The step of a lone run on ``p`` (:class:`~exhume.attacks.kkt.step.Step`), traced or eager as ``trace`` says."""
+        return Step(self.config, p, opts, tracker, history, stationarity_for(self.config, p, trace))
+
+    def result(self, p: Problem, end, run, tracker: IterateTracker, background: tuple[float, str], seed: int,
+               init_name: str, view) -> Reconstruction:
+        """The kept iterate as a Reconstruction: display-space candidates, their multipliers, settings and summary."""
+        cfg = self.config
+        tau, why = background
+        kept_x, kept_u = tracker.best["x"], tracker.best["u"]
+        with torch.no_grad():
+            if p.closed:  # the closed-form multipliers of the kept candidates
+                kept_u = solved_u(p, terms(cfg, p, kept_x, kept_u).lam)
+            final_stat = float(residual(p, kept_x, kept_u, None)[0] / p.norm2)
+            candidates = dark_floor((kept_x + p.mean).float(), tau).cpu()
+        lam = (p.form.scale * kept_u).detach().float().cpu()
+        averaged = f"exponential moving average (decay {cfg['average_decay']:g})" if cfg["average_decay"] > 0 else "iterate"
+        return Reconstruction(
+            method=self.name,
+            candidates=candidates,
+            labels=p.y.cpu(),
+            scores=lam if lam.dim() == 1 else lam[:, -1],
+            config={**cfg, "m": p.m, "n_guess": p.n, "lambda_scale_value": p.form.scale, "lr_lambda_used": p.lr_lambda, **p.form.info,
+                    **init_record(init_name), **p.span.info, **self.threat(p, view), "background_used": tau, "background_reason": why},
+            seed=seed,
+            loss_history=run.history,
+            summary={"iterations": end.done, "seconds": round(end.elapsed, 3), "final_relative_stationarity": final_stat,
+                     "final_relative_stationarity_note": "with the exact ReLU derivative, of the returned iterate"
+                     + ("; of the known-start equation (what training added)" if p.eq is not None else ""),
+                     "threat_model": view.threat_model,
+                     "kept_iteration": tracker.best_iteration, "kept_criterion": tracker.best_score,
+                     "kept_iterate": f"{averaged}, best snapshot every {SNAPSHOT_EVERY} iterations"},
+        )
+
+    @staticmethod
+    def threat(p: Problem, view) -> dict[str, Any]:
+        """What the attacker knew and which equation it solved (recorded in the config)."""
+        rec: dict[str, Any] = {"threat_model": view.threat_model, "equation_used": SolvedEquation.STATIONARY.value if p.eq is None else p.eq.info["equation"]}
+        if p.eq is not None:
+            rec.update({f"start_{k}" if not k.startswith("start_") else k: v for k, v in p.eq.info.items() if k != "equation"})
+            rec["start_digest"] = start_digest(view.start)
+            rec["training_settings"] = None if view.training is None else view.training.record()
+        elif getattr(view, "start", None) is not None:
+            rec["start_unused"] = forgotten_start(view.model, view.start) or "the stationary equation (start_equation='stationary' was given)"
+        return rec
