@@ -314,9 +314,8 @@ def test_relative_links_and_anchors_resolve(page):
 #: modules that still cite the results log (benchmarks/README.md or its notes) while another change rewrites them;
 #: the test fails when a module leaves this set (take it out) or another cites the log (cite docs/ instead)
 STILL_CITING_THE_LOG = {
-    "exhume/attacks/equations.py", "exhume/attacks/kkt.py", "exhume/attacks/surrogate.py", "exhume/evaluation/assumptions.py",
+    "exhume/attacks/equations.py", "exhume/evaluation/assumptions.py",
     "exhume/evaluation/cost.py", "exhume/evaluation/identifiability.py", "exhume/evaluation/weights_membership.py",
-    "exhume/portfolio/batched.py",
 }
 
 
