@@ -164,14 +164,26 @@ class Attack:
     multipliers: ClassVar[bool] = False
     uses_start: ClassVar[bool] = False  # a start in the view changes what it solves (exhume.attack refuses one otherwise)
     batchable: ClassVar[bool] = False  # the portfolio may run its restarts as one batched problem
+    #: settings no longer declared, each at the one value under which a run behaved as today's: given so, it is
+    #: accepted and dropped; another value is refused (its run is gone); a checkpoint recording it so resumes
+    retired: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, **kwargs: Any) -> None:
+        kwargs = self._without_retired(kwargs)
         unknown = sorted(set(kwargs) - set(self.params))
         if unknown:
             raise ConfigError(
                 f"attack {self.name!r} has no parameter(s) {', '.join(unknown)}; known: {', '.join(sorted(self.params))}"
             )
         self.config = {k: p.validate(k, kwargs.get(k, p.default)) for k, p in self.params.items()}
+
+    @classmethod
+    def _without_retired(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        for key in sorted(set(kwargs) & set(cls.retired)):
+            if kwargs[key] != cls.retired[key]:
+                raise ConfigError(f"attack {cls.name!r}: setting {key} was removed; only {key}={cls.retired[key]!r}, "
+                                  f"what every run does now, is still accepted (got {kwargs[key]!r})")
+        return {k: v for k, v in kwargs.items() if k not in cls.retired}
 
     def __getattr__(self, key: str) -> Any:
         config = self.__dict__.get("config", {})
@@ -212,8 +224,9 @@ class Attack:
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
-        """Every setting's default: what a checkpoint written before a setting existed is resumed with."""
-        return {name: p.default for name, p in cls.params.items()}
+        """Every setting's default: what a checkpoint written before a setting existed is resumed with; and each
+        retired setting at its value, which a checkpoint written while it existed may record."""
+        return {**cls.retired, **{name: p.default for name, p in cls.params.items()}}
 
     @classmethod
     def search_space(cls) -> dict[str, tuple[float, float, bool]]:

@@ -55,7 +55,9 @@ def load_checkpoint(path: Path, tensors: dict[str, torch.Tensor], optimizers: di
     ``expect`` lists settings that must match the checkpoint's (resuming with other settings
     would silently mix two runs). ``defaults``: the attack's setting defaults; a setting missing
     from a checkpoint's ``config`` (one added to exhume after the checkpoint was written) counts as
-    its default, since a new setting's default keeps the behaviour the older run had.
+    its default, since a new setting's default keeps the behaviour the older run had; a setting the
+    checkpoint has and this run does not (one removed since) is dropped where it holds its value in
+    ``defaults`` (:attr:`exhume.attacks.base.Attack.retired`: the value that behaved as runs do now).
     """
     payload = load_torch(path, "cannot resume", "exhume checkpoint", limit=expected_limit(state_bytes(tensors, optimizers)))
     owner = _OWNER.get() or {}
@@ -66,7 +68,8 @@ def load_checkpoint(path: Path, tensors: dict[str, torch.Tensor], optimizers: di
     for key, value in expect.items():
         saved = state.get(key)
         if key == "config" and defaults and isinstance(saved, dict):
-            saved = {**{k: v for k, v in defaults.items() if k in value}, **saved}
+            saved = {**{k: v for k, v in defaults.items() if k in value},
+                     **{k: v for k, v in saved.items() if k in value or k not in defaults or v != defaults[k]}}
         if saved != value:
             if isinstance(saved, dict) and isinstance(value, dict):  # name the settings that differ, not the whole dicts
                 diff = sorted(set(saved) | set(value), key=str)

@@ -1,4 +1,4 @@
-"""Levenberg–Marquardt on the exact training run, for small problems (``solver="lm"`` of ``simulate`` with ``run="exact"``).
+"""Levenberg–Marquardt on the exact training run, for small problems (``solver="lm"`` of the ``simulate`` attack).
 
 The residual is the run's miss, ``r(x̂) = (Run(θ_0; x̂, q) − θ_T) / ‖θ_T − θ_0‖`` (its square norm is the relative
 gap of :func:`exhume.attacks.exact.relative_gap`), and its Jacobian in the candidates is formed whole by forward mode
@@ -178,11 +178,6 @@ def labelings(task: str, n: int, limit: int = 4096) -> list[torch.Tensor]:
         raise ConfigError(f"labels='enumerate' takes a binary task with 2^n ≤ {limit} assignments (n ≤ {int(math.log2(limit))}); "
                           f"this one is {task} with n = {n}")
     return [torch.tensor([(i >> j) & 1 for j in range(n)], dtype=torch.float64) for i in range(2 ** n)]
-
-
-def jacobian_bytes(replay: Replay, unknowns: int, dtype_bytes: int) -> int:
-    """The Jacobian's size: trained parameters × unknowns."""
-    return sum(replay.start[k].numel() for k in replay.names) * unknowns * dtype_bytes
 
 
 def parse_schedule(spec: str) -> tuple[float | None, ...]:
