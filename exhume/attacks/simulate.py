@@ -5,7 +5,7 @@ on the batches its sampler drew), train a copy from ``θ_0`` on ``n`` candidates
 ``l`` (binary: ``q = σ(l)`` the probability of +1; multiclass: ``softmax(l)``), one candidate per
 training point, and move the candidates so that the replayed run lands on the final weights::
 
-    loss = ‖Run(θ_0; x̂, q) − θ_T‖² / ‖θ_T − θ_0‖²  + prior_weight · range + tv_weight · TV
+    loss = ‖Run(θ_0; x̂, q) − θ_T‖² / ‖θ_T − θ_0‖²  + prior_weight · range
 
 ``solver="adam"`` descends on it with the candidates' optimiser; ``solver="lm"`` solves it by
 Levenberg–Marquardt with the run's whole Jacobian, for problems small enough to form it
@@ -30,10 +30,10 @@ from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_mo
 from exhume.attacks.checkpoint import resumable_settings
 from exhume.attacks.equations import ExactRun
 from exhume.attacks.exact import Replay, make_replay, relative_gap, replay, train_mode_failures
-from exhume.attacks.exact_lm import ExactLM, check_lm, labelings, lm_stepper, one_hot, parse_labels, parse_schedule, replay_logits
+from exhume.attacks.exact_lm import ExactLM, check_lm, lm_stepper, one_hot, parse_labels, parse_schedule, replay_logits
 from exhume.attacks.formulation import candidate_labels
 from exhume.attacks.loop import BACKGROUND, CANDIDATE_PARAMS, attack_loop, budget_params, descend, make_optimizer, open_run
-from exhume.attacks.priors import background_level, dark_floor, range_penalty, tv_term
+from exhume.attacks.priors import background_level, dark_floor, range_penalty
 from exhume.attacks.record import SolvedEquation
 from exhume.errors import ConfigError, DivergenceError
 from exhume.replay import check_exact, recipe
@@ -44,9 +44,10 @@ SOLVERS = ("adam", "lm")
 #: over the run's steps (a tiny Adam victim's gap gradient: 1e49 from candidates at init_scale 1.7e-3, 0.1 at 0.3)
 ADAM_OVERFLOW = ("the replayed Adam steps amplify the tiny gradients of candidates near the data mean beyond float32 "
                  "(raise init_scale to 0.1 or more, or dtype='float64')")
-#: the coarse simulation's settings, gone with it, at the values a run of the exact one recorded (Attack.retired)
+#: the coarse simulation's settings, gone with it, at the values a run of the exact one recorded, and its never-measured
+#: total-variation prior, off (Attack.retired)
 RETIRED = {"run": "exact", "m": None, "candidates_per_point": 1.0, "steps": 4, "lr_rates": 1e-2, "step_scale": 1.0,
-           "start_decay": "auto", "preconditioner": "auto", "subspace": "auto"}
+           "start_decay": "auto", "preconditioner": "auto", "subspace": "auto", "tv_weight": 0.0}
 
 
 @dataclass
@@ -78,15 +79,14 @@ class SimulateAttack(Attack):
                         "(exhume.attacks.exact_lm; one iteration: one Jacobian)", choices=SOLVERS),
         "schedule": Param("1,3,10,30", str, "solver lm: the stages' smoothing α, comma-separated, then a polish with the exact derivative"),
         "stage_iterations": Param(15, int, "solver lm: Levenberg–Marquardt iterations per stage", low=1),
-        "labels": Param("fixed", str, "'fixed' (the candidates' classes), 'enumerate' (solver lm, binary: every "
-                        "assignment, one schedule each) or the classes in the training set's order, comma-separated (an assumption)"),
+        "labels": Param("fixed", str, "'fixed' (the candidates' classes) or the classes in the training set's order, "
+                        "comma-separated (an assumption)"),
         "segment": Param(None, int, "steps per checkpointed segment (default: the shortest whose kept states fit 1 GiB)", low=1, allow_none=True),
         "lr_labels": Param(1e-2, float, "learning rate of the soft labels' logits", low=0.0),
         "alpha": Param(19.0, float, "the run stays exact; only ReLU's step gets the derivative α·σ'(α·z) "
                        "(exhume.attacks.exact.smoothed_step)", low=0.0),
         "init_scale": Param(1.7e-3, float, "x̂ ~ N(0,1)·init_scale in centred space", low=0.0),
         "prior_weight": Param(1.0, float, "weight of the pixel-range prior (display range [0, 1])", low=0.0),
-        "tv_weight": Param(0.0, float, "weight of the total-variation prior on image candidates (0 = off)", low=0.0),
         "background": BACKGROUND,
     }
 
@@ -118,8 +118,6 @@ class SimulateAttack(Attack):
             raise ConfigError("the simulate attack trains from the starting weights: pass start=... (--start-weights FILE)")
         if view.task not in ("binary", "multiclass"):
             raise ConfigError(f"the simulate attack handles classifiers; the victim's task is {view.task!r}")
-        if self.config["tv_weight"] > 0 and len(view.input_shape) != 3:
-            raise ConfigError(f"tv_weight needs image inputs (C, H, W); this victim's input shape is {tuple(view.input_shape)}")
         n = self.config["n_guess"] or view.n_train_hint
         if not n:
             raise ConfigError("the exact training run needs the number of training points (n_guess=..., or the view's n_train_hint)")
@@ -143,12 +141,11 @@ class SimulateAttack(Attack):
 
     def lm_solver(self, p: ExactProblem, view, seed: int, classes: torch.Tensor) -> ExactLM:
         """The Levenberg–Marquardt solver (see :mod:`exhume.attacks.exact_lm`)."""
-        cfg, k = self.config, int(view.num_classes or 2)
-        labs = labelings(p.task, p.x.shape[0]) if cfg["labels"] == "enumerate" else None
+        cfg = self.config
         final = torch.cat([p.final[name].reshape(-1) for name in p.replay.names])
-        return ExactLM(p.replay, final, one_hot(p.task, classes, k).to(p.x), parse_schedule(cfg["schedule"]),
-                       cfg["stage_iterations"], cfg["init_scale"], torch.Generator().manual_seed(seed + 1),
-                       labelings=None if labs is None else [v.to(p.x) for v in labs])
+        return ExactLM(p.replay, final, one_hot(p.task, classes, int(view.num_classes or 2)).to(p.x),
+                       parse_schedule(cfg["schedule"]), cfg["stage_iterations"], cfg["init_scale"],
+                       torch.Generator().manual_seed(seed + 1))
 
     def run(self, view, out: str | Path | None = None, seed: int = 0, device: str = "cpu", resume: bool = False,
             progress: bool = True, callback=None, callback_every: int = 100, init: torch.Tensor | None = None,
@@ -212,13 +209,10 @@ class SimulateAttack(Attack):
 
     def terms(self, p: ExactProblem) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(loss, gap, range)``: the module docstring's loss, the relative gap to the final weights, the range penalty."""
-        cfg = self.config
         q = torch.sigmoid(p.logits) if p.task == "binary" else torch.softmax(p.logits, 1)
         gap = relative_gap(p.replay, replay(p.replay, p.x, q), p.final)
-        v = p.x + p.mean
-        rng = range_penalty(v, 0.0, 1.0)
-        prior = cfg["prior_weight"] * rng + (cfg["tv_weight"] * tv_term(v) if cfg["tv_weight"] > 0 else 0.0)
-        return gap + prior, gap, rng
+        rng = range_penalty(p.x + p.mean, 0.0, 1.0)
+        return gap + self.config["prior_weight"] * rng, gap, rng
 
     def stepper(self, p: ExactProblem, opts: tuple[torch.optim.Optimizer, ...], history: list[dict[str, Any]]):
         """The attack loop's step of ``solver="adam"``: one descent on the gap and the prior."""
