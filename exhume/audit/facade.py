@@ -29,6 +29,7 @@ from exhume.audit.config import LOSS_NAMES, AuditConfig, from_options  # noqa: F
 from exhume.errors import ConfigError, DataError
 from exhume.files.runfolder import own_output
 
+
 @dataclass
 class AuditResult:
     """The verdict (``"leaks"``, ``"no evidence"``, ``"inconclusive"``), its reason, and every number."""
