@@ -90,14 +90,17 @@ class SimulateAttack(Attack):
         "background": BACKGROUND,
     }
 
-    memory_knobs = {"dtype": "dtype"}
+    memory_knobs = {"dtype": "dtype"}  # no count: one candidate per training point
 
     def peak_memory_bytes(self, view) -> int:
         """A rough bound, not fitted (no measured coefficients yet): five times
         :func:`~exhume.attacks.memory.generic_peak` of the ``n`` candidates (a segment's graph and its recomputation)."""
+        from types import SimpleNamespace
+
         from exhume.attacks import memory as mem
 
-        return int(mem.BASE_BYTES + 5 * mem.generic_peak(self, view))
+        counted = SimpleNamespace(config={"m": self.config["n_guess"] or view.n_train_hint, "dtype": self.config["dtype"]})
+        return int(mem.BASE_BYTES + 5 * mem.generic_peak(counted, view))
 
     def equation_used(self, view) -> str:
         """The equation a run solves: the exact training run (its check: :func:`exhume.attacks.exact.exact_residual`)."""
