@@ -66,6 +66,19 @@ def test_a_checkpoint_older_than_a_setting_resumes_at_its_default(tmp_path):
                  defaults={"surrogate": "fixed"})
 
 
+def test_a_checkpoint_with_a_removed_setting_resumes_at_its_retired_value(tmp_path):
+    """A setting removed from exhume since the checkpoint was written (``Attack.retired``, in the defaults) is dropped
+    where it holds the value that behaved as runs do now; another value is refused, naming it."""
+    x = torch.zeros(3, requires_grad=True)
+    opt = make_optimizer("sgd", [x], 0.1)
+    now, defaults = {"config": {"lr": 0.1}}, {"lr": 0.1, "run": "exact"}
+    open_run(tmp_path, False, {"x": x}, {"opt": opt}, {"config": {"lr": 0.1, "run": "exact"}}).save(4, 1.0)
+    assert open_run(tmp_path, True, {"x": x}, {"opt": opt}, now, defaults=defaults).start == 4
+    open_run(tmp_path, False, {"x": x}, {"opt": opt}, {"config": {"lr": 0.1, "run": "coarse"}}).save(4, 1.0)
+    with pytest.raises(ExhumeError, match=r"run='coarse' there, '\(unset\)' here"):
+        open_run(tmp_path, True, {"x": x}, {"opt": opt}, now, defaults=defaults)
+
+
 def test_kkt_resumes_a_checkpoint_written_before_its_newer_settings(tmp_path, victim_dir, one_thread):
     """End to end: a kkt checkpoint whose config lacks settings added since (as written by an older exhume) resumes."""
     from exhume.attacks import get_attack
