@@ -13,7 +13,7 @@ Levenberg–Marquardt with the run's whole Jacobian, for problems small enough t
 
 The name is the registry's since the coarse simulation (SimuDy's idea: a few full-batch steps with
 learnt step sizes), which was removed as weaker than kkt's endpoints equation on every victim measured
-(docs/DESIGN.md, "What left the package"); older run folders of method ``simulate`` still load and
+(research/README.md, "What left the package"); older run folders of method ``simulate`` still load and
 evaluate, and a checkpoint or a setting of the exact run written with ``run="exact"`` still resumes.
 """
 
