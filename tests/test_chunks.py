@@ -205,26 +205,21 @@ def test_a_chunk_end_that_python_drops_is_raised_again():
     assert ref() is None and time.perf_counter() - start < 0.5
 
 # The other experiments in chunks, at the tiniest settings each accepts. The victims that are trained for a time
-# (init-study's, selection's) are the suite's tiny ones, copied into both runs: a time budget trains no two alike.
+# (init-study's) are the suite's tiny ones, copied into both runs: a time budget trains no two alike.
 CHUNKED = {
     "init-study": ["-n", "10", "--grid", "1", "--kkt-iterations", "40", "--bilevel-iterations", "3", "--heldout", "10"],
     "tldr": ["--sizes", "10", "--epochs", "1", "--arch", "convnet:4;fc=8", "--steps", "8", "--samples-per-class", "1",
              "--methods", "tldr"],
-    "selection": ["--trials", "2", "--trial-seconds", "0.2", "--pool-size", "20"],
 }
 
 
 def _table(name: str, out) -> list:
-    """What the experiment's table says, less wall times and file paths (selection: how many trials it judged and
-    which was the default; its scores are not comparable, its trials running for a time)."""
+    """What the experiment's table says, less wall times and file paths."""
     if name == "init-study":
         return [{k: v for k, v in r.items() if k != "seconds"} for r in json.loads((out / "table.json").read_text())["rows"]]
-    if name == "tldr":
-        res = json.loads((out / "results.json").read_text())
-        return [res["victim_signal_separation"],
-                [{k: v for k, v in r.items() if not k.endswith("seconds") and k != "grid"} for r in res["runs"]]]
-    res = json.loads((out / "selection.json").read_text())
-    return [res["n_trials_judged"], sorted(r["default"] for r in res["trials"]), res["default_settings_trial"]["params"]]
+    res = json.loads((out / "results.json").read_text())
+    return [res["victim_signal_separation"],
+            [{k: v for k, v in r.items() if not k.endswith("seconds") and k != "grid"} for r in res["runs"]]]
 
 
 def _cut_attacks(out) -> set:
@@ -243,12 +238,11 @@ def test_every_experiment_cut_into_chunks_ends_with_the_uninterrupted_table(name
     import shutil
     import time
 
-    # the figures are drawn from the tables (tested in test_init_study_cli.py, test_tldr.py, test_tune.py): not here
+    # the figures are drawn from the tables (tested in test_init_study_cli.py, test_tldr.py): not here
     monkeypatch.setattr("exhume.experiments.init_study._figures", lambda *a: [])
     monkeypatch.setattr("exhume.evaluation.trainlike.class_grid", lambda *a, **k: a[2])
-    monkeypatch.setattr("exhume.experiments.selection._plot", lambda *a: None)
-    victims = {"init-study": {"victim-kkt": victim_dir, "victim-bilevel": make_tiny_victim(arch="affine", epochs=50, lr=0.5, test_size=0)},
-               "selection": {"victim": victim_dir}}.get(name, {})
+    victims = {"init-study": {"victim-kkt": victim_dir, "victim-bilevel": make_tiny_victim(arch="affine", epochs=50, lr=0.5,
+                                                                                           test_size=0)}}.get(name, {})
     argv = ["experiment", name, *CHUNKED[name], "--no-progress"]
     for run in ("whole", "chunked"):
         for folder, source in victims.items():
@@ -258,31 +252,20 @@ def test_every_experiment_cut_into_chunks_ends_with_the_uninterrupted_table(name
     start = time.perf_counter()
     assert main([*argv, "-o", str(tmp_path / "whole"), *(["--resume"] if victims else [])]) == 0
     first = (time.perf_counter() - start) / 4  # the chunks' lengths follow this machine's speed
-    if name == "selection":  # and its first trial is cut for sure: the chunk's end lands in the default settings' trial
-        from exhume.experiments.registry import ChunkEnd
-        from exhume.tune import study
+    # and the first chunk's end lands in an attack for sure: a timer's signal at its second step, as a real one would
+    import signal
 
-        def cut_once(*args, real=study._trial, calls=[]):  # noqa: B006 - counts the calls
-            calls.append(1)
-            if len(calls) == 1:
-                raise ChunkEnd
-            return real(*args)
+    from exhume.attacks import loop
 
-        monkeypatch.setattr(study, "_trial", cut_once)
-    else:  # and the first chunk's end lands in an attack for sure: a timer's signal at its second step, as a real one would
-        import signal
+    def alarm_once(desc, total, max_seconds, start, elapsed, step, *args, real=loop.run_loop, fired=[], **kw):  # noqa: B006
+        def stepped(i, *a):
+            if i == start + 1 and not fired:
+                fired.append(desc)
+                signal.raise_signal(signal.SIGALRM)  # held by the step, delivered after it: ChunkEnd
+            return step(i, *a)
+        return real(desc, total, max_seconds, start, elapsed, stepped, *args, **kw)
 
-        from exhume.attacks import loop
-
-        def alarm_once(desc, total, max_seconds, start, elapsed, step, *args, real=loop.run_loop, fired=[], **kw):  # noqa: B006
-            def stepped(i, *a):
-                if i == start + 1 and not fired:
-                    fired.append(desc)
-                    signal.raise_signal(signal.SIGALRM)  # held by the step, delivered after it: ChunkEnd
-                return step(i, *a)
-            return real(desc, total, max_seconds, start, elapsed, stepped, *args, **kw)
-
-        monkeypatch.setattr(loop, "run_loop", alarm_once)
+    monkeypatch.setattr(loop, "run_loop", alarm_once)
     chunks, cut = 0, set()
     while True:
         chunks += 1
@@ -296,11 +279,4 @@ def test_every_experiment_cut_into_chunks_ends_with_the_uninterrupted_table(name
         cut |= _cut_attacks(tmp_path / "chunked")
     assert chunks >= 2, "the run was really cut"
     assert _table(name, tmp_path / "chunked") == _table(name, tmp_path / "whole")
-    if name == "selection":  # the trial a chunk's end interrupted ran again with its settings
-        import optuna
-
-        trials = optuna.load_study(study_name="exhume-kkt", storage=f"sqlite:///{tmp_path / 'chunked' / 'tune' / 'tune.db'}").trials
-        failed = [t.params for t in trials if t.state.name == "FAIL"]
-        assert failed and all(p in [t.params for t in trials if t.state.name == "COMPLETE"] for p in failed)
-    else:
-        assert cut, "an attack was cut and continued from its checkpoint"
+    assert cut, "an attack was cut and continued from its checkpoint"

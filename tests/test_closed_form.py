@@ -17,7 +17,8 @@ from exhume.errors import ConfigError
 from exhume.evaluation.ssim import ssim_matrix
 from exhume.losses import margin
 from exhume.victim import AttackerView
-from exhume.victim.random_features import train_random_features
+from exhume.victim.law import random_features as random_features_model
+from exhume.victim.law import train_full_batch
 
 
 def random_features(n: int = 4, width: int = 2000, seed: int = 0):
@@ -28,7 +29,9 @@ def random_features(n: int = 4, width: int = 2000, seed: int = 0):
     labels = torch.tensor(digits.target)
     idx = torch.cat([torch.where(labels == 0)[0][: (n + 1) // 2], torch.where(labels == 1)[0][: n // 2]])
     train, y, mean = x[idx], torch.where(labels[idx] == 0, 1.0, -1.0), x.mean(0)
-    model, start = train_random_features(train, y, mean, width, seed)
+    torch.manual_seed(seed)
+    model = random_features_model(64, width)
+    start = train_full_batch(model, train, y, mean, steps=300, lr=0.5)
     view = AttackerView(model=model, task="binary", input_shape=(1, 8, 8), mean=mean, start=start, loss="logistic", n_train_hint=n)
     return view, train
 

@@ -79,7 +79,7 @@ def test_the_replay_equals_torch_optim_on_a_real_run(kind):
 
 def test_the_equation_has_no_slack_at_the_training_images_and_refuses_others():
     view, x, y = _victim("sgd-momentum", classes=3)
-    eq = get_attack("simulate", run="exact").equation_on(view)
+    eq = get_attack("simulate").equation_on(view)
     assert isinstance(eq, ExactRun)
     truth = eq.residual(view.model, x, y, "cross-entropy", 0.0)
     assert truth["value"] <= 1e-6 and eq.residual_failures(truth) == []
@@ -116,7 +116,7 @@ def test_a_missing_or_inconsistent_recipe_is_refused_naming_the_setting(change, 
     recipe = {k: v for k, v in {**GOOD, **change}.items() if v is not None}
     bad = dataclasses.replace(view, training=TrainingSettings(**recipe))
     with pytest.raises(ConfigError, match=message) as e:
-        get_attack("simulate", run="exact").check(bad)
+        get_attack("simulate").check(bad)
     assert "\n" not in str(e.value)
 
 
@@ -124,17 +124,15 @@ def test_settings_the_replay_cannot_honour_are_refused():
     view, _, _ = _victim()
     with pytest.raises(ConfigError, match="training setting sampler must be one of random, sequential"):
         TrainingSettings(sampler="weighted")
-    with pytest.raises(ConfigError, match="m must be 8"):
-        get_attack("simulate", run="exact", m=16).check(view)
     normed = nn.Sequential(nn.Flatten(), nn.Linear(16, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 1), nn.Flatten(0)).double()
     start = {k: v.detach() + 0.01 for k, v in normed.named_parameters()}
     with pytest.raises(ConfigError, match="BatchNorm1d layers, which train on batch statistics"):
-        get_attack("simulate", run="exact").check(dataclasses.replace(view, model=normed, start=start))
+        get_attack("simulate").check(dataclasses.replace(view, model=normed, start=start))
 
 
 def test_the_attack_replays_the_recipe_and_descends_on_its_gap():
     view, _, _ = _victim()
-    attack = get_attack("simulate", run="exact", iterations=8, log_every=1, dtype="float64", init_scale=0.1, prior_weight=0.0)
+    attack = get_attack("simulate", iterations=8, log_every=1, dtype="float64", init_scale=0.1, prior_weight=0.0)
     recon = attack.run(view, progress=False)
     gaps = [h["unexplained"] for h in recon.loss_history]
     assert gaps[-1] < 0.7 * gaps[0]  # measured: 1.14 -> 0.58 in 8 steps (seeded)
@@ -147,7 +145,7 @@ def test_the_exact_run_identifies_the_training_images_where_the_attack_does_not_
     from exhume.evaluation.identifiability import identifiability
 
     view, x, y = _victim()
-    attack = get_attack("simulate", run="exact", iterations=3, dtype="float64", init_scale=0.1)
+    attack = get_attack("simulate", iterations=3, dtype="float64", init_scale=0.1)
     recon = attack.run(view, progress=False)
     eq = attack.equation_on(view)
     record = identifiability(eq, view.model, x, y, "logistic", eq.residual(view.model, x, y, "logistic", 0.0), recon)
@@ -210,7 +208,7 @@ def test_levenberg_marquardt_recovers_every_training_image_of_a_tiny_relu_victim
 
     view, x, y = _tiny()
     labels = ",".join(str(int(v)) for v in y)  # given, in the training set's order: an assumption of this threat model
-    attack = get_attack("simulate", run="exact", solver="lm", labels=labels, iterations=80, dtype="float64", init_scale=0.1,
+    attack = get_attack("simulate", solver="lm", labels=labels, iterations=80, dtype="float64", init_scale=0.1,
                         log_every=1)
     recon = attack.run(view, progress=False)
     got = recon.candidates.double().flatten(1) - 0.5
@@ -227,12 +225,10 @@ def test_levenberg_marquardt_recovers_every_training_image_of_a_tiny_relu_victim
 def test_the_lm_solver_s_settings_are_refused_in_one_line():
     view, _, _ = _tiny()
     for kwargs, message in [({"labels": "1,0"}, "labels must list 4 class ids"),
-                            ({"labels": "a,b"}, "labels must be 'fixed', 'enumerate' or 4"),
-                            ({"labels": "enumerate"}, "needs solver='lm'"),
-                            ({"solver": "lm", "schedule": "3,-1"}, "schedule must be positive"),
-                            ({"solver": "lm", "run": "coarse"}, "it needs run='exact'")]:
+                            ({"labels": "a,b"}, "labels must be 'fixed' or 4"),
+                            ({"solver": "lm", "schedule": "3,-1"}, "schedule must be positive")]:
         with pytest.raises(ConfigError, match=message) as e:
-            get_attack("simulate", **{"run": "exact", **kwargs}).check(view)
+            get_attack("simulate", **kwargs).check(view)
         assert "\n" not in str(e.value)
 
 
@@ -258,20 +254,72 @@ def test_an_adam_run_overflows_float32_from_candidates_at_the_mean_and_not_from_
 
     view = _adam_victim()
     with pytest.raises(DivergenceError, match="raise init_scale to 0.1 or more, or dtype='float64'"):
-        get_attack("simulate", run="exact", iterations=2).run(view, progress=False)  # init_scale 1.7e-3: gradient ~1e49
-    recon = get_attack("simulate", run="exact", iterations=3, init_scale=0.1, log_every=1).run(view, progress=False)
+        get_attack("simulate", iterations=2).run(view, progress=False)  # init_scale 1.7e-3: gradient ~1e49
+    recon = get_attack("simulate", iterations=3, init_scale=0.1, log_every=1).run(view, progress=False)
     gaps = [h["unexplained"] for h in recon.loss_history]
     assert all(map(math.isfinite, gaps)) and gaps[-1] < gaps[0] and bool(torch.isfinite(recon.candidates).all())
 
 
-def test_enumerated_labels_take_one_assignment_per_restart_and_keep_the_best():
-    view, _, _ = _tiny()
-    attack = get_attack("simulate", run="exact", solver="lm", labels="enumerate", schedule="3", stage_iterations=1,
-                        iterations=6, dtype="float64", init_scale=0.1, log_every=1)
-    recon = attack.run(view, progress=False)
-    restarts = [h["restart"] for h in recon.loss_history]
-    assert restarts == [0, 0, 1, 1, 2, 2]  # one stage (α = 3) and the exact polish per assignment
-    best = min(recon.loss_history[1::2], key=lambda h: h["unexplained"])
-    assert recon.summary["final_relative_stationarity"] <= best["unexplained"]
-    assignments = [[1.0 if (i >> j) & 1 else -1.0 for j in range(4)] for i in range(3)]
-    assert recon.labels.tolist() in assignments
+def test_the_coarse_simulation_s_settings_are_retired_and_an_old_exact_checkpoint_resumes(tmp_path):
+    """The coarse simulation's settings are refused by name (removed), at any value; a checkpoint written with them at
+    what an exact run recorded, and with the step sizes ρ, resumes; one of the coarse run is refused, naming it."""
+    from exhume.files.torchfile import load_torch, save_torch
+
+    view, _, _ = _victim()
+    for kwargs in ({"run": "coarse"}, {"run": "exact"}, {"m": 16}, {"tv_weight": 1e-4}):
+        with pytest.raises(ConfigError, match=f"has no parameter\\(s\\) {next(iter(kwargs))};.*removed") as e:
+            get_attack("simulate", **kwargs)
+        assert "\n" not in str(e.value)
+    settings = {"iterations": 2, "checkpoint_every": 1, "log_every": 1, "dtype": "float64", "init_scale": 0.1}
+    get_attack("simulate", **settings).run(view, out=tmp_path, progress=False)
+    ckpt = tmp_path / "checkpoint.pt"
+    old = load_torch(ckpt, "test", "checkpoint")
+    old["state"]["config"].update(run="exact", steps=4, lr_rates=1e-2, step_scale=1.0, m=None, candidates_per_point=1.0,
+                                  start_decay="auto", preconditioner="auto", subspace="auto")
+    old["tensors"]["rho"] = torch.zeros(0, dtype=torch.float64)
+    old["state"]["history"][0]["loss"] = -1.0  # a mark: a resumed run carries the saved history on
+    save_torch(ckpt, old)
+    recon = get_attack("simulate", **{**settings, "iterations": 3}).run(view, out=tmp_path, resume=True, progress=False)
+    assert [h["iteration"] for h in recon.loss_history] == [1, 2, 3] and recon.loss_history[0]["loss"] == -1.0
+    old["state"]["config"]["run"] = "coarse"
+    save_torch(ckpt, old)
+    with pytest.raises(Exception, match="run='coarse' there"):
+        get_attack("simulate", **{**settings, "iterations": 4}).run(view, out=tmp_path, resume=True, progress=False)
+
+
+def test_the_attack_needs_a_start_and_checkpoints_its_digest(tmp_path):
+    from exhume.errors import ExhumeError
+
+    view, _, _ = _victim()
+    with pytest.raises(ConfigError, match="starting weights"):
+        get_attack("simulate", iterations=1).run(dataclasses.replace(view, start=None), progress=False)
+    recon = get_attack("simulate", iterations=2, checkpoint_every=1).run(view, out=tmp_path, progress=False)
+    assert recon.candidates.shape == (N, 1, 4, 4) and recon.config["threat_model"] == "the attacker knows the starting weights"
+    moved = dataclasses.replace(view, start={k: v + 0.01 for k, v in view.start.items()})
+    with pytest.raises(ExhumeError, match="start"):
+        get_attack("simulate", iterations=3).run(moved, out=tmp_path, resume=True, progress=False)
+
+
+@pytest.mark.parametrize("kwargs, message", [({"solver": "gauss"}, "solver"), ({"segment": 0}, "segment"),
+                                             ({"background": 0.9}, "background"), ({"alpha": -1.0}, "alpha")])
+def test_bad_simulate_arguments_are_refused_by_name(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        get_attack("simulate", **kwargs)
+
+
+def test_a_run_folder_of_the_removed_coarse_simulation_still_loads_and_evaluates(tmp_path):
+    import exhume
+    from exhume.attacks import Reconstruction, load_reconstruction
+    from exhume.attacks.equations import KnownStart
+    from exhume.evaluation.assumptions import equation_of
+
+    gen = torch.Generator().manual_seed(0)
+    train, unseen = torch.rand(4, 1, 4, 4, generator=gen), torch.rand(40, 1, 4, 4, generator=gen)
+    old = Reconstruction("simulate", train + 0.01, torch.ones(4), None,
+                         {"run": "coarse", "steps": 4, "step_scale": 1.0, "m": None, "equation_used": "simulated training",
+                          "threat_model": "the attacker knows the starting weights"}, 0,
+                         summary={"iterations": 10, "final_relative_stationarity": 0.2, "step_sizes": [0.1] * 4})
+    recon = load_reconstruction(old.save(tmp_path / "old"))
+    assert isinstance(equation_of(recon.method, recon=recon), KnownStart)  # judged by the endpoints equation, as it was
+    scores = exhume.evaluate(recon, train=(train, torch.ones(4)), unseen=unseen, figures=False)
+    assert scores.metrics["memorised"] == 4

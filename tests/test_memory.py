@@ -99,11 +99,14 @@ def test_every_registered_attack_gives_an_estimate_that_grows_with_its_candidate
     from exhume.attacks import ATTACKS
 
     views = {"binary": _view("mlp:32", (1, 12, 12)), "multiclass": _view("convnet:8,8;fc=16", (1, 12, 12), "multiclass")}
+    recipe = {"optimizer": "sgd", "lr": 0.1, "weight_decay": 0.0, "batch_size": 4, "epochs": 1, "sampler": "sequential"}
     for name, cls in ATTACKS.items():
         knob = next((k for k, kind in cls.memory_knobs.items() if kind == "count"), None)
-        assert knob is not None, f"{name} names no count setting for the advice of a refusal"
-        candidates = [replace(v, start={k: t + 0.01 for k, t in v.model.state_dict().items()}) if cls.uses_start else v
-                      for v in views.values()]  # an attack that trains from a start gets one
+        if knob is None:  # one candidate per training point (the exact run): no count to advise, the training set's size
+            assert [cls().candidate_count(n) for n in (8, 800)] == [8, 800], f"{name} names no count setting for a refusal's advice"
+            knob = "n_guess"
+        candidates = [replace(v, start={k: t + 0.01 for k, t in v.model.state_dict().items()}, training=recipe) if cls.uses_start
+                      else v for v in views.values()]  # an attack that trains from a start gets one, and the recipe
         view = next(v for v in candidates if _accepts(cls(), v))
         small, large = cls(**{knob: 8}).peak_memory_bytes(view), cls(**{knob: 800}).peak_memory_bytes(view)
         assert 0 < small < large, name

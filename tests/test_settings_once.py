@@ -82,7 +82,6 @@ def test_param_takes_auto_or_a_number_and_says_so():
     ("kkt", "lr_lambda", -1e-3, "'auto' or a number >= 0"),
     ("kkt", "background", 0.6, "'auto' or a number in [0, 0.5]"),
     ("kkt", "start_decay", "sometimes", "'auto', 'fit' or a number in (0, 2]"),
-    ("simulate", "start_decay", 0, "'auto', 'fit' or a number in (0, 2]"),
     ("simulate", "background", "dark", "'auto' or a number in [0, 0.5]"),
 ])
 def test_the_attacks_words_or_numbers_are_validated_by_param(method, name, bad, expected):

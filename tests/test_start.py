@@ -176,28 +176,6 @@ def test_known_start_settings_that_do_not_fit_the_view_are_refused(kwargs, messa
         get_attack("kkt", iterations=1, **kwargs).run(_view(model, start), progress=False)
 
 
-def test_the_simulate_attack_needs_a_start_and_checkpoints_its_digest(tmp_path):
-    from exhume.attacks import get_attack
-
-    model, start, _ = _fine_tuned()
-    with pytest.raises(ConfigError, match="starting weights"):
-        get_attack("simulate", iterations=1).run(_view(model), progress=False)
-    recon = get_attack("simulate", iterations=3, checkpoint_every=1).run(_view(model, start), out=tmp_path, progress=False)
-    assert recon.candidates.shape == (4, 1, 4, 4) and recon.config["threat_model"] == "the attacker knows the starting weights"
-    with pytest.raises(ExhumeError, match="start"):
-        get_attack("simulate", iterations=4).run(_view(model, {k: v + 0.01 for k, v in start.items()}), out=tmp_path,
-                                                 resume=True, progress=False)
-
-
-@pytest.mark.parametrize("kwargs, message", [({"steps": 0}, "steps"), ({"start_decay": 3.0}, "start_decay"),
-                                             ({"background": 0.9}, "background"), ({"step_scale": 0.0}, "step_scale")])
-def test_bad_simulate_arguments_are_refused_by_name(kwargs, message):
-    from exhume.attacks import get_attack
-
-    with pytest.raises(ConfigError, match=message):
-        get_attack("simulate", **kwargs)
-
-
 def test_the_cli_reads_the_start_file_and_refuses_a_bad_one_in_one_line(tmp_path, capsys):
     from exhume.cli import main
     from exhume.victim import TrainConfig, make_victim

@@ -176,8 +176,10 @@ class Attack:
         kwargs = self.with_preset(preset, kwargs)
         unknown = sorted(set(kwargs) - set(self.params))
         if unknown:
+            gone = [k for k in unknown if k in self.retired]
+            hint = f" ({', '.join(gone)}: removed, every run now does what the old default did; leave it out)" if gone else ""
             raise ConfigError(
-                f"attack {self.name!r} has no parameter(s) {', '.join(unknown)}; known: {', '.join(sorted(self.params))}"
+                f"attack {self.name!r} has no parameter(s) {', '.join(unknown)}; known: {', '.join(sorted(self.params))}{hint}"
             )
         self.config = {k: p.validate(k, kwargs.get(k, p.default)) for k, p in self.params.items()}
         if preset is not None:

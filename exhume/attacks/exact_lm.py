@@ -1,4 +1,4 @@
-"""Levenberg–Marquardt on the exact training run, for small problems (``solver="lm"`` of ``simulate`` with ``run="exact"``).
+"""Levenberg–Marquardt on the exact training run, for small problems (``solver="lm"`` of the ``simulate`` attack).
 
 The residual is the run's miss, ``r(x̂) = (Run(θ_0; x̂, q) − θ_T) / ‖θ_T − θ_0‖`` (its square norm is the relative
 gap of :func:`exhume.attacks.exact.relative_gap`), and its Jacobian in the candidates is formed whole by forward mode
@@ -11,8 +11,8 @@ activation patterns move. The solver therefore goes through ``schedule``: stages
 to ``α·σ'(α·z)`` (:class:`exhume.attacks.exact.smoothed_step`), small ``α`` first (a smooth, global picture), then
 sharper, then a polish with the exact derivative, ``stage_iterations`` each (fewer when a stage stalls). A finished
 schedule that leaves the gap above ``tol`` restarts from new noise; the candidates with the smallest gap are kept
-(attacker-side: the gap needs no training data). The labels are fixed one-hot (``labels="given"``: the user's, in the
-training set's order; ``"enumerate"``: binary, every assignment in turn, one schedule each). A resumed run starts
+(attacker-side: the gap needs no training data). The labels are fixed one-hot (the candidates' classes, or the user's
+in the training set's order). A resumed run starts
 the schedule again from the saved candidates (the solver's λ, stage and best are not checkpointed).
 """
 
@@ -60,7 +60,6 @@ class ExactLM:
     stage_iterations: int
     init_scale: float
     gen: torch.Generator
-    labelings: list[torch.Tensor] | None = None  # labels="enumerate": one per restart, in turn
     stage: int = 0
     done_in_stage: int = 0
     lam: float = 1e-2
@@ -73,8 +72,6 @@ class ExactLM:
     def __post_init__(self) -> None:
         start = torch.cat([self.replay.start[k].reshape(-1) for k in self.replay.names])
         self.den = max(float((self.final - start).norm()), 1e-300)
-        if self.labelings:
-            self.q = self.labelings[0]
 
     def residual(self, x: torch.Tensor, alpha: float | None) -> torch.Tensor:
         r = dataclasses.replace(self.replay, alpha=alpha)
@@ -123,13 +120,10 @@ class ExactLM:
             return
         if self.best is None or self.gap < self.best[2]:
             self.best = (x.detach().clone(), self.q.clone(), self.gap)
-        out_of_labelings = self.labelings is not None and self.restart + 1 >= len(self.labelings)
-        if self.best[2] < TOL or out_of_labelings:
+        if self.best[2] < TOL:
             self.finished = True
             return
         self.restart += 1
-        if self.labelings:
-            self.q = self.labelings[self.restart]
         with torch.no_grad():
             x.copy_(torch.randn(x.shape, generator=self.gen, dtype=x.dtype).to(x.device) * self.init_scale)
         self.stage, self.gap = 0, math.inf
@@ -158,31 +152,18 @@ def one_hot(task: str, classes: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def parse_labels(spec: str, task: str, n: int, k: int) -> torch.Tensor | None:
-    """``labels``: ``"fixed"`` → None (the candidates' own classes), ``"enumerate"`` → None (see :func:`labelings`), else
+    """``labels``: ``"fixed"`` → None (the candidates' own classes), else
     ``n`` comma-separated class ids in the training set's order, checked (one :class:`ConfigError` line)."""
-    if spec in ("fixed", "enumerate"):
+    if spec == "fixed":
         return None
     try:
         ids = [int(v) for v in spec.split(",")]
     except ValueError:
-        raise ConfigError(f"labels must be 'fixed', 'enumerate' or {n} comma-separated class ids, got {spec!r}") from None
+        raise ConfigError(f"labels must be 'fixed' or {n} comma-separated class ids, got {spec!r}") from None
     valid = (0, 1, -1) if task == "binary" else tuple(range(k))
     if len(ids) != n or any(v not in valid for v in ids):
         raise ConfigError(f"labels must list {n} class ids in {valid[0]}…{valid[-1]} (the training set's order), got {spec!r}")
     return torch.tensor(ids)
-
-
-def labelings(task: str, n: int, limit: int = 4096) -> list[torch.Tensor]:
-    """Every binary label assignment of ``n`` points as replay labels (``labels="enumerate"``; at most ``limit``)."""
-    if task != "binary" or 2 ** n > limit:
-        raise ConfigError(f"labels='enumerate' takes a binary task with 2^n ≤ {limit} assignments (n ≤ {int(math.log2(limit))}); "
-                          f"this one is {task} with n = {n}")
-    return [torch.tensor([(i >> j) & 1 for j in range(n)], dtype=torch.float64) for i in range(2 ** n)]
-
-
-def jacobian_bytes(replay: Replay, unknowns: int, dtype_bytes: int) -> int:
-    """The Jacobian's size: trained parameters × unknowns."""
-    return sum(replay.start[k].numel() for k in replay.names) * unknowns * dtype_bytes
 
 
 def parse_schedule(spec: str) -> tuple[float | None, ...]:
@@ -205,12 +186,7 @@ def check_lm(cfg: dict[str, Any], view, n: int) -> None:
     """Refuse, in one line, the exact run's settings it cannot honour: bad labels or schedule; for ``solver="lm"`` a
     Jacobian too large."""
     parse_schedule(cfg["schedule"])
-    k = int(view.num_classes or 2)
-    parse_labels(cfg["labels"], view.task, n, k)
-    if cfg["labels"] == "enumerate":
-        if cfg["solver"] != "lm":
-            raise ConfigError("labels='enumerate' goes through the assignments one schedule each: it needs solver='lm'")
-        labelings(view.task, n)
+    parse_labels(cfg["labels"], view.task, n, int(view.num_classes or 2))
     if cfg["solver"] != "lm":
         return
     p = sum(v.numel() for v in view.model.parameters())

@@ -25,9 +25,8 @@ the weights that the candidates and their multipliers explain as a KKT point.
   implies no finite margin (``λ_j·n·w ≥ 1``) gets 0; an inactive multiplier (below 1e-3 of the
   median) gets 0.
 
-The components are returned too, so that ``exhume experiment selection`` can measure how each one
-correlates with the oracle counts. Nothing here reads a training image: the inputs are an
-:class:`~exhume.victim.AttackerView`, the candidates (display space), their labels and multipliers.
+The components are returned too (tune records them on each trial). Nothing here reads a training image:
+the inputs are an :class:`~exhume.victim.AttackerView`, the candidates, their labels and multipliers.
 """
 
 from __future__ import annotations

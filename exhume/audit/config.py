@@ -80,7 +80,7 @@ class AuditConfig:
                                   action="store_true")
     training: dict[str, Any] = setting({}, "how training ran from the start, as far as it is known (optional): a JSON object / "
                                        "TOML table with optimizer (sgd, adam, adamw), lr, momentum, betas, weight_decay, steps "
-                                       "or epochs and batch_size; the exact run (-p run=exact) also needs sampler (random, "
+                                       "or epochs and batch_size; the exact run (--method simulate) also needs sampler (random, "
                                        "sequential) and seed, and takes nesterov, eps, drop_last", metavar="JSON")
     optimizer_state: str | None = setting(None, "Adam's final state: tensors exp_avg_sq.<parameter> (+ step), or "
                                           "torch.save(optimizer.state_dict()); with --start-weights", path=True, metavar="FILE")

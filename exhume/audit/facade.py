@@ -29,8 +29,6 @@ from exhume.audit.config import LOSS_NAMES, AuditConfig, from_options  # noqa: F
 from exhume.errors import ConfigError, DataError
 from exhume.files.runfolder import own_output
 
-DEFAULT_SECONDS = 300.0
-
 
 @dataclass
 class AuditResult:

@@ -4,7 +4,7 @@ Three families, named as :func:`family_of` names them (the law's experiment labe
 and the audit reads an audited model's family with it, so the two always agree):
 
 - ``random-features``: a bias-free ``d → width`` ReLU layer frozen at its initialisation and a
-  bias-free readout, the only trained parameters (:mod:`exhume.victim.random_features`);
+  bias-free readout, the only trained parameters;
 - ``two-layer-mlp``: ``d → width → 1`` with ReLU and PyTorch's default biases, every parameter trained;
 - ``cnn``: convolutions with ReLU and a linear readout, every parameter trained (:func:`small_cnn`).
 
