@@ -8,23 +8,26 @@ from typing import Any
 from exhume.attacks import Reconstruction, get_attack
 from exhume.attacks.base import DEFAULT_METHOD, check_uses_start
 from exhume.attacks.memory import check_memory
+from exhume.deadline import Deadline
 from exhume.errors import ConfigError
-from exhume.request import Output, Request, view_of
+from exhume.request import Output, Request, deadline_of, view_of
 from exhume.victim import AttackerView, Victim
 
 
 def attack(victim: Victim | AttackerView, method: str = DEFAULT_METHOD, seed: int = 0, *, request: Request | None = None,
            progress: bool = True, init: Any = None, init_name: str | None = None, mix: tuple[float, float] | None = None,
            init_seed: int = 0, storage: str | None = None, study_name: str | None = None,
-           variants: list[dict[str, Any]] | None = None, **settings: Any) -> Reconstruction:
+           variants: list[dict[str, Any]] | None = None, deadline: Deadline | None = None, **settings: Any) -> Reconstruction:
     """Run the attack ``method`` (a registry name) on ``victim`` from ``seed``, as ``request`` asks.
 
-    ``request`` (:class:`exhume.request.Request`): the threat model (weights only, or a known start
-    with its training settings), the budget (``max_seconds``, ``iterations``, ``restarts``,
-    ``workers``, ``device``, ``dtype``, ``batch_restarts``) and the output (``out``, ``force``,
-    ``resume``). The same settings may be given as flat keywords instead (the short form,
-    ``attack(victim, method="kkt", max_seconds=60)``); the other keywords are the attack's own
-    parameters (``exhume attack --list-params``).
+    ``request`` (:class:`exhume.request.Request`): the threat model (weights only, the victim's loss and weight decay
+    where its metadata lacks them, or a known start with its training settings), the budget (``max_seconds``,
+    ``iterations``, ``restarts``, ``workers``, ``device``, ``dtype``, ``batch_restarts``) and the output (``out``,
+    ``force``, ``resume``, ``checkpoint_every``, ``log_every``). The same settings may be given as flat keywords instead
+    (the short form, ``attack(victim, method="kkt", max_seconds=60)``); the other keywords are the attack's own
+    parameters (``exhume attack --list-params``). ``max_seconds`` counts from this call; a caller that made its own
+    :class:`~exhume.deadline.Deadline` (the command line, from the process's start; the audit, its attack's share)
+    gives ``deadline`` instead.
 
     For methods with a restart plan (``kkt``) the budget goes to a **portfolio** of restarts run
     in parallel and pooled (:func:`exhume.portfolio.run_portfolio`; ``max_seconds`` is then the
@@ -46,6 +49,7 @@ def attack(victim: Victim | AttackerView, method: str = DEFAULT_METHOD, seed: in
     from exhume.portfolio import has_plan
 
     request, params = Request.of(request, settings)
+    deadline = deadline_of(request, deadline)
     view = view_of(victim, request.threat)  # the attacker's view, with the start attached: once per run
     if view.start is not None:
         check_uses_start(method)  # given here, or carried by the view
@@ -55,42 +59,48 @@ def attack(victim: Victim | AttackerView, method: str = DEFAULT_METHOD, seed: in
         if init is not None or mix is not None:
             raise ConfigError("init= and mix= set the start of one run: pass restarts=1 (--restarts 1)")
         return _portfolio(victim, view, method, params, request.on_view(), seed=seed, progress=progress, storage=storage,
-                          study_name=study_name, variants=variants)
+                          study_name=study_name, variants=variants, deadline=deadline)
     atk = get_attack(method, **request.budget.attack_settings(method, params))
     atk.check(view)  # an unsupported victim fails here, before any initialisation is built
     device = request.budget.device
     check_memory(atk, view, device)  # so does a run the memory available cannot hold (one line, with settings that fit)
     init_kw = _init_kwargs(victim, atk, method, init, init_name, mix, init_seed)
-    return _run_once(atk, view, victim, init_kw, seed=seed, output=request.output, device=device, progress=progress)
+    run = {"seed": seed, "device": device, "progress": progress, "deadline": deadline, **init_kw}
+    return _run_once(atk, view, victim, run, request.output)
 
 
-def _run_once(atk, view, victim, init_kw: dict[str, Any], *, seed: int, output: Output, device: str,
-              progress: bool) -> Reconstruction:
-    """One run of ``atk`` on ``view``: in ``output.folder`` (locked, owned by the victim's fingerprint, saved there) when given."""
+def _run_once(atk, view, victim, run: dict[str, Any], output: Output) -> Reconstruction:
+    """One run of ``atk`` on ``view`` with the keywords ``run``: in ``output.folder`` (locked, owned by the victim's
+    fingerprint, saved there) when given."""
     from exhume.attacks.checkpoint import run_owner
     from exhume.files.runfolder import fingerprint, own_run_folder
 
     fp = fingerprint(view.model)
     out, resume = output.folder, output.resume
+    run = {**run, "resume": resume, "checkpoint_every": output.checkpoint_every, "log_every": output.log_every}
     if out is None:
-        return _finish(atk.run(view, out=None, seed=seed, device=device, resume=resume, progress=progress, **init_kw), victim, fp)
+        return _finish(atk.run(view, out=None, **run), victim, fp)
     budget = atk.config.get("iterations", atk.config.get("steps"))
     with own_run_folder(out, resume=resume, force=output.force), run_owner(fp, budget):
-        result = _finish(atk.run(view, out=out, seed=seed, device=device, resume=resume, progress=progress, **init_kw), victim, fp)
+        result = _finish(atk.run(view, out=out, **run), victim, fp)
         result.save(out)
     return result
 
 
 def _portfolio(source, view, method: str, params: dict[str, Any], request: Request, *, seed: int, progress: bool,
-               storage, study_name, variants) -> Reconstruction:
-    """:func:`attack`'s portfolio branch: the restarts run and pooled, in the output folder (locked) when given."""
+               storage, study_name, variants, deadline: Deadline) -> Reconstruction:
+    """:func:`attack`'s portfolio branch: the restarts run and pooled by ``deadline``, in the output folder (locked) when
+    given."""
+    from dataclasses import replace
+
     from exhume.portfolio import run_portfolio
 
     out, resume = request.output.folder, request.output.resume
+    request = replace(request, budget=replace(request.budget, max_seconds=None))  # it travels as the deadline
 
     def portfolio() -> Reconstruction:
         return run_portfolio(view, method, request=request, seed=seed, storage=storage, study_name=study_name,
-                             variants=variants, progress=progress, **params)
+                             variants=variants, progress=progress, deadline=deadline, **params)
 
     if out is None or storage is not None:  # a shared study keeps its restarts in the database
         return _finish(portfolio(), source, None)

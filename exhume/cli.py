@@ -36,17 +36,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_demo(sub) -> None:
     """``exhume demo``."""
-    from exhume.demo import DEMO_ATTACK, DEMO_TRAIN
+    from exhume.demo import DEMO_ATTACK_SECONDS, DEMO_TRAIN, demo_seconds
 
     p = sub.add_parser("demo", help=f"train a small victim on bundled MNIST ({DEMO_TRAIN['max_epochs']} epochs), attack it with kkt "
-                       f"({DEMO_ATTACK['max_seconds']:g} s of wall time), evaluate and report, all within the two budgets' sum "
-                       f"({DEMO_TRAIN['max_seconds'] + DEMO_ATTACK['max_seconds']:g} s from the start)")
+                       f"({DEMO_ATTACK_SECONDS:g} s of wall time), evaluate and report, all within the two budgets' sum "
+                       f"({demo_seconds():g} s from the start)")
     _common(p, "runs/demo")
     p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32", help="precision of training and attack (default float32)")
     p.add_argument("--train-seconds", type=float, default=None,
                    help=f"cap on the victim's training time (default {DEMO_TRAIN['max_seconds']:g} s)")
     p.add_argument("--attack-seconds", type=float, default=None,
-                   help=f"attack budget (default {DEMO_ATTACK['max_seconds']:g} s); the whole demo keeps --train-seconds + "
+                   help=f"attack budget (default {DEMO_ATTACK_SECONDS:g} s); the whole demo keeps --train-seconds + "
                         "--attack-seconds from its start: the attack gets less (at least half) if training, set-up and "
                         "the evaluation's estimate need it")
     p.add_argument("--resume", action="store_true", help="reuse the victim and continue the attack from its checkpoint")
@@ -89,7 +89,10 @@ def _add_attack(sub) -> None:
     p.add_argument("--list-params", action="store_true", help="print the attack's parameters (name, default, range, meaning) and exit")
     p.add_argument("--dtype", choices=DTYPE_NAMES, default=None, help="computation precision (default: the attack's, float32)")
     p.add_argument("--iterations", type=int, default=None, help="maximum optimisation steps (default: the attack's)")
-    p.add_argument("--max-seconds", type=float, default=None, help="wall-clock budget in seconds; resumable with --resume (default: none)")
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="wall-clock budget of this command in seconds, from its start; --resume continues with a new one (default: none)")
+    p.add_argument("--checkpoint-every", type=int, default=None, help="steps between checkpoints (default: the attack's)")
+    p.add_argument("--log-every", type=int, default=None, help="steps between loss-history entries (default: the attack's)")
     p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE", help="any attack parameter, e.g. -p lr=0.5 -p alpha=19")
     p.add_argument("--preset", default=None, metavar="NAME", help="the attack's named settings (--list-params lists them); -p wins")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out (written for this victim)")
@@ -185,14 +188,11 @@ def _add_experiment(sub) -> None:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    import time
-
-    from exhume.demo import run_demo
-    from exhume.evaluation.cost import since_process_start
+    from exhume.demo import demo_seconds, run_demo
 
     run_demo(out=args.out, seed=args.seed, device=args.device, dtype=args.dtype, train_seconds=args.train_seconds,
              attack_seconds=args.attack_seconds, resume=args.resume, progress=not args.no_progress, force=args.force,
-             started=time.perf_counter() - since_process_start())
+             deadline=command_deadline(demo_seconds(args.train_seconds, args.attack_seconds)))
     return 0
 
 
@@ -223,7 +223,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def add_start_arguments(p: argparse.ArgumentParser) -> None:
-    """The known-start flags: the weights training started from and the training settings the owner knows."""
+    """The threat model's flags: the victim's loss and weight decay where its metadata lacks them, the weights training
+    started from and the training settings the owner knows."""
+    f = p.add_argument_group("the victim's training", "facts the attacker knows that the victim's metadata lacks "
+                             "(a statement that contradicts the metadata is refused)")
+    f.add_argument("--loss", default=None, help="its training loss: logistic, cross-entropy, squared, ...")
+    f.add_argument("--weight-decay", type=float, default=None, help="its weight decay w in mean loss + w/2 |theta|^2")
     g = p.add_argument_group("known start", "the weights training started from (a public checkpoint a model was fine-tuned "
                              "from, or the owner's initial weights) and, optionally, how training ran from there")
     g.add_argument("--start-weights", default=None, metavar="FILE",
@@ -243,7 +248,13 @@ def add_start_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def start_arguments(args: argparse.Namespace) -> dict[str, Any]:
-    """The threat model's fields (:class:`exhume.request.ThreatModel`) from the known-start flags (empty without them)."""
+    """The threat model's fields (:class:`exhume.request.ThreatModel`) from its flags (empty without them)."""
+    facts = {k: getattr(args, k) for k in ("loss", "weight_decay") if getattr(args, k) is not None}
+    return {**facts, **_start_fields(args)}
+
+
+def _start_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The known start's fields of the threat model (empty without --start-weights)."""
     training: dict[str, Any] = {}
     for key in ("optimizer", "lr", "momentum", "weight_decay", "steps", "epochs", "batch_size"):
         value = getattr(args, f"train_{key}")
@@ -263,13 +274,27 @@ def start_arguments(args: argparse.Namespace) -> dict[str, Any]:
             "optimizer_state": args.optimizer_state}
 
 
+def command_deadline(seconds: float | None):
+    """A command's :class:`~exhume.deadline.Deadline`: ``seconds`` (checked as a budget's) from the process's start, so
+    that the interpreter's start-up and the loading count too."""
+    import time
+
+    from exhume.deadline import Deadline
+    from exhume.evaluation.cost import since_process_start
+    from exhume.request import Budget
+
+    Budget(max_seconds=seconds)
+    return Deadline.after(seconds, since=time.time() - since_process_start())
+
+
 def _cmd_attack(args: argparse.Namespace) -> int:
     import exhume
 
     kwargs = parse_params(args.param)
-    for key in ("dtype", "iterations", "max_seconds", "preset"):
+    for key in ("dtype", "iterations", "preset", "checkpoint_every", "log_every"):
         if getattr(args, key) is not None:
             kwargs[key] = getattr(args, key)
+    deadline = None if args.max_seconds is None else command_deadline(args.max_seconds)  # else -p max_seconds=, if given
     if args.workers is not None and args.workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {args.workers}")
     restarts = parse_restarts(args.restarts, "--restarts")
@@ -294,7 +319,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
                            device=args.device, progress=not args.no_progress, init=init, mix=mix,
                            init_seed=args.init_seed, force=args.force, restarts=restarts, workers=args.workers,
                            storage=args.storage, study_name=args.study_name, batch_restarts=args.batch_restarts,
-                           **start_arguments(args), **kwargs)
+                           deadline=deadline, **start_arguments(args), **kwargs)
     record = result.record
     oracle = " (ORACLE initialisation: built from the victim's data)" if record.oracle_init else ""
     if record.portfolio is None:

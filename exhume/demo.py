@@ -9,12 +9,12 @@ results measured: ``docs/defaults.md#demo-budgets``.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from exhume.deadline import Deadline
 from exhume.portfolio.report import sizing_line
 from exhume.victim.recipe import PAPER_ARCH, PAPER_TRAIN
 
@@ -25,35 +25,41 @@ DEMO_TRAIN = {"loss": "logistic", **PAPER_TRAIN, "max_epochs": 6000, "max_second
 # cores, sized from the attack's measured iteration rate (exhume/portfolio/sizing.py), candidates
 # pooled, because restarts with other seeds find other digits; 360 s of attack (what the whole demo then
 # takes: the module docstring).
-DEMO_ATTACK: dict[str, Any] = {"iterations": 1_000_000, "max_seconds": 360.0}
+DEMO_ATTACK: dict[str, Any] = {"iterations": 1_000_000}
+DEMO_ATTACK_SECONDS = 360.0
 #: what a demo writes into its folder: its victim and its attack run (evaluation and report inside)
 DEMO_FILES = ("victim", "attack")
 
 
+def demo_seconds(train_seconds: float | None = None, attack_seconds: float | None = None) -> float:
+    """The whole demo's budget: its training's and its attack's together (420 s by default)."""
+    return (train_seconds or DEMO_TRAIN["max_seconds"]) + (attack_seconds or DEMO_ATTACK_SECONDS)
+
+
 def run_demo(out: str | Path = "runs/demo", seed: int = 0, device: str = "cpu", dtype: str = "float32",
              train_seconds: float | None = None, attack_seconds: float | None = None, resume: bool = False,
-             progress: bool = True, force: bool = False, started: float | None = None) -> dict[str, Any]:
+             progress: bool = True, force: bool = False, deadline: Deadline | None = None) -> dict[str, Any]:
     """Train, attack, evaluate and report into ``out``; an earlier demo there is continued only with
     ``resume=True`` (its victim reused, its attack continued) and replaced only with ``force=True``.
 
-    The whole demo keeps the sum of its two budgets, training's and the attack's (420 s by default), counted
-    from ``started`` (a ``time.perf_counter()`` value; ``exhume demo``: its process's start) or this call: the
+    The whole demo keeps the sum of its two budgets, training's and the attack's (:func:`demo_seconds`), its
+    ``deadline`` (``exhume demo``: counted from its process's start; None: from this call): the
     attack gets its own budget unless what came before it and the evaluation's estimate
     (:func:`exhume.evaluation.cost.evaluation_estimate`) leave less, and then what they leave (at least half of it)."""
     from exhume.device import check_device
     from exhume.files.runfolder import own_run_folder
 
-    t0 = time.perf_counter() if started is None else started
+    deadline = Deadline.after(demo_seconds(train_seconds, attack_seconds)) if deadline is None else deadline
     check_device(device)
     out = Path(out)
     # the whole demo folder is locked: a second demo on it (which would retrain OUT/victim under a running
     # attack and replace OUT/attack) is refused while this one runs, --resume or not
     with own_run_folder(out, resume=resume, force=force, run_files=DEMO_FILES, resume_from=None, holds="a demo"):
-        return _demo(out, seed, device, dtype, train_seconds, attack_seconds, resume, progress, t0)
+        return _demo(out, seed, device, dtype, train_seconds, attack_seconds, resume, progress, deadline)
 
 
 def _demo(out: Path, seed: int, device: str, dtype: str, train_seconds: float | None, attack_seconds: float | None,
-          resume: bool, progress: bool, t0: float) -> dict[str, Any]:
+          resume: bool, progress: bool, deadline: Deadline) -> dict[str, Any]:
     import exhume
     from exhume.evaluation.run import format_table, summary_rows
     from exhume.victim import TrainConfig, load_victim, make_victim
@@ -74,20 +80,15 @@ def _demo(out: Path, seed: int, device: str, dtype: str, train_seconds: float | 
     m = victim.metrics
     print(f"      train accuracy {m['train_accuracy']:.3f}, test accuracy {_number(m.get('test_accuracy')):.3f}, "
           f"relative stationarity residual {m.get('stationarity_residual')}")
-    attack_kwargs = {**DEMO_ATTACK, "dtype": dtype}
-    if attack_seconds:
-        attack_kwargs["max_seconds"] = attack_seconds
-    total = (train_seconds or DEMO_TRAIN["max_seconds"]) + attack_kwargs["max_seconds"]
-    budget = _attack_budget(victim, attack_kwargs["max_seconds"], total, t0)
-    attack_kwargs["max_seconds"] = budget["attack_budget_seconds"]
-    print(f"[2/3] kkt attack from the weights alone, {attack_kwargs['max_seconds']:.0f} s budget"
-          + ("" if budget["attack_budget_seconds"] >= budget["asked"] else f" (the demo's {total:g} s less "
+    budget = _attack_budget(victim, attack_seconds or DEMO_ATTACK_SECONDS, deadline)
+    print(f"[2/3] kkt attack from the weights alone, {budget['attack_budget_seconds']:.0f} s budget"
+          + ("" if budget["attack_budget_seconds"] >= budget["asked"] else f" (the demo's {deadline.seconds:g} s less "
              f"{budget['before_attack_seconds']:.0f} s of set-up and training and "
              f"{budget['evaluation_estimate_seconds']['total']:.0f} s kept for the evaluation)"))
     # the demo replaces its own earlier run unless resumed (a portfolio keeps its restarts in restarts/)
     resume_attack = resume and ((attack_dir / "checkpoint.pt").is_file() or (attack_dir / "restarts").is_dir())
     recon = exhume.attack(victim, method="kkt", seed=seed, out=attack_dir, resume=resume_attack, force=not resume_attack, device=device,
-                          progress=progress, **attack_kwargs)
+                          progress=progress, deadline=Deadline.after(budget["attack_budget_seconds"]), dtype=dtype, **DEMO_ATTACK)
     record = recon.record
     per = record.iterations_per_restart
     print(f"      {record.iterations} iterations in {record.seconds:.0f} s"
@@ -97,7 +98,7 @@ def _demo(out: Path, seed: int, device: str, dtype: str, train_seconds: float | 
         print(f"      {sized}")
     print("[3/3] evaluating against the 100 training digits and 1000 unseen digits")
     result = exhume.evaluate(recon, victim, pool_size=1000, out=eval_dir)
-    wall = time.perf_counter() - t0
+    wall = deadline.spent()
     result.metrics["demo_wall_seconds"] = round(wall, 1)
     result.metrics["demo_budget"] = {**budget, "attack_seconds": round(record.seconds, 1), "wall_seconds": round(wall, 1)}
     result.save(eval_dir)
@@ -113,9 +114,9 @@ def _demo(out: Path, seed: int, device: str, dtype: str, train_seconds: float | 
     return result.metrics
 
 
-def _attack_budget(victim, asked: float, total: float, t0: float) -> dict[str, Any]:
-    """The attack's seconds: ``asked``, or less where the time since ``t0`` and the evaluation's estimate leave less of
-    ``total`` (at least half of ``asked``), with the numbers it was decided on."""
+def _attack_budget(victim, asked: float, deadline: Deadline) -> dict[str, Any]:
+    """The attack's seconds: ``asked``, or less where the time ``deadline`` has spent and the evaluation's estimate
+    leave less of its seconds (at least half of ``asked``), with the numbers it was decided on."""
     from exhume.evaluation.cost import evaluation_estimate
     from exhume.portfolio.plan import default_workers
     from exhume.portfolio.variants import MAX_AUTO_RESTARTS, SECONDS_PER_RESTART
@@ -123,7 +124,7 @@ def _attack_budget(victim, asked: float, total: float, t0: float) -> dict[str, A
     n = DEMO_DATA["n"]
     restarts = min(default_workers() * max(1, round(asked / SECONDS_PER_RESTART)), MAX_AUTO_RESTARTS)  # the most sizing gives
     estimate = evaluation_estimate(n, victim.load_train_set().x, 1000 + n, 2 * n * restarts)  # kkt: 2n candidates a restart
-    before = time.perf_counter() - t0
+    before, total = deadline.spent(), deadline.seconds
     attack = max(min(asked, total - before - estimate["total"]), asked / 2)
     return {"max_seconds": total, "asked": asked, "before_attack_seconds": round(before, 1),
             "evaluation_estimate_seconds": estimate, "attack_budget_seconds": round(attack, 1),

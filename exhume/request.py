@@ -6,13 +6,15 @@ audit take one :class:`Request`, or the same settings as flat keywords (``max_se
 parameters apart. Every field is checked when the request is made: a bad one is one line naming
 it and what was expected.
 
-- :class:`ThreatModel`: what the attacker holds besides the weights: nothing, or the weights
-  training started from with the training settings the owner knows (:mod:`exhume.victim.start`).
+- :class:`ThreatModel`: what the attacker holds besides the weights: the victim's training loss and
+  weight decay where its metadata lacks them, the weights training started from with the training
+  settings the owner knows (:mod:`exhume.victim.start`).
 - :class:`Budget`: seconds, iterations, restarts, workers, device, precision, batched restarts.
-- :class:`Output`: the run folder, and whether a run already there is replaced or resumed.
+- :class:`Output`: the run folder, whether a run already there is replaced or resumed, how often it records itself.
 
 :func:`view_of` is the one place a victim becomes the attacker's view and the one place a start
 is attached to it; a run calls it once, and hands the view on with nothing left to attach.
+:func:`deadline_of` makes the run's :class:`~exhume.deadline.Deadline` from the budget's seconds.
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ from os import PathLike
 from typing import Any
 
 from exhume.choices import BATCH_CHOICES, DTYPE_NAMES
+from exhume.deadline import Deadline
 from exhume.errors import ConfigError
+from exhume.files.fields import check_setting
+from exhume.losses import check_loss
 from exhume.params import parse_restarts
 
 
@@ -42,6 +47,8 @@ class ThreatModel:
     """What the attacker holds besides the weights; ``ThreatModel()``: nothing to add (weights only, or the
     start an :class:`~exhume.victim.AttackerView` was built with).
 
+    ``loss`` and ``weight_decay``: the victim's training loss and weight decay, facts the attacker knows, stated where
+    the victim's metadata lacks them (a statement that contradicts the metadata is refused by :func:`view_of`).
     ``start``: the weights training started from (a dict of tensors by parameter name, or a
     ``.safetensors`` / state-dict file, never unpickled); ``training``: the settings the owner knows
     (a dict of :class:`~exhume.victim.start.TrainingSettings` fields, or one); ``start_partial``: the
@@ -52,10 +59,15 @@ class ThreatModel:
     training: Any = None
     start_partial: bool = False
     optimizer_state: Any = None
+    loss: str | None = None
+    weight_decay: float | None = None
 
     def __post_init__(self) -> None:
         from exhume.victim.start import TrainingSettings, training_settings
 
+        if self.loss is not None:
+            check_loss(self.loss)
+        object.__setattr__(self, "weight_decay", check_setting("weight_decay", self.weight_decay, low=0.0, optional=True))
         if self.start is not None and not isinstance(self.start, (str, PathLike, dict)):
             raise ConfigError(f"start must be a weights file or a dict of parameter names to tensors, got {type(self.start).__name__}")
         _flag("start_partial", self.start_partial)
@@ -76,14 +88,20 @@ class ThreatModel:
     def known_start(self) -> bool:
         return self.start is not None
 
+    @property
+    def facts(self) -> dict[str, Any]:
+        """The victim's facts stated here (``loss``, ``weight_decay``), those given."""
+        return {k: v for k, v in (("loss", self.loss), ("weight_decay", self.weight_decay)) if v is not None}
+
 
 @dataclass(frozen=True)
 class Budget:
-    """How much a run may spend: ``max_seconds`` (the whole run's wall time: a portfolio's, all its restarts
-    together), ``iterations`` (each run's steps: the attack's budget parameter, ``iterations`` or ``steps``),
-    ``restarts`` (a number, ``"auto"`` or None: the method's default), ``workers`` (parallel restarts
-    here; None: the cores, at most 8), ``device``, ``dtype`` (None: the attack's) and ``batch_restarts``
-    (``"auto"``: one batched process on a CUDA device; ``"on"``; ``"off"``: worker processes)."""
+    """How much a run may spend: ``max_seconds`` (the wall seconds of the whole call or command from its start: a
+    portfolio's, all its restarts together; :func:`deadline_of` makes its deadline), ``iterations`` (each run's
+    steps: the attack's budget parameter, ``iterations`` or ``steps``), ``restarts`` (a number, ``"auto"`` or None:
+    the method's default), ``workers`` (parallel restarts here; None: the cores, at most 8), ``device``, ``dtype``
+    (None: the attack's) and ``batch_restarts`` (``"auto"``: one batched process on a CUDA device; ``"on"``;
+    ``"off"``: worker processes)."""
 
     max_seconds: float | None = None
     iterations: int | None = None
@@ -112,14 +130,12 @@ class Budget:
         if self.batch_restarts not in BATCH_CHOICES:
             raise ConfigError(f"batch_restarts must be one of {', '.join(BATCH_CHOICES)}, got {self.batch_restarts!r}")
 
-    def attack_settings(self, method: str, params: dict[str, Any], seconds: bool = True) -> dict[str, Any]:
-        """``params`` (the attack's own parameters) with what one run of ``method`` takes of this budget: its step
-        budget, ``dtype``, and ``max_seconds`` unless ``seconds=False`` (a portfolio splits its seconds itself).
-        A setting given both ways is refused."""
+    def attack_settings(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """``params`` (the attack's own parameters) with what one run of ``method`` takes of this budget as settings:
+        its step budget and ``dtype`` (its seconds are the run's deadline). A setting given both ways is refused."""
         from exhume.attacks import attack_class
 
-        given = {attack_class(method).budget: self.iterations, "dtype": self.dtype,
-                 "max_seconds": self.max_seconds if seconds else None}
+        given = {attack_class(method).budget: self.iterations, "dtype": self.dtype}
         given = {k: v for k, v in given.items() if v is not None}
         twice = sorted(set(given) & set(params))
         if twice:
@@ -130,16 +146,26 @@ class Budget:
 @dataclass(frozen=True)
 class Output:
     """Where a run is kept: ``folder`` (None: nowhere, the result is returned only), ``force`` (replace a run
-    already there) and ``resume`` (continue it from its last checkpoint, written for the same victim)."""
+    already there), ``resume`` (continue it from its last checkpoint, written for the same victim), and how often it
+    records itself: ``checkpoint_every`` and ``log_every`` steps (None: the attack's own cadence)."""
 
     folder: Any = None
     force: bool = False
     resume: bool = False
+    checkpoint_every: int | None = None
+    log_every: int | None = None
 
     def __post_init__(self) -> None:
         _path("out", self.folder, "folder")
         _flag("force", self.force)
         _flag("resume", self.resume)
+        for name in ("checkpoint_every", "log_every"):
+            object.__setattr__(self, name, check_setting(name, getattr(self, name), integer=True, low=1, optional=True))
+
+    @property
+    def every(self) -> tuple[int | None, int | None]:
+        """``(checkpoint_every, log_every)``, as :meth:`exhume.attacks.Attack.run` takes them."""
+        return self.checkpoint_every, self.log_every
 
 
 #: the flat keywords that :meth:`Request.of` sorts into a request: keyword -> (group, field)
@@ -147,6 +173,7 @@ KEYWORDS: dict[str, tuple[str, str]] = {
     **{f.name: ("threat", f.name) for f in fields(ThreatModel)},
     **{f.name: ("budget", f.name) for f in fields(Budget)},
     "out": ("output", "folder"), "force": ("output", "force"), "resume": ("output", "resume"),
+    "checkpoint_every": ("output", "checkpoint_every"), "log_every": ("output", "log_every"),
 }
 
 
@@ -183,16 +210,29 @@ class Request:
         return cls(ThreatModel(**groups["threat"]), Budget(**groups["budget"]), Output(**groups["output"])), rest
 
     def on_view(self) -> Request:
-        """This request once :func:`view_of` has attached its start: nothing left to attach."""
+        """This request once :func:`view_of` has attached its start and facts: nothing left to attach."""
         return replace(self, threat=ThreatModel())
 
 
+def deadline_of(request: Request, deadline: Deadline | None = None) -> Deadline:
+    """The run's deadline: ``deadline`` when a caller above gives one (its own, or a share of it), else the budget's
+    ``max_seconds`` from now (never without); both at once is refused (one budget, one meaning)."""
+    if deadline is None:
+        return Deadline.after(request.budget.max_seconds)
+    if not isinstance(deadline, Deadline):
+        raise ConfigError(f"deadline must be an exhume.deadline.Deadline, got {type(deadline).__name__}")
+    if request.budget.max_seconds is not None:
+        raise ConfigError("max_seconds and deadline= both given: give the run's budget once")
+    return deadline
+
+
 def view_of(victim, threat: ThreatModel | None = None):
-    """The attacker's view of ``victim`` (a Victim, or an AttackerView as it is) with ``threat``'s start attached.
+    """The attacker's view of ``victim`` (a Victim, or an AttackerView as it is) with ``threat``'s facts and start.
 
     The one place both happen: the weights, task, loss and input statistics of a Victim, never
-    its training images; the start checked against the model (a file read with safetensors or
-    ``weights_only=True``), Adam's state read, the training settings made.
+    its training images; the loss and weight decay ``threat`` states where the metadata lacks them; the start checked
+    against the model (a file read with safetensors or ``weights_only=True``), Adam's state read, the training
+    settings made.
     """
     from exhume.victim import AttackerView, Victim
     from exhume.victim.start import check_start, load_start, training_settings, with_optimizer_state
@@ -200,7 +240,10 @@ def view_of(victim, threat: ThreatModel | None = None):
     view = victim.attacker_view() if isinstance(victim, Victim) else victim
     if not isinstance(view, AttackerView):
         raise ConfigError(f"expected a Victim or an AttackerView, got {type(victim).__name__}")
-    if threat is None or not threat.known_start:
+    if threat is None:
+        return view
+    view = with_facts(view, threat.facts)
+    if not threat.known_start:
         return view
     partial = threat.start_partial
     start = (check_start(threat.start, view.model, "the start", partial) if isinstance(threat.start, dict)
@@ -209,3 +252,15 @@ def view_of(victim, threat: ThreatModel | None = None):
     if threat.optimizer_state is not None:
         training = with_optimizer_state(dict(training or {}), threat.optimizer_state, view.model)
     return replace(view, start=start, training=training_settings(training or None))
+
+
+def with_facts(view, facts: dict[str, Any]):
+    """``view`` with the victim's facts ``facts`` (loss, weight decay) its metadata lacks; one that contradicts the
+    metadata is refused, naming both values."""
+    for name, stated in facts.items():
+        recorded = getattr(view, name)
+        if recorded is not None and recorded != stated:
+            raise ConfigError(f"{name} {stated!r} was stated, but the victim's metadata records {recorded!r}; "
+                              f"leave {name} out (the metadata's is used) or correct the victim")
+    missing = {k: v for k, v in facts.items() if getattr(view, k) is None}
+    return replace(view, **missing) if missing else view

@@ -51,9 +51,9 @@ def _best_ssim(candidates: torch.Tensor) -> np.ndarray:
 
 def test_the_floor_changes_the_output_only_and_brings_the_digits_closer():
     view = _victim()
-    kw = dict(iterations=400, m=2 * N, log_every=100)  # eager steps (a short run by its settings): equal losses
-    raw = get_attack("kkt", background=0, **kw).run(view, progress=False, seed=0)
-    auto = get_attack("kkt", **kw).run(view, progress=False, seed=0)  # background="auto", the default
+    kw = dict(iterations=400, m=2 * N)  # eager steps (a short run by its settings): equal losses
+    raw = get_attack("kkt", background=0, **kw).run(view, progress=False, seed=0, log_every=100)
+    auto = get_attack("kkt", **kw).run(view, progress=False, seed=0, log_every=100)  # background="auto", the default
     assert raw.config["background_used"] == 0.0 and auto.config["background_used"] == BACKGROUND_TAU
     assert "dark" in auto.config["background_reason"]
     # the same optimisation: the same losses, multipliers and snapshot; the candidates differ by the floor alone
@@ -67,6 +67,6 @@ def test_the_floor_changes_the_output_only_and_brings_the_digits_closer():
 
 def test_a_run_resumes_under_another_background(tmp_path):
     view = _victim()
-    get_attack("kkt", iterations=60, checkpoint_every=30, m=2 * N, background=0).run(view, out=tmp_path, progress=False)
-    resumed = get_attack("kkt", iterations=90, checkpoint_every=30, m=2 * N).run(view, out=tmp_path, resume=True, progress=False)
+    get_attack("kkt", iterations=60, m=2 * N, background=0).run(view, out=tmp_path, progress=False, checkpoint_every=30)
+    resumed = get_attack("kkt", iterations=90, m=2 * N).run(view, out=tmp_path, resume=True, progress=False, checkpoint_every=30)
     assert resumed.summary["iterations"] == 90 and resumed.config["background_used"] == BACKGROUND_TAU

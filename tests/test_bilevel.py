@@ -106,14 +106,14 @@ def _tiny_victim(d: int = 12, n: int = 10, arch: str = "affine"):
 
 def test_bilevel_reduces_parameter_distance_on_tiny_victim(tmp_path):
     view = _tiny_victim()
-    atk = get_attack("bilevel", iterations=40, lr=0.05, project=False, dtype="float64", log_every=1, checkpoint_every=10)
-    r = atk.run(view, seed=0, progress=False, out=tmp_path / "a")
+    atk = get_attack("bilevel", iterations=40, lr=0.05, project=False, dtype="float64")
+    r = atk.run(view, seed=0, progress=False, out=tmp_path / "a", log_every=1, checkpoint_every=10)
     first = r.loss_history[0]["param_distance"]
     assert r.summary["param_distance"] < 0.05 * first
     assert r.candidates.shape == (10, 12) and r.config["init"] == "noise" and r.config["oracle_init"] is False
     # resume continues the same run from its checkpoint
-    more = get_attack("bilevel", iterations=45, lr=0.05, project=False, dtype="float64", log_every=1, checkpoint_every=10)
-    r2 = more.run(view, seed=0, progress=False, out=tmp_path / "a", resume=True)
+    more = get_attack("bilevel", iterations=45, lr=0.05, project=False, dtype="float64")
+    r2 = more.run(view, seed=0, progress=False, out=tmp_path / "a", resume=True, log_every=1, checkpoint_every=10)
     assert r2.summary["iterations"] == 45 and r2.loss_history[0]["param_distance"] == first
 
 
@@ -155,7 +155,7 @@ def test_lanczos_bounds_the_spectrum_and_damping_lifts_an_indefinite_hessian():
 
 
 def test_bilevel_reduces_parameter_distance_on_a_relu_victim_with_a_converged_lower_level(relu_view):
-    r = get_attack("bilevel", iterations=20, lr=0.05, project=False, log_every=1).run(relu_view, seed=0, progress=False)
+    r = get_attack("bilevel", iterations=20, lr=0.05, project=False).run(relu_view, seed=0, progress=False, log_every=1)
     hist = r.loss_history
     assert all(h["inner_grad_norm"] <= 1e-9 for h in hist)  # every lower-level solve converges
     assert r.summary["param_distance"] < 0.5 * hist[0]["param_distance"]

@@ -1,5 +1,5 @@
 """Budgets kept: a portfolio with spawned workers returns within its time budget (probe, start-up, pooling and saving
-included), a wall-clock deadline stops a run whatever its max_seconds, restarts end with their wave; the pool's merge
+included), a deadline stops a run whatever its step budget, restarts end with their wave; the pool's merge
 fast on 20,000 candidates (collapsed or distinct) and equal to the greedy rule on dense matrices with and without its
 screen; the SSIM bound it uses equal to SSIM's verdict; a progress line that never shows more seconds than its budget
 as a fraction of it."""
@@ -148,35 +148,35 @@ def test_ssim_pairs_separable_equals_ssim_pairs():
 
 
 def test_restarts_end_with_their_wave():
+    from exhume.deadline import NEVER, Deadline
     from exhume.portfolio.plan import make_plan
     from exhume.portfolio.runner import restart_ends
 
     plan = make_plan("kkt", 5, max_seconds=30.0, workers=2)
     now = time.time()
-    ends = restart_ends(list(plan.restarts), 2, now + 30.0)
-    assert [round(ends[k] - now) for k in range(5)] == [10, 10, 20, 20, 30]
-    assert restart_ends(list(plan.restarts), 2, None) == dict.fromkeys(range(5))
+    ends = restart_ends(list(plan.restarts), 2, Deadline.after(30.0))
+    assert [round(ends[k].at - now) for k in range(5)] == [10, 10, 20, 20, 30]
+    assert restart_ends(list(plan.restarts), 2, NEVER) == dict.fromkeys(range(5), NEVER)
 
 
-def test_a_wall_deadline_stops_a_run_whatever_its_max_seconds(victim_dir):
+def test_a_deadline_stops_a_run_whatever_its_step_budget(victim_dir):
     from exhume.attacks import get_attack
-    from exhume.attacks.loop import wall_deadline
+    from exhume.deadline import Deadline
     from exhume.portfolio.plan import make_plan
     from exhume.portfolio.runner import UNFINISHED, run_restart
 
     view = exhume.load_victim(victim_dir).attacker_view()
     t0 = time.perf_counter()
-    with wall_deadline(time.time() + 1.5):
-        recon = get_attack("kkt", max_seconds=600.0).run(view, progress=False)
+    recon = get_attack("kkt", iterations=10_000_000).run(view, progress=False, deadline=Deadline.after(1.5))
     assert time.perf_counter() - t0 < 4.0 and recon.summary["iterations"] > 1
     late = make_plan("kkt", 1, max_seconds=60.0, workers=1).restarts[0]
-    recon, row = run_restart(view, "kkt", late, None, False, "cpu", False, end=time.time() - 1, deadline=time.time() - 1)
+    past = Deadline.after(1.0, since=time.time() - 2.0)
+    recon, row = run_restart(view, "kkt", late, None, False, "cpu", False, end=past, deadline=past)
     assert recon is None and row["status"] == UNFINISHED  # started after the deadline: not run, not stored
     # the portfolio's first restart in this process: one iteration past the deadline, so a budget spent before any
     # restart began (set-up, the sizing probe) still gives candidates, not "no restart finished"
     t0 = time.perf_counter()
-    recon, row = run_restart(view, "kkt", late, None, False, "cpu", False, end=time.time() - 1, deadline=time.time() - 1,
-                             at_least_one=True)
+    recon, row = run_restart(view, "kkt", late, None, False, "cpu", False, end=past, deadline=past, at_least_one=True)
     assert recon is not None and recon.summary["iterations"] == 1 and recon.candidates.shape[0] > 0
     assert row["status"] != UNFINISHED and time.perf_counter() - t0 < 4.0
 
@@ -266,10 +266,11 @@ def test_the_audit_budgets_split_gives_the_attack_what_is_left_and_at_least_half
 def test_the_demo_keeps_its_two_budgets_together_taking_what_came_before_from_its_attack(victim_dir, one_thread):
     """The demo's attack gets its own budget, or what is left of training's and attack's budgets together after what
     came before it and the evaluation's estimate, never under half its own."""
+    from exhume.deadline import Deadline
     from exhume.demo import _attack_budget
 
     victim = exhume.load_victim(victim_dir)
-    b = _attack_budget(victim, 360.0, 2000.0, time.perf_counter() - 1700.0)  # 1,700 s of a 1,640-s training budget spent
+    b = _attack_budget(victim, 360.0, Deadline.after(2000.0, since=time.time() - 1700.0))  # 1,700 s of a 1,640-s training budget spent
     estimate = b["evaluation_estimate_seconds"]["total"]
     left = 2000.0 - b["before_attack_seconds"] - estimate
     assert estimate > 1.0 and b["before_attack_seconds"] >= 1700.0

@@ -132,8 +132,8 @@ def test_settings_the_replay_cannot_honour_are_refused():
 
 def test_the_attack_replays_the_recipe_and_descends_on_its_gap():
     view, _, _ = _victim()
-    attack = get_attack("simulate", iterations=8, log_every=1, dtype="float64", init_scale=0.1, prior_weight=0.0)
-    recon = attack.run(view, progress=False)
+    attack = get_attack("simulate", iterations=8, dtype="float64", init_scale=0.1, prior_weight=0.0)
+    recon = attack.run(view, progress=False, log_every=1)
     gaps = [h["unexplained"] for h in recon.loss_history]
     assert gaps[-1] < 0.7 * gaps[0]  # measured: 1.14 -> 0.58 in 8 steps (seeded)
     assert recon.candidates.shape == (N, 1, 4, 4) and recon.config["equation_used"] == "the exact training run"
@@ -208,9 +208,8 @@ def test_levenberg_marquardt_recovers_every_training_image_of_a_tiny_relu_victim
 
     view, x, y = _tiny()
     labels = ",".join(str(int(v)) for v in y)  # given, in the training set's order: an assumption of this threat model
-    attack = get_attack("simulate", solver="lm", labels=labels, iterations=80, dtype="float64", init_scale=0.1,
-                        log_every=1)
-    recon = attack.run(view, progress=False)
+    attack = get_attack("simulate", solver="lm", labels=labels, iterations=80, dtype="float64", init_scale=0.1)
+    recon = attack.run(view, progress=False, log_every=1)
     got = recon.candidates.double().flatten(1) - 0.5
     truth = x.flatten(1)
     unseen = torch.rand(4, 8, generator=torch.Generator().manual_seed(99), dtype=torch.float64) - 0.5
@@ -255,7 +254,7 @@ def test_an_adam_run_overflows_float32_from_candidates_at_the_mean_and_not_from_
     view = _adam_victim()
     with pytest.raises(DivergenceError, match="raise init_scale to 0.1 or more, or dtype='float64'"):
         get_attack("simulate", iterations=2).run(view, progress=False)  # init_scale 1.7e-3: gradient ~1e49
-    recon = get_attack("simulate", iterations=3, init_scale=0.1, log_every=1).run(view, progress=False)
+    recon = get_attack("simulate", iterations=3, init_scale=0.1).run(view, progress=False, log_every=1)
     gaps = [h["unexplained"] for h in recon.loss_history]
     assert all(map(math.isfinite, gaps)) and gaps[-1] < gaps[0] and bool(torch.isfinite(recon.candidates).all())
 
@@ -270,8 +269,8 @@ def test_the_coarse_simulation_s_settings_are_retired_and_an_old_exact_checkpoin
         with pytest.raises(ConfigError, match=f"has no parameter\\(s\\) {next(iter(kwargs))};.*removed") as e:
             get_attack("simulate", **kwargs)
         assert "\n" not in str(e.value)
-    settings = {"iterations": 2, "checkpoint_every": 1, "log_every": 1, "dtype": "float64", "init_scale": 0.1}
-    get_attack("simulate", **settings).run(view, out=tmp_path, progress=False)
+    settings, every = {"iterations": 2, "dtype": "float64", "init_scale": 0.1}, {"checkpoint_every": 1, "log_every": 1}
+    get_attack("simulate", **settings).run(view, out=tmp_path, progress=False, **every)
     ckpt = tmp_path / "checkpoint.pt"
     old = load_torch(ckpt, "test", "checkpoint")
     old["state"]["config"].update(run="exact", steps=4, lr_rates=1e-2, step_scale=1.0, m=None, candidates_per_point=1.0,
@@ -279,12 +278,12 @@ def test_the_coarse_simulation_s_settings_are_retired_and_an_old_exact_checkpoin
     old["tensors"]["rho"] = torch.zeros(0, dtype=torch.float64)
     old["state"]["history"][0]["loss"] = -1.0  # a mark: a resumed run carries the saved history on
     save_torch(ckpt, old)
-    recon = get_attack("simulate", **{**settings, "iterations": 3}).run(view, out=tmp_path, resume=True, progress=False)
+    recon = get_attack("simulate", **{**settings, "iterations": 3}).run(view, out=tmp_path, resume=True, progress=False, **every)
     assert [h["iteration"] for h in recon.loss_history] == [1, 2, 3] and recon.loss_history[0]["loss"] == -1.0
     old["state"]["config"]["run"] = "coarse"
     save_torch(ckpt, old)
     with pytest.raises(Exception, match="run='coarse' there"):
-        get_attack("simulate", **{**settings, "iterations": 4}).run(view, out=tmp_path, resume=True, progress=False)
+        get_attack("simulate", **{**settings, "iterations": 4}).run(view, out=tmp_path, resume=True, progress=False, **every)
 
 
 def test_the_attack_needs_a_start_and_checkpoints_its_digest(tmp_path):
@@ -293,7 +292,7 @@ def test_the_attack_needs_a_start_and_checkpoints_its_digest(tmp_path):
     view, _, _ = _victim()
     with pytest.raises(ConfigError, match="starting weights"):
         get_attack("simulate", iterations=1).run(dataclasses.replace(view, start=None), progress=False)
-    recon = get_attack("simulate", iterations=2, checkpoint_every=1).run(view, out=tmp_path, progress=False)
+    recon = get_attack("simulate", iterations=2).run(view, out=tmp_path, progress=False, checkpoint_every=1)
     assert recon.candidates.shape == (N, 1, 4, 4) and recon.config["threat_model"] == "the attacker knows the starting weights"
     moved = dataclasses.replace(view, start={k: v + 0.01 for k, v in view.start.items()})
     with pytest.raises(ExhumeError, match="start"):

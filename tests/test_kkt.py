@@ -16,6 +16,7 @@ from exhume.attacks.formulation import NO_DECAY_MARGIN, typical_margin
 from exhume.attacks.kkt import PRESETS, KKTAttack
 from exhume.attacks.stationarity import homogeneity_degree, stationarity_residual, stationarity_residual_and_objective
 from exhume.attacks.surrogate import soft_activations, soft_relu
+from exhume.deadline import Deadline
 from exhume.errors import ConfigError, ExhumeError
 from exhume.victim import AttackerView
 
@@ -218,7 +219,7 @@ def test_attack_runs_on_a_module_exhume_did_not_build():
     torch.manual_seed(0)
     model = UserNet(d=12)
     view = AttackerView(model=model, task="binary", input_shape=(3, 4), mean=torch.zeros(3, 4), n_train_hint=4)
-    recon = get_attack("kkt", iterations=60, lr=1e-3, log_every=10).run(view, progress=False)
+    recon = get_attack("kkt", iterations=60, lr=1e-3).run(view, progress=False, log_every=10)
     assert recon.candidates.shape == (8, 3, 4)
     hist = [h["stationarity"] for h in recon.loss_history]
     assert hist[-1] < hist[0]
@@ -231,21 +232,22 @@ def test_resume_continues_exactly_where_the_interrupted_run_stopped(tmp_path, mo
     torch.manual_seed(0)
     model = UserNet(d=12)
     view = AttackerView(model=model, task="binary", input_shape=(12,), mean=torch.zeros(12), n_train_hint=4)
-    kw = dict(lr=1e-3, checkpoint_every=20)
+    kw = dict(lr=1e-3)
 
     def ctrl_c(*args, **kwargs):
         raise KeyboardInterrupt
 
-    full = get_attack("kkt", iterations=80, **kw).run(view, progress=False, seed=3)
+    full = get_attack("kkt", iterations=80, **kw).run(view, progress=False, seed=3, checkpoint_every=20)
     with pytest.raises(KeyboardInterrupt):  # interrupted at 40 (Ctrl-C saves a checkpoint)
-        get_attack("kkt", iterations=80, **kw).run(view, out=tmp_path, progress=False, seed=3, callback=ctrl_c, callback_every=40)
+        get_attack("kkt", iterations=80, **kw).run(view, out=tmp_path, progress=False, seed=3, callback=ctrl_c, callback_every=40,
+                                                   checkpoint_every=20)
     assert (tmp_path / "checkpoint.pt").exists()
-    resumed = get_attack("kkt", iterations=80, **kw).run(view, out=tmp_path, resume=True, progress=False, seed=3)
+    resumed = get_attack("kkt", iterations=80, **kw).run(view, out=tmp_path, resume=True, progress=False, seed=3, checkpoint_every=20)
     assert resumed.summary["iterations"] == 80
     assert torch.allclose(resumed.candidates, full.candidates, atol=1e-6)
     assert torch.allclose(resumed.scores, full.scores, atol=1e-6)
     with pytest.raises(ExhumeError, match="lr"):
-        get_attack("kkt", iterations=90, lr=5e-3, checkpoint_every=20).run(view, out=tmp_path, resume=True, progress=False, seed=3)
+        get_attack("kkt", iterations=90, lr=5e-3).run(view, out=tmp_path, resume=True, progress=False, seed=3, checkpoint_every=20)
 
 
 def test_resume_refuses_a_corrupt_checkpoint(tmp_path):
@@ -314,11 +316,11 @@ def test_shared_loop_checkpoints_on_interrupt_and_excludes_callback_time():
             history.append(it)
 
     with pytest.raises(KeyboardInterrupt):
-        run_loop("t", 10, None, 0, 0.0, step, lambda done, el: saved.append(done), log_every=2, checkpoint_every=3,
+        run_loop("t", 10, Deadline.never(), 0, 0.0, step, lambda done, el: saved.append(done), log_every=2, checkpoint_every=3,
                  progress=False)
     assert saved == [3, 4] and history == [1, 2, 4]  # the periodic checkpoint, then the last completed step
 
-    end = run_loop("t", 4, None, 0, 10.0, lambda it, log, clock: None, lambda d, e: None, log_every=1,
+    end = run_loop("t", 4, Deadline.never(), 0, 10.0, lambda it, log, clock: None, lambda d, e: None, log_every=1,
                    checkpoint_every=100, progress=False, emit=lambda it, el: _time.sleep(0.2), emit_every=1)
     assert end.done == 4 and 10.0 <= end.elapsed < 10.2  # four 0.2 s callbacks are not attack time
 
@@ -347,8 +349,11 @@ GONE = {"lambda_scale_factor": (0.5, 1.0), "consistency_weight": (1e-3, 0.0), "s
         "trace": ("off", "auto")}
 
 
-def test_kkt_declares_thirty_settings():
-    assert len(KKTAttack.params) == 30 and not set(GONE) & set(KKTAttack.params)
+def test_kkt_declares_twenty_five_settings():
+    """The run's plumbing (seconds, cadence) and the victim's facts (loss, weight decay) are not kkt's settings."""
+    from exhume.attacks.base import MOVED
+
+    assert len(KKTAttack.params) == 25 and not (set(GONE) | set(MOVED)) & set(KKTAttack.params)
 
 
 @pytest.mark.parametrize("name", sorted(GONE))
@@ -363,7 +368,7 @@ def test_a_checkpoint_written_with_settings_kkt_no_longer_has_resumes_at_their_o
     uninterrupted result; one that used another value (another algorithm) is refused, naming the setting."""
     torch.manual_seed(0)
     view = AttackerView(model=UserNet(d=12), task="binary", input_shape=(12,), mean=torch.zeros(12), n_train_hint=4)
-    kw = dict(lr=1e-3, checkpoint_every=10)
+    kw = dict(lr=1e-3)
     full = get_attack("kkt", iterations=20, **kw).run(view, progress=False, seed=3)
     get_attack("kkt", iterations=10, **kw).run(view, out=tmp_path, progress=False, seed=3)
     path = tmp_path / "checkpoint.pt"

@@ -208,7 +208,7 @@ def test_kkt_attack_runs_on_exhume_cnn_victims_and_lowers_the_residual():
     model = build_model("cnn:4,8;fc=16;pool=max", (1, 12, 12), 3)
     view = AttackerView(model=model, task="multiclass", input_shape=(1, 12, 12), mean=torch.full((1, 12, 12), 0.2),
                         num_classes=3, n_train_hint=6)
-    recon = get_attack("kkt", iterations=40, log_every=5).run(view, progress=False)
+    recon = get_attack("kkt", iterations=40).run(view, progress=False, log_every=5)
     hist = [h["stationarity"] for h in recon.loss_history]
     assert recon.candidates.shape == (12, 1, 12, 12) and hist[-1] < hist[0]
 
@@ -249,9 +249,13 @@ def test_formulations_refuse_what_they_cannot_solve(view_kwargs, attack_kwargs, 
 
 
 def test_foreign_model_loss_and_weight_decay_can_be_stated():
+    """A victim whose metadata lacks its loss and weight decay: the attacker states them in the threat model."""
+    import exhume
+
     torch.manual_seed(0)
     view = AttackerView(model=MLP(2, [8], 1), task="binary", input_shape=(2,), mean=torch.zeros(2), n_train_hint=2)
-    recon = get_attack("kkt", iterations=2, formulation="loss", loss="logistic", weight_decay=0.01).run(view, progress=False)
+    recon = exhume.attack(view, "kkt", restarts=1, iterations=2, formulation="loss", loss="logistic", weight_decay=0.01,
+                          progress=False)
     assert recon.config["lambda_scale_value"] == pytest.approx(1 / (2 * 0.01))
     assert recon.config["loss_assumed"] == "logistic" and recon.config["weight_decay_assumed"] == 0.01
 

@@ -61,7 +61,7 @@ torch.set_num_threads(1)
 torch.manual_seed(0)
 view = AttackerView(model=build_model(arch, shape, 1).eval(), task="binary", input_shape=shape, mean=torch.full(shape, 0.2),
                     weight_decay=5e-3, n_train_hint=100)
-atk = get_attack(method, iterations=2, checkpoint_every=1, **kwargs)
+atk = get_attack(method, iterations=2, **kwargs)
 estimate = atk.peak_memory_bytes(view)
 torch.optim.Adam([torch.zeros(1, requires_grad=True)])  # imports what the first optimiser imports
 
@@ -72,7 +72,7 @@ def rss(key="VmRSS"):
 
 before = rss()
 Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
-atk.run(view, out=out, progress=False)
+atk.run(view, out=out, progress=False, checkpoint_every=1)
 print(json.dumps([estimate, rss("VmHWM") - before, before]))
 """
 

@@ -151,7 +151,7 @@ def test_default_kkt_restarts_alternate_the_multipliers_pace_unless_the_caller_s
     assert [r.seed for r in plan.restarts] == [3, 4, 5, 6]
     assert [r.kwargs.get("lr_lambda") for r in plan.restarts] == [None, 1e-2, None, 1e-2]
     assert [r.overrides for r in plan.restarts] == [{}, {"lr_lambda": 1e-2}, {}, {"lr_lambda": 1e-2}]
-    assert all(r.kwargs["alpha"] == 10.0 and r.kwargs["max_seconds"] == 40.0 for r in plan.restarts)
+    assert all(r.kwargs["alpha"] == 10.0 and r.seconds == 40.0 and "max_seconds" not in r.kwargs for r in plan.restarts)
     # a value the caller set is kept on every restart; an explicit variant list still overrides it
     mine = make_plan("kkt", 4, attack_kwargs={"lr_lambda": 3e-3})
     assert [r.kwargs["lr_lambda"] for r in mine.restarts] == [3e-3] * 4 and all(r.overrides == {} for r in mine.restarts)
@@ -203,13 +203,13 @@ def test_resume_mid_portfolio_runs_only_the_rest_and_matches_an_uninterrupted_ru
 
 def test_starved_restart_is_flagged(victim_dir):
     victim = exhume.load_victim(victim_dir)
-    r = run_portfolio(victim, restarts=3, workers=1, progress=False, variants=[{}, {}, {"max_seconds": 0.0}],
+    r = run_portfolio(victim, restarts=3, workers=1, progress=False, variants=[{}, {}, {"iterations": 1}],
                       **{**FAST, "iterations": 20})
     assert r.summary["iterations_per_restart"] == [20, 20, 1]
     assert r.summary["starved_restarts"] == [2]
     lines = summary_lines(r.summary, r.config["portfolio"])
     assert any(line.startswith("warning: restart 2 ran 1 iterations") for line in lines)
-    assert "max_seconds" in r.config["portfolio"]["varied_settings"]
+    assert "iterations" in r.config["portfolio"]["varied_settings"]
 
 
 def test_parallel_workers_take_a_users_module(monkeypatch):

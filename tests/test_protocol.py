@@ -17,6 +17,7 @@ from torch import nn
 
 import exhume
 from exhume.attacks import ATTACKS, Attack, Equation, RestartPlan, SolvedEquation, Stationarity, get_attack, register
+from exhume.attacks.base import NO_STEP_LIMIT
 from exhume.attacks.kkt import KKTAttack
 from exhume.audit.config import FILE_SETTINGS, SETTINGS, AuditConfig, from_command, from_options
 from exhume.cli import build_parser, main
@@ -34,8 +35,8 @@ def test_every_registered_attack_declares_the_protocol(name):
     declared = next(c for c in cls.__mro__ if "equation" in vars(c))
     assert declared is not Attack and isinstance(cls.equation, Equation)  # chosen by the attack, not inherited from the base
     assert cls.budget in cls.params and isinstance(cls.multipliers, bool)
-    atk = get_attack(name, **cls.time_budget(5.0))  # a run bounded by time alone is a valid setting
-    assert atk.config["max_seconds"] == 5.0
+    atk = get_attack(name, **cls.by_deadline())  # a run its deadline alone bounds is a valid setting
+    assert atk.config[cls.budget] == NO_STEP_LIMIT
     for pname, (lo, hi, _) in cls.search_space().items():
         assert cls.params[pname].validate(pname, lo) == lo and cls.params[pname].validate(pname, hi) == hi
     count = atk.candidate_count(50)

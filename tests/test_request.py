@@ -28,6 +28,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons (c
     (ThreatModel, {"start": "s.safetensors", "training": {"dampening": 0.1}}, "unknown training setting.*dampening"),
     (ThreatModel, {"start": "s.safetensors", "training": {"lr": -1.0}}, "lr"),
     (ThreatModel, {"start": "s.safetensors", "optimizer_state": 5}, "optimizer_state must be a file path, got int"),
+    (ThreatModel, {"loss": "hinge"}, "unknown loss 'hinge'; known: "),
+    (ThreatModel, {"weight_decay": -1e-3}, r"weight_decay: expected a number in \[0.0, inf\], got -0.001"),
     (Budget, {"max_seconds": 0}, "max_seconds must be a positive number of seconds, got 0"),
     (Budget, {"max_seconds": float("inf")}, "max_seconds must be a positive number of seconds, got inf"),
     (Budget, {"max_seconds": "60"}, "max_seconds must be a positive number of seconds, got '60'"),
@@ -42,6 +44,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons (c
     (Output, {"folder": 7}, "out must be a folder path, got int"),
     (Output, {"force": 1}, "force must be True or False, got 1"),
     (Output, {"resume": "no"}, "resume must be True or False, got 'no'"),
+    (Output, {"checkpoint_every": 0}, "checkpoint_every: expected an integer in"),
+    (Output, {"log_every": 2.5}, "log_every: expected an integer"),
     (Request, {"budget": {"max_seconds": 60}}, "request budget must be a Budget, got dict"),
 ])
 def test_a_bad_field_is_refused_when_the_request_is_made_in_one_line(kind, kwargs, message):
@@ -51,17 +55,37 @@ def test_a_bad_field_is_refused_when_the_request_is_made_in_one_line(kind, kwarg
 
 
 def test_a_request_and_the_same_setting_as_a_keyword_is_refused_naming_it():
+    from exhume.deadline import Deadline
+    from exhume.request import deadline_of
+
     with pytest.raises(ConfigError, match="max_seconds: set in request= already"):
         Request.of(Request(budget=Budget(max_seconds=5)), {"max_seconds": 6, "lr": 0.1})
     with pytest.raises(ConfigError, match="iterations given twice"):
         Budget(iterations=5).attack_settings("kkt", {"iterations": 6})
+    with pytest.raises(ConfigError, match="max_seconds and deadline= both given"):
+        deadline_of(Request(budget=Budget(max_seconds=5)), Deadline.after(5))
+    assert deadline_of(Request(budget=Budget(max_seconds=5))).seconds == 5 and not deadline_of(Request()).bounded
+
+
+def test_the_victims_loss_and_weight_decay_are_stated_in_the_threat_model_and_refused_against_its_metadata():
+    """What the victim's metadata lacks the attacker may state; what it records may not be contradicted (both named)."""
+    model, _, _ = fine_tuned()
+    bare = AttackerView(model=model, task="binary", input_shape=(1, 4, 4), mean=torch.full((1, 4, 4), 0.5))
+    stated = view_of(bare, ThreatModel(loss="logistic", weight_decay=1e-3))
+    assert (stated.loss, stated.weight_decay) == ("logistic", 1e-3) and bare.loss is None, "the view given is left as it was"
+    assert view_of(stated, ThreatModel(weight_decay=1e-3)) is stated  # the same fact again: nothing to add
+    with pytest.raises(ConfigError, match=r"weight_decay 0\.01 was stated, but the victim's metadata records 0\.001"):
+        view_of(stated, ThreatModel(weight_decay=0.01))
+    request, rest = Request.of(None, {"loss": "logistic", "weight_decay": 1e-3, "checkpoint_every": 5, "lr": 0.1})
+    assert request.threat == ThreatModel(loss="logistic", weight_decay=1e-3) and rest == {"lr": 0.1}
+    assert request.output.every == (5, None)
 
 
 def test_flat_keywords_are_sorted_into_the_request_and_the_attack_keeps_its_own():
     request, rest = Request.of(None, {"max_seconds": 60, "restarts": "3", "out": "runs/a", "force": True, "lr": 0.5, "m": 20})
     assert request == Request(budget=Budget(max_seconds=60, restarts=3), output=Output("runs/a", force=True))
     assert rest == {"lr": 0.5, "m": 20}
-    assert Budget(iterations=7, dtype="float64", max_seconds=9).attack_settings("tldr", {"eps": 0.1}, seconds=False) == {
+    assert Budget(iterations=7, dtype="float64", max_seconds=9).attack_settings("tldr", {"eps": 0.1}) == {
         "eps": 0.1, "steps": 7, "dtype": "float64"}  # the attack's own step budget, named as it declares it
 
 
@@ -155,7 +179,8 @@ def _imported(path: Path) -> set[str]:
 
 
 def test_the_request_sits_above_the_victim_and_the_attacks_and_below_the_runs():
-    below = ("exhume.victim", "exhume.attacks", "exhume.choices", "exhume.errors", "exhume.params", "exhume.device")
+    below = ("exhume.victim", "exhume.attacks", "exhume.choices", "exhume.errors", "exhume.params", "exhume.device",
+             "exhume.deadline", "exhume.files", "exhume.losses")
     assert all(m.startswith(below) for m in _imported(EXHUME / "request.py")), _imported(EXHUME / "request.py")
     for room in ("victim", "attacks", "evaluation"):
         importing = sorted(str(p.relative_to(EXHUME)) for p in (EXHUME / room).rglob("*.py") if "exhume.request" in _imported(p))

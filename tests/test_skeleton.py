@@ -22,13 +22,30 @@ def test_range_penalty_and_projection_by_hand():
 
 def test_kkt_and_bilevel_share_one_parameter_fragment():
     kkt, bilevel = ATTACKS["kkt"].params, ATTACKS["bilevel"].params
-    for name in ("optimizer", "weight_decay"):
-        assert kkt[name] is CANDIDATE_PARAMS[name] and bilevel[name] is CANDIDATE_PARAMS[name]
+    for name in ("optimizer", "lr"):
+        assert kkt[name].kind is CANDIDATE_PARAMS[name].kind and bilevel[name] is CANDIDATE_PARAMS[name]
     # bilevel solves its lower level to 1e-9, so it alone defaults to float64 (same choices)
     assert kkt["dtype"] is CANDIDATE_PARAMS["dtype"] and bilevel["dtype"].default == "float64"
     assert bilevel["dtype"].choices == CANDIDATE_PARAMS["dtype"].choices
-    for params in (kkt, bilevel, ATTACKS["tldr"].params):
-        assert {"max_seconds", "checkpoint_every", "log_every"} <= set(params)
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_no_attack_declares_the_runs_plumbing_or_the_victims_facts_and_each_run_takes_them(name):
+    """The deadline and the cadence are how a run is bounded and recorded, the loss and weight decay facts about the
+    victim (its view's): no attack declares them as settings; every run takes the deadline and cadence as keywords,
+    and giving one as a setting is one line saying where it went."""
+    import inspect
+
+    from exhume.attacks.base import MOVED
+    from exhume.errors import ConfigError
+
+    cls = ATTACKS[name]
+    assert set(MOVED).isdisjoint(cls.params)
+    assert {"deadline", "checkpoint_every", "log_every"} <= set(inspect.signature(cls.run).parameters)
+    with pytest.raises(ConfigError, match=r"max_seconds is a budget: pass it to exhume.attack .*--max-seconds"):
+        cls(max_seconds=5)
+    with pytest.raises(ConfigError, match=r"weight_decay is a fact about the victim: .*--weight-decay"):
+        cls(weight_decay=1e-3)
 
 
 def test_open_run_restores_in_place_and_refuses_other_settings(tmp_path):
@@ -89,11 +106,36 @@ def test_kkt_resumes_a_checkpoint_written_before_its_newer_settings(tmp_path, vi
     from exhume.victim import load_victim
 
     view = load_victim(victim_dir).attacker_view()
-    get_attack("kkt", iterations=3, checkpoint_every=1).run(view, seed=0, out=tmp_path)
+    get_attack("kkt", iterations=3).run(view, seed=0, out=tmp_path, checkpoint_every=1)
     path = tmp_path / "checkpoint.pt"
     payload = load_torch(path, "test", "checkpoint")
     for key in ("multipliers", "start_equation", "preconditioner"):
         payload["state"]["config"].pop(key)
     save_torch(path, payload)
-    again = get_attack("kkt", iterations=5, checkpoint_every=1).run(view, seed=0, out=tmp_path, resume=True)
+    again = get_attack("kkt", iterations=5).run(view, seed=0, out=tmp_path, resume=True, checkpoint_every=1)
     assert again.record.iterations == 5
+
+
+def test_a_checkpoint_that_recorded_the_moved_settings_resumes(tmp_path, victim_dir, one_thread):
+    """A kkt checkpoint written when the budget, the cadence and the victim's facts were settings: whatever it recorded
+    of the run's seconds and cadence, it resumes; its loss and weight decay resume where they were left to the
+    metadata (None) or say what the view says now, and another weight decay is refused, naming it."""
+    from exhume.attacks import get_attack
+    from exhume.files.torchfile import load_torch, save_torch
+    from exhume.victim import load_victim
+
+    view = load_victim(victim_dir).attacker_view()
+    get_attack("kkt", iterations=3).run(view, seed=0, out=tmp_path, checkpoint_every=1)
+    path = tmp_path / "checkpoint.pt"
+    written = load_torch(path, "test", "checkpoint")
+    old = {"max_seconds": 30.0, "checkpoint_every": 1, "log_every": 7}
+    for facts, refused in (({"weight_decay": None, "loss": None}, None), ({"weight_decay": view.weight_decay, "loss": view.loss}, None),
+                           ({"weight_decay": 0.123, "loss": None}, "weight_decay=0.123 there")):
+        written["state"]["config"].update(old, **facts)
+        save_torch(path, written)
+        run = get_attack("kkt", iterations=4)
+        if refused is None:
+            assert run.run(view, seed=0, out=tmp_path, resume=True, progress=False).record.iterations == 4
+            continue
+        with pytest.raises(ExhumeError, match=refused):
+            run.run(view, seed=0, out=tmp_path, resume=True, progress=False)

@@ -170,9 +170,9 @@ def test_below_float32_precision_nothing_counts_as_data_and_a_full_spectrum_has_
 def test_kkt_with_the_subspace_keeps_its_candidates_in_the_span_and_finds_the_digits_closer():
     view = _victim()
     x, _, _ = _digits()
-    kw = dict(iterations=400, m=2 * N, log_every=100, background=0)  # the raw iterate: the dark floor leaves the span
-    plain = get_attack("kkt", subspace="off", **kw).run(view, progress=False, seed=0)
-    proj = get_attack("kkt", **kw).run(view, progress=False, seed=0)  # subspace="auto", the default
+    kw = dict(iterations=400, m=2 * N, background=0)  # the raw iterate: the dark floor leaves the span
+    plain = get_attack("kkt", subspace="off", **kw).run(view, progress=False, seed=0, log_every=100)
+    proj = get_attack("kkt", **kw).run(view, progress=False, seed=0, log_every=100)  # subspace="auto", the default
     assert plain.config["subspace"] == "off" and "subspace_used" not in plain.config
     assert proj.config["subspace"] == "auto" and proj.config["subspace_used"] == "above-noise"
     assert proj.config["subspace_rank"] == N - 1

@@ -84,16 +84,17 @@ def test_each_conditioning_inverts_a_trained_toy_classifier(toy_view, kind):
 
 
 def test_tldr_runs_resumes_and_reports_its_terms(toy_view, tmp_path):
-    kw = dict(batch_size=12, width=8, latent_dim=8, samples_per_class=2, checkpoint_every=2, log_every=1)
-    first = get_attack("tldr", steps=3, **kw).run(toy_view, out=tmp_path, seed=0, progress=False)
+    kw = dict(batch_size=12, width=8, latent_dim=8, samples_per_class=2)
+    every = dict(checkpoint_every=2, log_every=1)
+    first = get_attack("tldr", steps=3, **kw).run(toy_view, out=tmp_path, seed=0, progress=False, **every)
     assert first.summary["iterations"] == 3
-    more = get_attack("tldr", steps=5, **kw).run(toy_view, out=tmp_path, seed=0, progress=False, resume=True)
+    more = get_attack("tldr", steps=5, **kw).run(toy_view, out=tmp_path, seed=0, progress=False, resume=True, **every)
     assert more.summary["iterations"] == 5
     assert [h["iteration"] for h in more.loss_history] == [1, 2, 3, 4, 5]
     assert {"kl", "ce", "cosine", "ortho", "kl_pert", "ce_pert", "tv", "pixel", "grad"} <= set(more.loss_history[-1])
     assert (tmp_path / "generator.safetensors").is_file()
     with pytest.raises(Exception, match="cannot resume"):
-        get_attack("tldr", steps=5, **{**kw, "eps": 0.2}).run(toy_view, out=tmp_path, seed=0, progress=False, resume=True)
+        get_attack("tldr", steps=5, **{**kw, "eps": 0.2}).run(toy_view, out=tmp_path, seed=0, progress=False, resume=True, **every)
 
 
 # -- generator output size ---------------------------------------------------------------------

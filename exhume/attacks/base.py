@@ -113,8 +113,21 @@ class Param:
         return f"{', '.join(map(repr, self.words))} or {number}"
 
 
-#: a step budget that never binds: the run is bounded by ``max_seconds`` alone (see :meth:`Attack.time_budget`)
+#: a step budget that never binds: the run is bounded by its deadline alone (see :meth:`Attack.by_deadline`)
 NO_STEP_LIMIT = 10_000_000
+
+#: settings every attack once declared, and where each went: a run's bounds and cadence, and the victim's facts
+MOVED = {
+    "max_seconds": "a budget: pass it to exhume.attack (max_seconds=, a Budget's) / --max-seconds, or a Deadline to Attack.run",
+    "checkpoint_every": "how often a run records itself: pass it to Attack.run / exhume.attack (an Output's) / --checkpoint-every",
+    "log_every": "how often a run records itself: pass it to Attack.run / exhume.attack (an Output's) / --log-every",
+    "weight_decay": "a fact about the victim: its metadata, or state it in the threat model (ThreatModel(weight_decay=), "
+                    "exhume.attack(weight_decay=)) / --weight-decay",
+    "loss": "a fact about the victim: its metadata, or state it in the threat model (ThreatModel(loss=), exhume.attack(loss=)) "
+            "/ --loss",
+}
+#: the victim's facts an attack reads from the attacker's view (once settings: :data:`MOVED`)
+VIEW_FACTS = ("weight_decay", "loss")
 
 
 @dataclass(frozen=True)
@@ -143,7 +156,8 @@ class Attack:
       training data (:mod:`exhume.attacks.equations`; ``Equation()`` when it inverts none);
     - ``restart_plan``: a :class:`RestartPlan` when ``exhume.attack`` should spend its budget on a
       portfolio of restarts by default (None: one run unless restarts are asked for);
-    - ``budget``: the parameter that counts its steps; :meth:`time_budget` bounds a run by time alone;
+    - ``budget``: the parameter that counts its steps; :meth:`by_deadline` bounds a run by its deadline alone;
+      ``checkpoint_every`` and ``log_every``: how often a run records itself unless :meth:`run` is told;
     - ``multipliers``: its ``Reconstruction.scores`` are the multipliers λ of its equation, and
       ``run(callback_multipliers=True)`` passes them (and the labels) to the callback, as the
       attacker-side score (:mod:`exhume.attacks.score`) needs;
@@ -168,6 +182,8 @@ class Attack:
     equation: ClassVar[Equation] = Stationarity()  # an attack that declares none is judged on every check
     restart_plan: ClassVar[RestartPlan | None] = None
     budget: ClassVar[str] = "iterations"
+    checkpoint_every: ClassVar[int] = 1000  # steps between checkpoints (with an output folder), unless run() is told
+    log_every: ClassVar[int] = 100  # steps between loss-history entries, unless run() is told
     multipliers: ClassVar[bool] = False
     uses_start: ClassVar[bool] = False  # a start in the view changes what it solves (exhume.attack refuses one otherwise)
     batchable: ClassVar[bool] = False  # the portfolio may run its restarts as one batched problem
@@ -175,6 +191,9 @@ class Attack:
     def __init__(self, preset: str | None = None, **kwargs: Any) -> None:
         kwargs = self.with_preset(preset, kwargs)
         unknown = sorted(set(kwargs) - set(self.params))
+        moved = [f"{k} is {MOVED[k]}" for k in unknown if k in MOVED]
+        if moved:
+            raise ConfigError(f"attack {self.name!r}: {'; '.join(moved)}")
         if unknown:
             gone = [k for k in unknown if k in self.retired]
             hint = f" ({', '.join(gone)}: removed, every run now does what the old default did; leave it out)" if gone else ""
@@ -215,7 +234,22 @@ class Attack:
         """
 
     def run(self, view, **kwargs) -> Reconstruction:  # pragma: no cover - abstract
+        """One run on ``view``; the keywords every attack takes: ``out``, ``seed``, ``device``, ``resume``, ``progress``,
+        ``callback``, ``deadline`` (a :class:`~exhume.deadline.Deadline`, default never), ``checkpoint_every`` and
+        ``log_every`` (None: the class's)."""
         raise NotImplementedError
+
+    def cadence(self, checkpoint_every: int | None, log_every: int | None) -> tuple[int, int]:
+        """``(checkpoint_every, log_every)`` of a run: as given (positive integers), else this attack's own."""
+        from exhume.files.fields import check_setting
+
+        return (check_setting("checkpoint_every", checkpoint_every, integer=True, low=1, optional=True) or self.checkpoint_every,
+                check_setting("log_every", log_every, integer=True, low=1, optional=True) or self.log_every)
+
+    def retired_on(self, view) -> dict[str, tuple[Any, ...]]:
+        """:attr:`retired`, where a fact the attack now reads from ``view`` (:data:`VIEW_FACTS`) also accepts the view's
+        value: a checkpoint that stated what the view now says resumes."""
+        return {k: (*v, getattr(view, k)) if k in VIEW_FACTS else v for k, v in self.retired.items()}
 
     #: settings that change the peak memory, for the advice of a refusal (:mod:`exhume.attacks.memory`):
     #: ``"count"`` (an integer: the largest that fits is named), ``"dtype"``, or a tuple of choices
@@ -265,9 +299,9 @@ class Attack:
         return None
 
     @classmethod
-    def time_budget(cls, seconds: float) -> dict[str, Any]:
-        """The keyword arguments of a run bounded by ``seconds`` of wall time alone."""
-        return {cls.budget: NO_STEP_LIMIT, "max_seconds": float(seconds)}
+    def by_deadline(cls) -> dict[str, Any]:
+        """The keyword arguments of a run that its deadline alone bounds: a step budget that never binds."""
+        return {cls.budget: NO_STEP_LIMIT}
 
 
 #: the initialisations built from the victim's data (evaluator-side, oracle tools; exhume.evaluation.inits builds them)

@@ -30,7 +30,6 @@ images (ground truth, partition, mixtures), which are labelled oracle in the res
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,10 +43,21 @@ from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_mo
 from exhume.attacks.checkpoint import resumable_settings
 from exhume.attacks.equations import Stationarity
 from exhume.attacks.formulation import binary_labels
-from exhume.attacks.loop import CANDIDATE_PARAMS, BudgetSpent, RunState, attack_loop, budget_params, budget_spent, make_optimizer, open_run
+from exhume.attacks.loop import (
+    CANDIDATE_PARAMS,
+    RETIRED_CANDIDATE_SETTINGS,
+    BudgetSpent,
+    RunState,
+    attack_loop,
+    budget_params,
+    budget_spent,
+    make_optimizer,
+    open_run,
+)
 from exhume.attacks.lower_level import Stop, extreme_eigenvalues, newton_cg, spectral_damping
 from exhume.attacks.priors import project_range
 from exhume.attacks.surrogate import smooth_activations, soft_activations
+from exhume.deadline import NEVER, Deadline
 from exhume.errors import ConfigError, DivergenceError
 from exhume.losses import per_sample_loss
 
@@ -197,7 +207,7 @@ def implicit_gradient(model: nn.Module, like: dict[str, torch.Tensor], theta: to
 
 
 
-#: with max_seconds, the final lower-level solve gets what is left of the budget, at least this share of it
+#: with a deadline, the final lower-level solve gets what is left of it, at least this share of the run's seconds
 FINAL_SHARE = 0.1
 #: copies of the parameters, of each candidate and of each candidate's activations at the peak (measured)
 BILEVEL_MEMORY = (50.0, 1.0, 8.0)
@@ -233,7 +243,7 @@ class BilevelAttack(Attack):
         **CANDIDATE_PARAMS,
         # two candidates at least (one per label) when m defaults to n_guess
         "n_guess": Param(None, int, "attacker's guess of n (default from the victim's metadata, else 100)", low=2, allow_none=True),
-        **budget_params(200, checkpoint_every=20, log_every=5, unit="outer steps on x̂"),
+        **budget_params(200, unit="outer steps on x̂"),
         "dtype": Param("float64", str, "computation precision (float64: the lower level is solved to 1e-9)",
                        choices=tuple(DTYPES)),
         "damping": Param(None, float, "δ added to the Hessian in the CG solve (None: from the spectrum, "
@@ -254,6 +264,8 @@ class BilevelAttack(Attack):
                        low=0.0, allow_none=True),
     }
 
+    retired = RETIRED_CANDIDATE_SETTINGS
+    checkpoint_every, log_every = 20, 5
     memory_knobs = {"m": "count", "dtype": "dtype"}
 
     def effective(self, view, name: str) -> Any:
@@ -278,41 +290,44 @@ class BilevelAttack(Attack):
     def check(self, view) -> None:
         if view.task != "binary":
             raise ConfigError(f"the bilevel attack handles binary tasks here; the victim's task is {view.task!r}")
-        wd = self.config["weight_decay"] if self.config["weight_decay"] is not None else view.weight_decay
-        if not wd and not self.config["damping"]:
-            raise ConfigError("the bilevel attack needs weight_decay > 0 (the victim's is unknown or 0) or damping > 0, "
-                              "so that the inner Hessian is invertible; pass -p weight_decay=... or -p damping=...")
+        if not view.weight_decay and not self.config["damping"]:
+            raise ConfigError("the bilevel attack needs the victim's weight decay > 0 (unknown or 0 here) or damping > 0, "
+                              "so that the inner Hessian is invertible; state it (--weight-decay W, weight_decay=) or pass "
+                              "-p damping=...")
 
     def run(self, view, out: str | Path | None = None, seed: int = 0, device: str = "cpu", resume: bool = False,
             progress: bool = True, callback=None, callback_every: int = 10, init: torch.Tensor | None = None,
-            init_name: str = "noise") -> Reconstruction:
+            init_name: str = "noise", deadline: Deadline = NEVER, checkpoint_every: int | None = None,
+            log_every: int | None = None) -> Reconstruction:
         """Run the attack on ``view`` (an :class:`~exhume.victim.AttackerView`).
 
         Same protocol as :meth:`exhume.attacks.kkt.KKTAttack.run`: ``out`` for checkpoints,
         ``resume``, ``callback(step, seconds, candidates)`` every ``callback_every`` outer steps,
-        ``init`` display-space starting images (default U(0,1) noise, the paper's), ``init_name``.
+        ``init`` display-space starting images (default U(0,1) noise, the paper's), ``init_name``, ``deadline``,
+        ``checkpoint_every`` and ``log_every``.
         """
         self.check(view)
-        cfg = self.config
+        cfg, every = self.config, self.cadence(checkpoint_every, log_every)
         p = self.problem(view, torch.device(device), seed, init)
         opt = make_optimizer(cfg["optimizer"], [p.x], cfg["lr"])
         run = open_run(out, resume, {"x": p.x, **p.state}, {"opt": opt},
                        {"config": resumable_settings(cfg), "seed": seed, "m": p.m}, snapshot=lambda: {"x": p.x, **p.state},
-                       defaults=self.defaults())
+                       defaults=self.defaults(), retired=self.retired_on(view))
         self.project(p)
-        step = self.stepper(p, opt, run.history, cold=run.start == 0)  # a resumed run's θ is its checkpoint's: warm
+        step = self.stepper(p, opt, run.history, cold=run.start == 0, deadline=deadline)  # a resumed run's θ is its checkpoint's
 
         def emit(it: int, elapsed: float) -> None:
             with torch.no_grad():
                 callback(it, elapsed, (p.x + p.mean).float().cpu())
 
-        end = attack_loop("bilevel attack", cfg, run, step, progress=progress, emit=None if callback is None else emit,
-                          emit_every=callback_every)
-        return self.result(p, end, run, seed, init_name)
+        end = attack_loop("bilevel attack", cfg["iterations"], run, step, deadline, every, progress=progress,
+                          emit=None if callback is None else emit, emit_every=callback_every)
+        final = NEVER if not deadline.bounded else deadline.at_least(FINAL_SHARE * deadline.seconds)
+        return self.result(p, end, run, seed, init_name, final)
 
     def problem(self, view, dev: torch.device, seed: int, init: torch.Tensor | None) -> Problem:
         cfg = self.config
-        wd = float((cfg["weight_decay"] if cfg["weight_decay"] is not None else view.weight_decay) or 0.0)
+        wd = float(view.weight_decay or 0.0)
         dtype = DTYPES[cfg["dtype"]]
         model, like = attack_model(view.model, dev, dtype)
         theta_star = flatten(like)
@@ -335,8 +350,10 @@ class BilevelAttack(Attack):
         if self.config["project"]:
             project_range(p.x, -p.mean, 1.0 - p.mean)
 
-    def stepper(self, p: Problem, opt: torch.optim.Optimizer, history: list[dict[str, Any]], cold: bool = True):
-        """One outer step: inner training, adjoint solve, implicit gradient, optimiser step, projection."""
+    def stepper(self, p: Problem, opt: torch.optim.Optimizer, history: list[dict[str, Any]], cold: bool = True,
+                deadline: Deadline = NEVER):
+        """One outer step: inner training, adjoint solve, implicit gradient, optimiser step, projection (abandoned when
+        ``deadline`` passes inside it)."""
         cfg = self.config
 
         first = [cold]  # the first solve of a run from its start is not warm-started: give it more Newton steps
@@ -344,7 +361,7 @@ class BilevelAttack(Attack):
         def step(it: int, log: bool, clock) -> dict[str, str] | None:
             inner: dict[str, Any] = {}
             steps = cfg["inner_steps"] * (4 if first[0] else 1)
-            spent = budget_spent(cfg["max_seconds"], clock)
+            spent = budget_spent(deadline)
             theta, inner_grad = solve_inner(p.model, p.like, p.state["theta"], p.x, p.y, p.loss, p.wd, steps, cfg["inner_tol"],
                                             cfg["inner_solver"], cfg["smooth"], inner, stop=spent)
             dist = float(((theta - p.theta_star) ** 2).sum())
@@ -374,15 +391,13 @@ class BilevelAttack(Attack):
 
         return step
 
-    def result(self, p: Problem, end, run: RunState, seed: int, init_name: str) -> Reconstruction:
-        """θ after solving: train once more on the final candidates and measure the distance to θ*."""
+    def result(self, p: Problem, end, run: RunState, seed: int, init_name: str, deadline: Deadline = NEVER) -> Reconstruction:
+        """θ after solving: train once more on the final candidates (until ``deadline``) and measure the distance to θ*."""
         cfg = self.config
         final: dict[str, Any] = {}
-        allowance = None if cfg["max_seconds"] is None else max(cfg["max_seconds"] - end.elapsed, FINAL_SHARE * cfg["max_seconds"])
-        t0 = time.perf_counter()
         theta_final, inner_grad = solve_inner(p.model, p.like, p.state["theta"], p.x, p.y, p.loss, p.wd,
                                               max(cfg["inner_steps"], 100), cfg["inner_tol"], cfg["inner_solver"], cfg["smooth"],
-                                              final, stop=budget_spent(allowance, lambda: time.perf_counter() - t0))
+                                              final, stop=budget_spent(deadline))
         dist = float(((theta_final - p.theta_star) ** 2).sum())
         with torch.no_grad():
             out_final = functional_call(p.model, unflatten(theta_final, p.like), (p.x,))

@@ -57,7 +57,7 @@ def load_checkpoint(path: Path, tensors: dict[str, torch.Tensor], optimizers: di
     from a checkpoint's ``config`` (one added to exhume after the checkpoint was written) counts as
     its default, since a new setting's default keeps the behaviour the older run had. ``retired``: settings the
     attack no longer has, with the values under which the older run did what this one does; a checkpoint that
-    recorded one of them with another value is refused.
+    recorded one of them with another value is refused; one of :data:`PLUMBING` is never compared.
     """
     payload = load_torch(path, "cannot resume", "exhume checkpoint", limit=expected_limit(state_bytes(tensors, optimizers)))
     owner = _OWNER.get() or {}
@@ -70,7 +70,7 @@ def load_checkpoint(path: Path, tensors: dict[str, torch.Tensor], optimizers: di
         if key == "config" and isinstance(saved, dict) and isinstance(value, dict):
             saved = {**{k: v for k, v in (defaults or {}).items() if k in value}, **saved}
             gone = retired or {}
-            saved = {k: v for k, v in saved.items() if k in value or k not in gone or v not in gone[k]}
+            saved = {k: v for k, v in saved.items() if k not in PLUMBING and (k in value or k not in gone or v not in gone[k])}
         if saved != value:
             if isinstance(saved, dict) and isinstance(value, dict):  # name the settings that differ, not the whole dicts
                 diff = sorted(set(saved) | set(value), key=str)
@@ -94,7 +94,11 @@ def load_checkpoint(path: Path, tensors: dict[str, torch.Tensor], optimizers: di
     return state
 
 
-BUDGET_SETTINGS = ("iterations", "max_seconds", "checkpoint_every", "log_every")
+#: how a run was bounded and how often it recorded itself, never what it computed: settings of the attacks once (now the
+#: run's deadline and Attack.run's keywords), which a checkpoint that recorded them resumes with whatever their value
+PLUMBING = ("max_seconds", "checkpoint_every", "log_every")
+#: the settings a resumed run may change: its step budget
+BUDGET_SETTINGS = ("iterations",)
 
 
 def resumable_settings(cfg: dict[str, Any], budget: tuple[str, ...] = BUDGET_SETTINGS) -> dict[str, Any]:

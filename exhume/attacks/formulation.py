@@ -134,9 +134,9 @@ def auto_form(task: str, loss: str | None) -> str:
     return "margin"
 
 
-def form_for(view, form: str = "auto", loss: str | None = None) -> str:
-    """The formulation a run with ``formulation=form`` and ``loss=loss`` (None: the victim's) uses on ``view``."""
-    return auto_form(view.task, loss or view.loss) if form == "auto" else form
+def form_for(view, form: str = "auto") -> str:
+    """The formulation a run with ``formulation=form`` uses on ``view`` (with the victim's loss, the view's)."""
+    return auto_form(view.task, view.loss) if form == "auto" else form
 
 
 def objective_for(form: str, loss: str | None, task: str) -> Objective:
@@ -148,21 +148,19 @@ def objective_for(form: str, loss: str | None, task: str) -> Objective:
     if form == "output":
         return output_objective
     if loss is None:
-        raise ConfigError("formulation 'loss' needs the victim's training loss; state it with loss=...")
+        raise ConfigError("formulation 'loss' needs the victim's training loss; state it in the threat model "
+                          "(ThreatModel(loss=...), exhume.attack(loss=...), --loss NAME)")
     if task == "regression" and loss == "squared":
         raise ConfigError("regression targets are unknown to the attacker: use formulation 'output' for squared-loss regression")
     return negative_loss_objective(loss)
 
 
-def resolve(view, model: nn.Module, form: str, loss: str | None, weight_decay: float | None, scale: Any, params, n: int, m: int,
-            dtype: torch.dtype) -> Formulation:
-    """Pick the equation for ``view`` (an AttackerView) and the attack's settings; ``model`` and
-    ``params`` are the attack's working copy (its device and dtype)."""
+def resolve(view, model: nn.Module, form: str, scale: Any, params, n: int, m: int, dtype: torch.dtype) -> Formulation:
+    """Pick the equation for ``view`` (an AttackerView: its task, loss and weight decay) and the attack's settings;
+    ``model`` and ``params`` are the attack's working copy (its device and dtype)."""
     if form not in FORMULATIONS:
         raise ConfigError(f"unknown formulation {form!r}; known: {', '.join(FORMULATIONS)}")
-    form, loss = form_for(view, form, loss), loss or view.loss
-    wd = view.weight_decay if weight_decay is None else weight_decay
-    wd = float(wd or 0.0)
+    form, loss, wd = form_for(view, form), view.loss, float(view.weight_decay or 0.0)
     objective = objective_for(form, loss, view.task)
     labels = candidate_labels(view.task, m, view.num_classes, dtype)
     if scale == "auto":

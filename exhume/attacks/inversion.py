@@ -39,6 +39,7 @@ from exhume.attacks.generator import CONDITIONINGS, OUTPUTS, ConditionedGenerato
 from exhume.attacks.inversion_losses import GRAD_MODES, PERTURBATIONS, ce_term, cosine_term, grad_norm_term, kl_term, ortho_term, perturb
 from exhume.attacks.loop import RunState, attack_loop, budget_params, make_optimizer, open_run
 from exhume.attacks.priors import pixel_term, tv_term
+from exhume.deadline import NEVER, Deadline
 from exhume.errors import ConfigError, DivergenceError
 
 
@@ -79,12 +80,12 @@ class FeatureTap:
 #: copies of the classifier's parameters per generated image with tldr's per-sample gradient norms (measured)
 PER_SAMPLE_GRADIENT_MEMORY = 3.2
 
-INVERSION_BUDGET = ("steps", "max_seconds", "checkpoint_every", "log_every", "samples_per_class")
+INVERSION_BUDGET = ("steps", "samples_per_class")
 
 
 COMMON_PARAMS: dict[str, Param] = {
     "conditioning": Param("vector-matrix", str, "generator conditioning", choices=CONDITIONINGS),
-    **budget_params(300, checkpoint_every=500, log_every=50, name="steps", unit="generator training steps"),
+    **budget_params(300, name="steps", unit="generator training steps"),
     "batch_size": Param(64, int, "generated images per step", low=2),
     "lr": Param(3e-3, float, "Adam learning rate of the generator", low=0.0),
     "latent_dim": Param(64, int, "latent vector size", low=1),
@@ -124,6 +125,7 @@ class GeneratorAttack(Attack):
     takes_init = False  # candidates come from the generator, not from starting images
     equation = Equation()  # it inverts the classifier's decisions, not an equation of the weights and the training data
     budget = "steps"
+    checkpoint_every, log_every = 500, 50
 
     hot: bool = False
     memory_knobs = {"batch_size": "count"}
@@ -162,15 +164,17 @@ class GeneratorAttack(Attack):
             raise ConfigError(f"the {self.name} attack needs image inputs (C, H, W); the victim's input shape is {view.input_shape}")
 
     def run(self, view, out: str | Path | None = None, seed: int = 0, device: str = "cpu", resume: bool = False,
-            progress: bool = True, callback=None, callback_every: int = 500) -> Reconstruction:
+            progress: bool = True, callback=None, callback_every: int = 500, deadline: Deadline = NEVER,
+            checkpoint_every: int | None = None, log_every: int | None = None) -> Reconstruction:
         """Train the generator against ``view``'s classifier and draw candidates.
 
         ``out``: folder for checkpoints (and ``generator.safetensors`` at the end); ``resume``:
         continue from its checkpoint. ``callback(step, seconds, candidates)`` is called every
-        ``callback_every`` steps with freshly drawn display-space candidates.
+        ``callback_every`` steps with freshly drawn display-space candidates; ``deadline``, ``checkpoint_every`` and
+        ``log_every`` as :meth:`exhume.attacks.kkt.KKTAttack.run`'s.
         """
         self.check(view)
-        cfg = self.config
+        cfg, every = self.config, self.cadence(checkpoint_every, log_every)
         c = self.problem(view, torch.device(device), seed)
         opt = make_optimizer("adam", c.gen.parameters(), cfg["lr"], betas=(0.5, 0.999))
         rngs = {"rng": c.rng.get_state(), "torch_rng": torch.get_rng_state()}
@@ -187,8 +191,8 @@ class GeneratorAttack(Attack):
             callback(it, elapsed, self._draw(c.gen, c.classify, c.k, c.rng)[0])
 
         try:
-            end = attack_loop(f"{self.name} attack", cfg, run, step, progress=progress, emit=None if callback is None else emit,
-                              emit_every=callback_every, total_key="steps")
+            end = attack_loop(f"{self.name} attack", cfg["steps"], run, step, deadline, every, progress=progress,
+                              emit=None if callback is None else emit, emit_every=callback_every)
         finally:
             c.tap.remove()
         return self.result(c, end, run, seed, out)

@@ -1,27 +1,24 @@
 """The optimisation-run skeleton every attack shares, so that an attack's ``run()`` is its maths.
 
-* :func:`budget_params`: the run-budget parameters (steps, wall time, checkpoint and logging
-  cadence), one fragment merged into each attack's ``params``;
+* :func:`budget_params`: the attack's step budget (its number of steps), merged into each attack's ``params``;
 * :func:`make_optimizer`: Adam or SGD with momentum (:data:`SGD_MOMENTUM`), built the same way everywhere;
 * :func:`open_run`: the checkpoint file in ``out``, restored in place on ``resume`` (with the
   settings a resumed run must share), and saved by :meth:`RunState.save`;
-* :func:`attack_loop` / :func:`run_loop`: progress, time budget, logging cadence, checkpoints
-  (every K steps, on Ctrl-C and at the end) and a user callback whose time is not counted.
+* :func:`attack_loop` / :func:`run_loop`: progress, the deadline, logging cadence, checkpoints
+  (every K steps, on Ctrl-C and at the end) and a user callback whose time is not counted as the attack's.
 
 An attack supplies ``step(it, log, clock)``, which performs iteration ``it``, appends its own
 history record when ``log`` is true (``clock()`` gives the attack seconds so far) and returns the
-progress-bar postfix (or None); a step long enough to overrun the budget checks it inside
-(:func:`budget_spent`) and raises :class:`BudgetSpent` to be abandoned; ``save(done, elapsed)`` writes a checkpoint; ``emit(it, elapsed)``
-calls the user's callback. A caller that runs attacks under a wall-clock deadline (a portfolio: :func:`wall_deadline`)
-stops their loops there too, whatever their ``max_seconds``.
+progress-bar postfix (or None); a step long enough to overrun the deadline checks it inside
+(:func:`budget_spent`) and raises :class:`BudgetSpent` to be abandoned; ``save(done, elapsed)`` writes a checkpoint;
+``emit(it, elapsed)`` calls the user's callback. The loop stops at its step budget or once its
+:class:`~exhume.deadline.Deadline` (given by the caller, :meth:`Attack.run`'s ``deadline``) has passed.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +28,7 @@ import torch
 from exhume.attacks.base import DTYPES, Param
 from exhume.attacks.checkpoint import load_checkpoint, save_checkpoint
 from exhume.choices import STEP_OPTIMIZERS
+from exhume.deadline import Deadline
 from exhume.heap import retained_heap
 from exhume.interrupts import whole_step
 from exhume.progress import Progress
@@ -43,12 +41,12 @@ CANDIDATE_PARAMS: dict[str, Param] = {
     "n_guess": Param(None, int, "attacker's guess of n (default from the victim's metadata, else 100)", low=1, allow_none=True),
     "lr": Param(1e-2, float, "learning rate for the candidates x̂", low=0.0),
     "optimizer": Param("adam", str, "optimiser of the candidates (and of kkt's multipliers)", choices=STEP_OPTIMIZERS),
-    "weight_decay": Param(None, float, "the victim's weight decay w, if its metadata lacks it", low=0.0, allow_none=True),
     "dtype": Param("float32", str, "computation precision", choices=tuple(DTYPES)),
 }
 
 #: settings :data:`CANDIDATE_PARAMS` no longer has, with the values a checkpoint may have recorded (Attack.retired)
-RETIRED_CANDIDATE_SETTINGS: dict[str, tuple[Any, ...]] = {"momentum": (SGD_MOMENTUM,)}
+#: (weight_decay: now the attacker's view's, exhume.request.ThreatModel; a checkpoint that stated the view's value resumes)
+RETIRED_CANDIDATE_SETTINGS: dict[str, tuple[Any, ...]] = {"momentum": (SGD_MOMENTUM,), "weight_decay": (None,)}
 
 #: the known start's decay c and the output's soft threshold, as kkt and simulate declare them
 START_DECAY = Param("auto", float, "known start: c in θ_T − c·θ_0, the start's share left by weight decay: 'auto' "
@@ -60,16 +58,9 @@ BACKGROUND = Param("auto", float, "soft threshold τ on the returned candidates,
                    "optimisation is the same", low=0.0, high=0.5, words=("auto",))
 
 
-def budget_params(total: int, checkpoint_every: int, log_every: int, name: str = "iterations",
-                  unit: str = "optimisation steps") -> dict[str, Param]:
-    """The run-budget parameters of an attack: ``name`` (the number of steps), ``max_seconds``,
-    ``checkpoint_every`` and ``log_every``, with this attack's defaults."""
-    return {
-        name: Param(total, int, unit, low=1),
-        "max_seconds": Param(None, float, "stop after this much wall time (resumable)", low=0.0, allow_none=True),
-        "checkpoint_every": Param(checkpoint_every, int, f"{unit} between checkpoints (with an output folder)", low=1),
-        "log_every": Param(log_every, int, f"{unit} between loss-history entries", low=1),
-    }
+def budget_params(total: int, name: str = "iterations", unit: str = "optimisation steps") -> dict[str, Param]:
+    """The attack's step budget ``name`` (its number of steps, default ``total``); its seconds are the run's deadline."""
+    return {name: Param(total, int, unit, low=1)}
 
 
 def make_optimizer(kind: str, params: Iterable[torch.Tensor], lr: float, momentum: float = SGD_MOMENTUM,
@@ -115,50 +106,24 @@ def open_run(out: str | Path | None, resume: bool, tensors: dict[str, torch.Tens
     return run
 
 
-def attack_loop(desc: str, cfg: dict[str, Any], run: RunState, step: Callable[[int, bool, Callable[[], float]], dict[str, str] | None],
-                *, progress: bool = True, emit: Callable[[int, float], None] | None = None, emit_every: int = 1000,
-                total_key: str = "iterations") -> LoopEnd:
-    """:func:`run_loop` with the budget parameters of ``cfg`` (:func:`budget_params`) and ``run``'s checkpoint,
-    freed memory kept in the process meanwhile (:func:`exhume.heap.retained_heap`: no page faults on reuse)."""
+def attack_loop(desc: str, total: int, run: RunState, step: Callable[[int, bool, Callable[[], float]], dict[str, str] | None],
+                deadline: Deadline, every: tuple[int, int], *, progress: bool = True,
+                emit: Callable[[int, float], None] | None = None, emit_every: int = 1000) -> LoopEnd:
+    """:func:`run_loop` of ``total`` steps to ``deadline``, checkpointing and logging ``every`` ``(checkpoint_every,
+    log_every)`` steps into ``run``, freed memory kept in the process meanwhile (:func:`exhume.heap.retained_heap`: no
+    page faults on reuse)."""
     with retained_heap():
-        return run_loop(desc, cfg[total_key], cfg["max_seconds"], run.start, run.elapsed, step, run.save,
-                        log_every=cfg["log_every"], checkpoint_every=cfg["checkpoint_every"], progress=progress,
-                        emit=emit, emit_every=emit_every)
+        return run_loop(desc, total, deadline, run.start, run.elapsed, step, run.save, checkpoint_every=every[0],
+                        log_every=every[1], progress=progress, emit=emit, emit_every=emit_every)
 
 
 class BudgetSpent(Exception):
-    """Raised by a step that its time budget ran out inside: the step is abandoned (its state untouched)."""
+    """Raised by a step that its deadline passed inside: the step is abandoned (its state untouched)."""
 
 
-_DEADLINE: ContextVar[float | None] = ContextVar("exhume_wall_deadline", default=None)
-
-
-@contextmanager
-def wall_deadline(at: float | None) -> Iterator[None]:
-    """Loops run inside stop once ``time.time()`` reaches ``at`` (None: no deadline), as at their ``max_seconds``.
-
-    The attack's set-up before its loop counts against it: a portfolio gives each restart the end of its
-    wave (:mod:`exhume.portfolio.runner`), so that spawned workers' start-up and slow first set-ups cannot
-    push the whole run past its budget. The last complete iteration is kept and checkpointed as usual.
-    """
-    token = _DEADLINE.set(at)
-    try:
-        yield
-    finally:
-        _DEADLINE.reset(token)
-
-
-def past_deadline() -> bool:
-    at = _DEADLINE.get()
-    return at is not None and time.time() >= at
-
-
-def budget_spent(max_seconds: float | None, clock: Callable[[], float]) -> Callable[[], bool] | None:
-    """``stop()`` for the solvers inside a long step: true once ``clock()`` reaches ``max_seconds`` or the
-    :func:`wall_deadline` passes (None: neither)."""
-    if max_seconds is None and _DEADLINE.get() is None:
-        return None
-    return lambda: (max_seconds is not None and clock() >= max_seconds) or past_deadline()
+def budget_spent(deadline: Deadline) -> Callable[[], bool] | None:
+    """``stop()`` for the solvers inside a long step: true once ``deadline`` has passed (None: it never does)."""
+    return deadline.passed if deadline.bounded else None
 
 
 @dataclass
@@ -167,10 +132,13 @@ class LoopEnd:
     elapsed: float  # attack seconds, callbacks excluded, resumed runs included
 
 
-def run_loop(desc: str, total: int, max_seconds: float | None, start: int, elapsed0: float,
+def run_loop(desc: str, total: int, deadline: Deadline, start: int, elapsed0: float,
              step: Callable[[int, bool, Callable[[], float]], dict[str, str] | None],
              save: Callable[[int, float], None], *, log_every: int, checkpoint_every: int, progress: bool = True,
              emit: Callable[[int, float], None] | None = None, emit_every: int = 1000) -> LoopEnd:
+    """Steps ``start + 1`` to ``total``, stopped after the first that ends past ``deadline`` (wall time: a callback's
+    seconds count there, though not in the attack's ``elapsed``); checkpointed every ``checkpoint_every``, on Ctrl-C
+    and at the end."""
     t0 = time.perf_counter()
     paused = 0.0
 
@@ -178,7 +146,8 @@ def run_loop(desc: str, total: int, max_seconds: float | None, start: int, elaps
         return elapsed0 + time.perf_counter() - t0 - paused
 
     done = last_saved = start
-    bar = Progress(desc, total, max_seconds, start, elapsed0, disable=not progress)
+    left = deadline.left()
+    bar = Progress(desc, total, None if left is None else elapsed0 + left, start, elapsed0, disable=not progress)
     try:
         for it in range(start + 1, total + 1):
             log = it % log_every == 0 or it == 1
@@ -194,10 +163,10 @@ def run_loop(desc: str, total: int, max_seconds: float | None, start: int, elaps
                 pause = time.perf_counter()
                 emit(it, elapsed)
                 paused += time.perf_counter() - pause
-            if (max_seconds is not None and elapsed >= max_seconds) or past_deadline():
+            if deadline.passed():
                 break
     except BudgetSpent:
-        pass  # the step the budget ran out in was abandoned: `done` is the last complete one
+        pass  # the step the deadline passed in was abandoned: `done` is the last complete one
     except KeyboardInterrupt:
         save(done, clock())  # an interrupted run loses nothing: --resume continues from here
         raise

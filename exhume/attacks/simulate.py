@@ -35,6 +35,7 @@ from exhume.attacks.formulation import candidate_labels
 from exhume.attacks.loop import BACKGROUND, CANDIDATE_PARAMS, attack_loop, budget_params, descend, make_optimizer, open_run
 from exhume.attacks.priors import background_level, dark_floor, range_penalty
 from exhume.attacks.record import SolvedEquation
+from exhume.deadline import NEVER, Deadline
 from exhume.errors import ConfigError, DivergenceError
 from exhume.replay import check_exact, recipe
 from exhume.starts import start_digest
@@ -72,9 +73,10 @@ class SimulateAttack(Attack):
     uses_start = True  # it trains from the start
     equation = ExactRun()  # without the view's start and recipe its check cannot be made (equation_on(view) holds them)
     retired = RETIRED
+    checkpoint_every, log_every = 200, 50
     params = {
-        **{k: v for k, v in CANDIDATE_PARAMS.items() if k != "weight_decay"},  # the recipe states it
-        **budget_params(2000, checkpoint_every=200, log_every=50),
+        **CANDIDATE_PARAMS,
+        **budget_params(2000),
         "solver": Param("adam", str, "'adam' descends on the gap with the candidates' optimiser; 'lm': Levenberg–Marquardt "
                         "with the whole Jacobian, α-continuation and restarts, for small problems "
                         "(exhume.attacks.exact_lm; one iteration: one Jacobian)", choices=SOLVERS),
@@ -153,17 +155,18 @@ class SimulateAttack(Attack):
 
     def run(self, view, out: str | Path | None = None, seed: int = 0, device: str = "cpu", resume: bool = False,
             progress: bool = True, callback=None, callback_every: int = 100, init: torch.Tensor | None = None,
-            init_name: str = "noise") -> Reconstruction:
+            init_name: str = "noise", deadline: Deadline = NEVER, checkpoint_every: int | None = None,
+            log_every: int | None = None) -> Reconstruction:
         """Run the attack on ``view`` (an AttackerView with a start and a recipe); the protocol of
         :meth:`exhume.attacks.kkt.KKTAttack.run`."""
         self.check(view)
-        cfg = self.config
+        cfg, every = self.config, self.cadence(checkpoint_every, log_every)
         p = self.problem(view, torch.device(device), seed, init)
         opts = {"opt_x": make_optimizer(cfg["optimizer"], [p.x], cfg["lr"]),
                 "opt_l": make_optimizer(cfg["optimizer"], [p.logits], cfg["lr_labels"])}
         run = open_run(out, resume, {"x": p.x, "logits": p.logits}, opts,
                        {"config": resumable_settings(cfg), "seed": seed, "m": p.x.shape[0], "start": start_digest(view.start)},
-                       defaults=self.defaults(), retired=self.retired)
+                       defaults=self.defaults(), retired=self.retired_on(view))
         tau, why = background_level(cfg["background"], view.mean, tuple(view.input_shape))
 
         def emit(it: int, elapsed: float) -> None:
@@ -173,8 +176,8 @@ class SimulateAttack(Attack):
         classes = self.given_classes(p, view)
         lm = self.lm_solver(p, view, seed, classes) if cfg["solver"] == "lm" else None
         step = self.stepper(p, tuple(opts.values()), run.history) if lm is None else lm_stepper(p, lm, run.history)
-        end = attack_loop("simulate attack", cfg, run, step, progress=progress, emit=None if callback is None else emit,
-                          emit_every=callback_every)
+        end = attack_loop("simulate attack", cfg["iterations"], run, step, deadline, every, progress=progress,
+                          emit=None if callback is None else emit, emit_every=callback_every)
         with torch.no_grad():
             if lm is not None:
                 p.logits.copy_(replay_logits(p.task, lm.finish(p.x)))

@@ -325,7 +325,7 @@ def known_start_residual(view, x: torch.Tensor, y: torch.Tensor, equation: str =
 
     model, params = attack_model(view.model, "cpu", torch.float64)
     eq = build_equation(view, model, params, equation, len(x), decay, preconditioner)
-    form = resolve(view, model, formulation, None, None, 1.0, params, len(x), len(x), torch.float64)
+    form = resolve(view, model, formulation, 1.0, params, len(x), len(x), torch.float64)
     signed = form_for(view, formulation) == "output" or not nonnegative
     got = explained(model, eq, x.double().cpu(), y.cpu(), form.objective, nonnegative=not signed)
     return {"value": got["relative_residual"], "decay": got["decay_fitted"] if eq.direction is not None else eq.info["start_decay"],
@@ -352,7 +352,7 @@ def estimate_second_moment(view, images: torch.Tensor, labels: torch.Tensor | No
         with torch.no_grad():
             out = model(x)
         labels = out.argmax(1) if out.dim() == 2 else torch.where(out >= 0, 1.0, -1.0).double()
-    form = resolve(view, model, "auto", None, None, 1.0, params, len(x), len(x), torch.float64)
+    form = resolve(view, model, "auto", 1.0, params, len(x), len(x), torch.float64)
     eq = StartEquation(tuple(params), [params], params, None, 1.0)
     labels = torch.as_tensor(labels)
     g2 = sum(per_sample(model, eq, x[s:s + 64], labels[s:s + 64], form.objective).double().pow(2).sum(0)

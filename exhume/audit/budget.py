@@ -6,8 +6,8 @@ gradients of the training images and up to ``MEMBERSHIP_NONMEMBERS`` unseen ones
 the attack (identifiability: per-record gradients at the training images and their ``n × n``
 Gram matrix; the evaluation: SSIM of every candidate against the training and unseen images; the
 figures and the report) is estimated before the attack from rates measured then, scaled by its
-counts (:func:`exhume.evaluation.cost.judging_estimate`). The attack gets the rest through its own
-wall-clock budget (the portfolio's deadline, :mod:`exhume.portfolio.run`).
+counts (:func:`exhume.evaluation.cost.judging_estimate`). The attack gets the rest as its deadline
+(:meth:`AuditBudget.attack_deadline`, handed to :func:`exhume.attack`).
 
 When the fixed work leaves the attack less than :data:`MIN_ATTACK_SHARE` of the budget, the attack
 keeps that share and the audit takes longer than asked: one warning line says how long and which
@@ -22,6 +22,8 @@ import math
 import sys
 from dataclasses import dataclass
 from typing import Any
+
+from exhume.deadline import Deadline
 
 #: the attack keeps at least this share of the budget, whatever the fixed work costs (the audit then overruns, and says so)
 MIN_ATTACK_SHARE = 0.5
@@ -45,6 +47,10 @@ class AuditBudget:
         attack = max(seconds - before - estimate["total"], MIN_ATTACK_SHARE * seconds)
         parts = None if parts is None else {k: round(v, 2) for k, v in parts.items()}
         return cls(float(seconds), round(before, 2), estimate, round(attack, 2), origin, parts)
+
+    def attack_deadline(self) -> Deadline:
+        """The attack's deadline: its share from now (made when the split is, right before the attack)."""
+        return Deadline.after(self.attack)
 
     @property
     def covered(self) -> bool:

@@ -52,10 +52,12 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from exhume.audit import audit, load_images, load_model_class, load_weights
+    from exhume.deadline import Deadline
     from exhume.evaluation.cost import since_process_start
 
-    started = (time.perf_counter() - since_process_start(), "the start of the exhume audit process")  # start-up and loading count
+    started = time.time() - since_process_start()  # the budget counts the interpreter's start-up and the loading too
     cfg = settings(args)
+    deadline = Deadline.after(cfg.max_seconds, since=started)
     model = load_weights(load_model_class(cfg.model, cfg.model_args), cfg.weights)
     x, y = load_images(cfg.train, need_labels=True)
     unseen, unseen_y = load_images(cfg.unseen, need_labels=False)  # labels, when given, score membership fairly
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         unseen_given = unseen if unseen_y is None else (unseen, unseen_y)
         result = audit(model, (x, y), unseen_given, config=cfg, progress=not args.no_progress, force=args.force, resume=args.resume,
-                       settings=cfg.given(RECORDED), started=started)
+                       settings=cfg.given(RECORDED), deadline=deadline)
     except DataError as e:  # about the training data and the model: name the file
         raise DataError(f"{cfg.train}: {e}") from None
     _print_verdict(result, Path(cfg.out))

@@ -6,8 +6,8 @@ A facade (docs/DESIGN.md, "The rooms above and below"): it wraps the model in th
 public :func:`exhume.attack` within what the budget leaves, and evaluates with
 :func:`exhume.evaluation.run.evaluate` on the arrays (the unseen images are the pool and the
 control), then writes the report. It has no attack logic of its own. ``max_seconds`` is the whole
-audit's wall time: the judging after the attack is estimated before it and kept aside
-(:mod:`exhume.audit.budget`).
+audit's wall time (its :class:`~exhume.deadline.Deadline`): the judging after the attack is estimated before it and
+kept aside, the attack gets the rest (:mod:`exhume.audit.budget`).
 
 Nothing that changes the result is assumed: the loss, the weight decay and the input
 normalisation must be stated, or the audit is refused with a message naming the missing one.
@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from exhume.audit.config import LOSS_NAMES, AuditConfig, from_options  # noqa: F401
+from exhume.deadline import Deadline
 from exhume.errors import ConfigError, DataError
 from exhume.files.runfolder import own_output
 
@@ -137,7 +138,7 @@ def _check_matching_size(n: int, method: str, attack_args: dict[str, Any]) -> No
 
 
 def audit(model: nn.Module, train, unseen, *, config: AuditConfig | None = None, progress: bool = True,
-          settings: dict[str, Any] | None = None, force: bool = False, resume: bool = False, started: tuple[float, str] | None = None,
+          settings: dict[str, Any] | None = None, force: bool = False, resume: bool = False, deadline: Deadline | None = None,
           **options: Any) -> AuditResult:
     """Audit ``model`` (trained on ``train = (x, y)``) for training-data leakage; see the module docstring.
 
@@ -156,20 +157,22 @@ def audit(model: nn.Module, train, unseen, *, config: AuditConfig | None = None,
     (a dict of training settings) and ``optimizer_state`` (Adam's final state, a file): the attack
     and the assumption check then use the known-start equation. ``settings``: recorded as given.
     ``force=True`` replaces an earlier audit's attack run in ``out``; ``resume=True`` continues an
-    interrupted one (same model, data and settings) and judges it. ``started``: ``(time.perf_counter() value, what it
-    is)`` the budget counts from, if before this call (``exhume audit``: its process's start).
+    interrupted one (same model, data and settings) and judges it. ``deadline``: the audit's, made by its caller from
+    ``max_seconds`` (``exhume audit``: counted from its process's start; its seconds are then the budget), else
+    ``max_seconds`` from this call.
     """
-    t0 = time.perf_counter() if started is None else started[0]  # max_seconds counts from here: checks, membership, attack, judging
+    origin = "the call of exhume.audit" if deadline is None else "its caller's deadline (exhume audit: the process's start)"
     cfg = from_options(config, **options)
+    deadline = Deadline.after(cfg.max_seconds) if deadline is None else deadline  # checks, membership, attack, judging
     request, attack_args = _request(cfg, force, resume)
     with own_output(cfg.out) if cfg.out is not None else contextlib.nullcontext():  # one lock: attack, evaluation, report
         data = _audited(model, train, unseen, cfg, request.threat)
-        _before_attack(data, cfg, request, t0, "the call of exhume.audit" if started is None else started[1])
+        _before_attack(data, cfg, request, deadline, origin)
         data.budget.announce(progress)
         began = time.perf_counter()
-        recon = _attack(data, cfg, _within(request, data.budget, cfg), attack_args, progress)
+        recon = _attack(data, cfg, request, attack_args, progress)
         data.attack_seconds = time.perf_counter() - began
-        return _judge(data, recon, cfg, settings, t0)
+        return _judge(data, recon, cfg, settings, deadline)
 
 
 @dataclass
@@ -203,7 +206,7 @@ def _request(cfg: AuditConfig, force: bool, resume: bool):
     from exhume.attacks import attack_class
     from exhume.request import Request
 
-    settings = {**attack_class(cfg.method).time_budget(cfg.max_seconds), **cfg.attack_args}
+    settings = {**attack_class(cfg.method).by_deadline(), **cfg.attack_args}
     return Request.of(None, {**settings, "device": cfg.device, "out": None if cfg.out is None else Path(cfg.out), "force": force,
                              "resume": resume, "start": cfg.start, "training": cfg.training or None,
                              "start_partial": cfg.start_partial, "optimizer_state": cfg.optimizer_state})
@@ -282,26 +285,26 @@ def _law(data: _Audited, cfg: AuditConfig) -> dict[str, Any]:
     return record
 
 
-def _before_attack(data: _Audited, cfg: AuditConfig, request, t0: float, origin: str) -> None:
+def _before_attack(data: _Audited, cfg: AuditConfig, request, deadline: Deadline, origin: str) -> None:
     """What does not depend on the attack, measured now: the membership exposure (timed), then the judging's estimate
-    and the budget's split (:mod:`exhume.audit.budget`), kept in ``data``."""
+    and the split of ``deadline``'s seconds (:mod:`exhume.audit.budget`), kept in ``data``."""
     from exhume.audit.budget import AuditBudget
     from exhume.evaluation.cost import judging_estimate
     from exhume.portfolio.plan import default_workers
 
-    started = time.perf_counter()
+    before, started = deadline.spent(), time.perf_counter()
     data.membership, records = _membership(data, cfg)
     probes = time.perf_counter()
-    expected = _candidates(len(data.x), cfg, request.budget.restarts, request.budget.workers or default_workers())
+    expected = _candidates(len(data.x), cfg, deadline.seconds, request.budget.restarts, request.budget.workers or default_workers())
     parameters = sum(p.numel() for p in data.wrapped.parameters())
     estimate, data.roc = judging_estimate(len(data.x), data.unseen, parameters, expected, (probes - started, records),
                                           None if cfg.out is None else data.membership[1])
-    now = time.perf_counter()
-    parts = {"start-up, loading and checks": started - t0, "membership exposure": probes - started, "judging's probes": now - probes}
-    data.budget = AuditBudget.split(cfg.max_seconds, now - t0, estimate, origin, parts)
+    parts = {"start-up, loading and checks": before, "membership exposure": probes - started,
+             "judging's probes": time.perf_counter() - probes}
+    data.budget = AuditBudget.split(deadline.seconds, deadline.spent(), estimate, origin, parts)
 
 
-def _candidates(n: int, cfg: AuditConfig, restarts, workers: int) -> int:
+def _candidates(n: int, cfg: AuditConfig, seconds: float, restarts, workers: int) -> int:
     """At most the candidates the attack returns: one run's count (``n`` when not fixed) times its restarts (the number
     asked, else the most the portfolio's sizing gives the whole budget: a wave of ``workers`` per ``seconds_per_restart``)."""
     from exhume.attacks import attack_class
@@ -312,28 +315,22 @@ def _candidates(n: int, cfg: AuditConfig, restarts, workers: int) -> int:
     except ConfigError:  # a malformed setting: the attack's own validation names it when it runs
         per = n
     if not isinstance(restarts, int):
-        waves = max(1, round(cfg.max_seconds / (restart_plan(cfg.method).seconds_per_restart or SECONDS_PER_RESTART)))
+        waves = max(1, round(seconds / (restart_plan(cfg.method).seconds_per_restart or SECONDS_PER_RESTART)))
         restarts = min(workers * waves, MAX_AUTO_RESTARTS)
     return per * restarts
 
 
-def _within(request, budget, cfg: AuditConfig):
-    """The attack's request with the budget's share as its wall time (unless ``attack_args`` set the attack's own)."""
-    from dataclasses import replace
-
-    if "max_seconds" in cfg.attack_args:
-        return request
-    return replace(request, budget=replace(request.budget, max_seconds=budget.attack))
-
-
 def _attack(data: _Audited, cfg: AuditConfig, request, attack_args: dict[str, Any], progress: bool):
-    """The public :func:`exhume.attack` on the attacker's view (its start attached already), within the audit's budget."""
+    """The public :func:`exhume.attack` on the attacker's view (its start attached already), by the audit's deadline for
+    its attack (:meth:`~exhume.audit.budget.AuditBudget.attack_deadline`; ``attack_args``' own ``max_seconds``, if set)."""
     import exhume  # the public exhume.attack: whatever runs it (e.g. a restart portfolio) applies here
 
-    return exhume.attack(data.view, method=cfg.method, seed=cfg.seed, request=request.on_view(), progress=progress, **attack_args)
+    deadline = None if request.budget.max_seconds is not None else data.budget.attack_deadline()
+    return exhume.attack(data.view, method=cfg.method, seed=cfg.seed, request=request.on_view(), progress=progress,
+                         deadline=deadline, **attack_args)
 
 
-def _judge(data: _Audited, recon, cfg: AuditConfig, settings: dict[str, Any] | None, t0: float) -> AuditResult:
+def _judge(data: _Audited, recon, cfg: AuditConfig, settings: dict[str, Any] | None, deadline: Deadline) -> AuditResult:
     """Evaluate the reconstruction against the training images (the unseen ones are pool and control), with the verdict."""
     from exhume.evaluation.run import evaluate, margins_of
     from exhume.report import write_report
@@ -353,27 +350,27 @@ def _judge(data: _Audited, recon, cfg: AuditConfig, settings: dict[str, Any] | N
     m["victim"] = {**data.info, "stationarity_residual": data.measured["value"], "stationarity_definition": data.measured["definition"],
                    "stationarity_limit": data.measured["limit"],
                    "train_accuracy": float((torch.as_tensor(margins) > 0).double().mean())}
-    m["audit"] = {**(settings or {}), "method": cfg.method, "max_seconds": cfg.max_seconds, "seed": cfg.seed,
+    m["audit"] = {**(settings or {}), "method": cfg.method, "max_seconds": deadline.seconds, "seed": cfg.seed,
                   "wall_seconds": None, **_start_record(data.view, cfg)}
     m["law"] = _law(data, cfg)
     if out is not None:
         _write_scores(scores, out / "evaluation", data.roc)
-    _timed(m, data, t0, judging)
+    _timed(m, data, deadline, judging)
     if out is not None:
         result.save(out / "evaluation")
         write_report(out)
-        _timed(m, data, t0, judging)  # the report written: the seconds returned (metrics.json's are those before the report)
+        _timed(m, data, deadline, judging)  # the report written: the seconds returned (metrics.json's are those before the report)
     return AuditResult(verdict=m["verdict"], reason=m["verdict_reason"], metrics=m, reconstruction=recon, out=out)
 
 
-def _timed(m: dict[str, Any], data: _Audited, t0: float, judging: float) -> None:
+def _timed(m: dict[str, Any], data: _Audited, deadline: Deadline, judging: float) -> None:
     """The audit's seconds so far into ``m["audit"]``: the wall time and the budget's split with its measured parts."""
-    now = time.perf_counter()
-    m["audit"]["wall_seconds"] = round(now - t0, 1)
+    now, wall = time.perf_counter(), deadline.spent()
+    m["audit"]["wall_seconds"] = round(wall, 1)
     if data.budget is not None:  # None: judged without the audit's split (a caller of _judge alone)
         parts = {**data.judging_parts, "evaluation's matching": m.get("evaluation_seconds") or 0.0}
         parts["figures, files and the rest"] = now - judging - sum(parts.values())
-        m["audit"]["budget"] = data.budget.record(data.attack_seconds, now - judging, now - t0, parts)
+        m["audit"]["budget"] = data.budget.record(data.attack_seconds, now - judging, wall, parts)
 
 
 #: at most this many unseen images are scored for membership (or as many as the training images, if more)

@@ -41,7 +41,8 @@ FULL = {  # the paper's scale (a GPU and hours)
 }
 # each attack's further arguments, ATTACK_args: the paper's kkt keeps candidates where their initialisation puts
 # them (no projection onto the data's span); bilevel takes --bilevel-damping
-RUN_ARGS = {"kkt_args": {"log_every": 100, "subspace": "off"}, "bilevel_args": {"log_every": 10}}
+RUN_ARGS = {"kkt_args": {"subspace": "off"}, "bilevel_args": {}}
+LOG_EVERY = {"kkt_args": 100, "bilevel_args": 10}  # steps between loss-history entries of each attack's runs
 SETS = ("train", "partition", "noise")
 HELP = ("Runkel et al.'s initialisation study for kkt and bilevel: a grid of mixtures of ground truth, "
         "a disjoint partition and U(0,1) noise; mean L2 distances to the nearest training/partition/noise image, "
@@ -138,7 +139,7 @@ def _one_run(attack: str, view, refs, heldout, l1: float, l2: float, s: dict, fo
     atk = get_attack(attack, iterations=s[f"{attack}_iterations"], **RUN_ARGS[f"{attack}_args"], **extra)
     again = resume and (folder / "checkpoint.pt").is_file()  # a run cut by a chunk's end (or Ctrl-C) continues
     recon = atk.run(view, out=folder, resume=again, seed=s["seed"], progress=False, init=init, init_name=name,
-                    device=s.get("device", "cpu"))
+                    device=s.get("device", "cpu"), log_every=LOG_EVERY[f"{attack}_args"])
     seconds = recon.record.seconds or 0.0  # the attack's own, over every chunk
     recon.save(folder)
     cand = recon.candidates.float().clamp(0, 1)

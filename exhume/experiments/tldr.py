@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from exhume.deadline import Deadline
 from exhume.errors import ConfigError
 from exhume.experiments.registry import register_experiment
 
@@ -29,6 +30,8 @@ PAPER_CLAIM = ("reconstructions of MNIST / Fashion-MNIST look like training imag
 
 #: the attacks this experiment compares (plain inversion and TLDR), and the one it runs at every training-set size
 METHODS = ("inversion", "tldr")
+#: generator steps between an attack's checkpoints (a capped attack resumes from its last)
+CHECKPOINT_EVERY = 250
 EVERY_SIZE = "tldr"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,8 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples-per-class", type=int, default=10, help="candidates per class (default 10)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.add_argument("--max-seconds", type=float, default=None,
-                   help="wall-time cap per attack; a capped attack is finished by running the same command again "
-                        "with --resume (it resumes from its checkpoint)")
+                   help="wall-time cap per attack (its deadline, from its start); a capped attack is finished by running the "
+                        "same command again with --resume (it resumes from its checkpoint)")
     p.add_argument("--resume", action="store_true", help="reuse the victims and finished attacks in --out and continue the "
                    "capped ones from their checkpoints")
     p.add_argument("--methods", default=",".join(METHODS), help=f"attacks on the first size (default {','.join(METHODS)}; "
@@ -81,7 +84,9 @@ def _heldout(victim, seed: int):
 
 
 def _attack_and_judge(method: str, victim, held, out: Path, cfg: dict[str, Any], seed: int, progress: bool,
-                      device: str = "cpu", resume: bool = False) -> dict[str, Any]:
+                      device: str = "cpu", resume: bool = False, seconds: float | None = None) -> dict[str, Any]:
+    """One attack (``seconds``: its cap, a deadline from its start), its candidates judged against the training and
+    held-out images."""
     from exhume.attacks import get_attack, load_reconstruction
     from exhume.evaluation.trainlike import class_grid, per_class_evaluation
     from exhume.evaluation.trainlike_stats import membership_tests
@@ -90,7 +95,7 @@ def _attack_and_judge(method: str, victim, held, out: Path, cfg: dict[str, Any],
     recon = load_reconstruction(folder) if resume and (folder / "reconstruction.json").is_file() else None
     if recon is None or recon.record.iterations < cfg["steps"]:  # absent, or capped by --max-seconds: resume
         recon = get_attack(method, **cfg).run(victim.attacker_view(), out=folder, seed=seed, progress=progress, resume=resume,
-                                              device=device)
+                                              device=device, deadline=Deadline.after(seconds), checkpoint_every=CHECKPOINT_EVERY)
         recon.save(folder)
     train = victim.train_set
     t0 = time.perf_counter()
@@ -146,8 +151,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     progress = not args.no_progress
-    cfg = {"steps": steps, "samples_per_class": args.samples_per_class, "max_seconds": args.max_seconds,
-           "checkpoint_every": 250}
+    cfg = {"steps": steps, "samples_per_class": args.samples_per_class}
     first_methods = [m.strip() for m in str(args.methods).split(",") if m.strip()]
     if not first_methods or set(first_methods) - set(METHODS):
         raise ConfigError(f"--methods must list {' and/or '.join(METHODS)}, got {args.methods!r}")
@@ -167,7 +171,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rows.append(_signal_row(n, sep))
         methods = first_methods if i == 0 else [EVERY_SIZE]
         for method in methods:
-            r = _attack_and_judge(method, victim, held, vdir, cfg, args.seed, progress, args.device, args.resume)
+            r = _attack_and_judge(method, victim, held, vdir, cfg, args.seed, progress, args.device, args.resume, args.max_seconds)
             r.update(n_train=n, n_heldout=len(held), victim_train_accuracy=victim.metrics.get("train_accuracy"),
                      victim_test_accuracy=victim.metrics.get("test_accuracy"), label=f"{method} n={n}")
             results["runs"].append(r)

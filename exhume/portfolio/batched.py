@@ -13,7 +13,7 @@ At equal iterations the candidates are those of the restarts run one by one, up 
 (``tests/test_batched.py``, float64, every kkt setting that enters the step).
 
 Restarts batch together when their settings differ only in :data:`PER_RESTART` (the default
-variants do); other groups run one after another, the budget split by their sizes. A divergent
+variants do); other groups run one after another, the deadline's time split by their sizes. A divergent
 restart leaves the batch and is recorded as diverged, as a lone one is. A module that ``vmap``
 cannot run (control flow on tensor values) leaves the group to the usual path.
 
@@ -26,7 +26,6 @@ no measurement yet shows it gives equal results.
 from __future__ import annotations
 
 import json
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -36,13 +35,14 @@ import torch
 from exhume.attacks.base import ATTACKS
 from exhume.attacks.kkt import traces
 from exhume.choices import BATCH_CHOICES
+from exhume.deadline import NEVER, Deadline
 from exhume.errors import ConfigError, DivergenceError
 from exhume.portfolio.plan import Restart
 
 #: make_fx's mode: real tensors (fake ones gave a graph whose replay failed on a view under vmap)
 TRACING_MODE = "real"
-#: settings restarts of one batch may differ in: they touch only each restart's optimisers and budget
-PER_RESTART = ("lr", "lr_lambda", "max_seconds")
+#: settings restarts of one batch may differ in: they touch only each restart's optimisers
+PER_RESTART = ("lr", "lr_lambda")
 
 
 def use_batched(setting: str, device: str, method: str, storage: str | None) -> tuple[bool, str]:
@@ -124,7 +124,7 @@ class Batch:
     members: list[Member]
     fn: Any  # value_and_gradients of the vmapped loss terms
     live: list[Member] = field(default_factory=list)
-    seconds: float | None = None  # the batch's time budget (total attack seconds, a resumed run's included)
+    deadline: Deadline = NEVER  # the batch's; its seconds decide the trace (exhume.attacks.kkt.traces)
     graph: Any = None  # the traced fn, once traced
     trace_state: Any = None  # None (not yet), the traced shapes, or 'failed'
     checked: bool = False  # one evaluation ran: vmap runs this module
@@ -209,7 +209,7 @@ def evaluate(batch: Batch) -> tuple[torch.Tensor, ...]:
     """:func:`value_and_gradients` at the live restarts' unknowns: eager in a short run, else replayed from its trace
     from the first step (traced again when a restart leaves the batch; :func:`exhume.attacks.kkt.traces`)."""
     args = (torch.stack([m.problem.x.detach() for m in batch.live]), torch.stack([m.problem.u.detach() for m in batch.live]))
-    if batch.trace_state != "failed" and traces(batch.live[0].attack.config["iterations"], batch.seconds):
+    if batch.trace_state != "failed" and traces(batch.live[0].attack.config["iterations"], batch.deadline.seconds):
         key = (tuple(args[0].shape), tuple(args[1].shape))
         if batch.trace_state != key:
             batch.graph = trace(batch.fn, args)
@@ -253,8 +253,9 @@ def batched_step(batch: Batch, it: int, log: bool, clock) -> dict[str, str] | No
 
 
 def run_group(view, method: str, restarts: list[Restart], store, resume: bool, device: str, progress: bool,
-              seconds: float | None) -> list[tuple[Member, Any]]:
-    """Run one group of restarts batched for at most ``seconds`` (None: their iteration budget); ``[(member, result)]``."""
+              deadline: Deadline, every: tuple[int | None, int | None] = (None, None)) -> list[tuple[Member, Any]]:
+    """Run one group of restarts batched until ``deadline`` or their iteration budget, checkpointing and logging
+    ``every`` ``(checkpoint_every, log_every)`` steps (None: the attack's); ``[(member, result)]``."""
     from exhume.attacks.loop import run_loop
     from exhume.attacks.priors import background_level
     from exhume.heap import retained_heap
@@ -265,9 +266,10 @@ def run_group(view, method: str, restarts: list[Restart], store, resume: bool, d
         raise _NotBatchable(f"their checkpoints stand at different iterations ({sorted(starts)})")
     lead = batch.members[0]
     cfg, start = lead.attack.config, lead.run.start
+    checkpoint_every, log_every = lead.attack.cadence(*every)
     lead.problem.form.info.update(residual_traced=False, residual_trace_note="restarts batched through torch.func.vmap, eager: "
                                   "a short run by its settings (exhume.attacks.kkt.traces)")
-    batch.seconds = seconds
+    batch.deadline = deadline
 
     def save(done: int, elapsed: float) -> None:
         for mem in batch.live:
@@ -275,9 +277,9 @@ def run_group(view, method: str, restarts: list[Restart], store, resume: bool, d
 
     with retained_heap(), no_tf32():
         try:
-            end = run_loop(f"kkt batch of {len(restarts)}", cfg["iterations"], seconds, start, lead.run.elapsed,
+            end = run_loop(f"kkt batch of {len(restarts)}", cfg["iterations"], deadline, start, lead.run.elapsed,
                            lambda it, log, clock: batched_step(batch, it, log, clock), save,
-                           log_every=cfg["log_every"], checkpoint_every=cfg["checkpoint_every"], progress=progress)
+                           log_every=log_every, checkpoint_every=checkpoint_every, progress=progress)
         except DivergenceError:  # every restart diverged: each one's error is recorded
             end = None
     tau = background_level(cfg["background"], view.mean, tuple(view.input_shape))
@@ -309,8 +311,10 @@ class _NotBatchable(Exception):
     """This group cannot run batched (the reason is the message): it runs the usual way."""
 
 
-def run_batched(view, plan, pending: list[Restart], store, resume: bool, device: str, progress: bool, on_done) -> list[dict[str, Any]]:
-    """Run ``pending`` batched, group by group (the budget left split by group size); returns one record per group.
+def run_batched(view, plan, pending: list[Restart], store, resume: bool, device: str, progress: bool, on_done,
+                deadline: Deadline = NEVER) -> list[dict[str, Any]]:
+    """Run ``pending`` batched, group by group (the time left until ``deadline`` split by group size); returns one
+    record per group.
 
     A group that cannot be batched (vmap fails on the module, checkpoints at different iterations) runs
     one restart after another in this process, as ``workers=1`` does; its record says why.
@@ -319,19 +323,18 @@ def run_batched(view, plan, pending: list[Restart], store, resume: bool, device:
     from exhume.portfolio.runner import HOST, run_pending
 
     records = []
-    t0, left = time.perf_counter(), len(pending)
+    left = len(pending)
     cap = capacity(view, plan.method, pending[0], device) if pending else None
     for group in groups(pending, cap):
-        seconds = None
-        if plan.max_seconds is not None:
-            seconds = max(0.0, plan.max_seconds - (time.perf_counter() - t0)) * len(group) / left
+        share = deadline.share(len(group) / left)
         left -= len(group)
         try:
-            done = run_group(view, plan.method, group, store, resume, device, progress, seconds)
+            done = run_group(view, plan.method, group, store, resume, device, progress, share, plan.every)
         except _NotBatchable as e:
             records.append({"restarts": [r.index for r in group], "batched": False, "reason": str(e)})
-            run_pending(view, plan, group, store, 1, resume, device, progress, on_done)
+            run_pending(view, plan, group, store, 1, resume, device, progress, on_done, share)
             continue
+        seconds = None if share.seconds is None else round(share.seconds, 3)
         records.append({"restarts": [r.index for r in group], "batched": True, "seconds_given": seconds, "tf32": False})
         for mem, recon in done:
             status = "complete" if recon is not None else "diverged"

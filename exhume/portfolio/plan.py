@@ -3,8 +3,9 @@
 A restart is one run of a registered attack from one seed (the attack knows nothing of the
 portfolio). Restart ``k`` gets seed ``seed + k`` and the variant ``variants[k % len(variants)]``
 (parameter overrides applied last); a time budget ``max_seconds`` for the whole portfolio is
-split into waves of ``workers`` restarts running side by side, so each restart gets
-``max_seconds / waves`` seconds. An iteration budget (``iterations=``) applies to each restart as
+split into waves of ``workers`` restarts running side by side, so each restart gets at most
+``max_seconds / waves`` seconds (``Restart.seconds``; locally it also ends with its wave, before the
+portfolio's deadline). An iteration budget (``iterations=``) applies to each restart as
 it is: the same seed and iteration counts give the same candidates.
 """
 
@@ -29,13 +30,19 @@ class Restart:
     seed: int
     overrides: dict[str, Any]  # the variant: what differs from the caller's settings
     kwargs: dict[str, Any] = field(default_factory=dict)  # every keyword argument of the attack
+    seconds: float | None = None  # its share of the portfolio's seconds (None: its iterations alone bound it)
 
     def record(self) -> dict[str, Any]:
-        return {"restart": self.index, "seed": self.seed, "overrides": self.overrides, "kwargs": self.kwargs}
+        return {"restart": self.index, "seed": self.seed, "overrides": self.overrides, "kwargs": self.kwargs,
+                "seconds": self.seconds}
 
     @classmethod
     def from_record(cls, rec: dict[str, Any]) -> Restart:
-        return cls(int(rec["restart"]), int(rec["seed"]), dict(rec["overrides"]), dict(rec["kwargs"]))
+        """The inverse of :meth:`record`; a record written when the seconds were an attack setting (``kwargs``'
+        ``max_seconds``) reads as the same restart."""
+        kwargs = dict(rec["kwargs"])
+        seconds = rec.get("seconds", kwargs.pop("max_seconds", None))
+        return cls(int(rec["restart"]), int(rec["seed"]), dict(rec["overrides"]), kwargs, seconds)
 
 
 @dataclass(frozen=True)
@@ -45,15 +52,16 @@ class Plan:
     seed: int
     max_seconds: float | None
     workers: int
+    every: tuple[int | None, int | None] = (None, None)  # each restart's (checkpoint_every, log_every); None: the attack's
 
     def record(self) -> dict[str, Any]:
         return {"method": self.method, "seed": self.seed, "max_seconds": self.max_seconds, "workers": self.workers,
-                "restarts": [r.record() for r in self.restarts]}
+                "checkpoint_every": self.every[0], "log_every": self.every[1], "restarts": [r.record() for r in self.restarts]}
 
     @classmethod
     def from_record(cls, rec: dict[str, Any]) -> Plan:
         return cls(rec["method"], tuple(Restart.from_record(r) for r in rec["restarts"]), int(rec["seed"]),
-                   rec.get("max_seconds"), int(rec.get("workers", 1)))
+                   rec.get("max_seconds"), int(rec.get("workers", 1)), (rec.get("checkpoint_every"), rec.get("log_every")))
 
     def key(self) -> str:
         """What must match for two runs to share results (workers may differ)."""
@@ -81,8 +89,9 @@ def resolve_restarts(restarts: int | str | None, max_seconds: float | None, work
 
 def make_plan(method: str, restarts: int | str | None, *, seed: int = 0, max_seconds: float | None = None,
               workers: int | None = None, variants: list[dict[str, Any]] | None = None,
-              attack_kwargs: dict[str, Any] | None = None) -> Plan:
-    """The restarts of a portfolio; every restart's keyword arguments are validated here."""
+              attack_kwargs: dict[str, Any] | None = None, every: tuple[int | None, int | None] = (None, None)) -> Plan:
+    """The restarts of a portfolio; every restart's keyword arguments are validated here (``every``: each restart's
+    ``(checkpoint_every, log_every)``)."""
     from exhume.attacks import get_attack
 
     workers = default_workers() if workers is None else workers
@@ -91,8 +100,6 @@ def make_plan(method: str, restarts: int | str | None, *, seed: int = 0, max_sec
     if max_seconds is not None and not (isinstance(max_seconds, (int, float)) and max_seconds > 0 and math.isfinite(max_seconds)):
         raise ConfigError(f"max_seconds must be a positive number of seconds, got {max_seconds!r}")
     base = dict(attack_kwargs or {})
-    if "max_seconds" in base:
-        raise ConfigError("pass the portfolio's time budget as max_seconds=, not inside the attack's keyword arguments")
     n = resolve_restarts(restarts, max_seconds, workers, seconds_per_restart(method))
     # the default variants never override what the caller set; an explicit list does
     variants = variants_for(method, fixed=base) if variants is None else [dict(v) for v in variants]
@@ -103,10 +110,10 @@ def make_plan(method: str, restarts: int | str | None, *, seed: int = 0, max_sec
     plan = []
     for k in range(n):
         over = variants[k % len(variants)]
-        kwargs = {**base, **({"max_seconds": per} if per is not None else {}), **over}
+        kwargs = {**base, **over}
         get_attack(method, **kwargs)  # an invalid variant or setting fails here, before anything runs
-        plan.append(Restart(k, int(seed) + k, over, kwargs))
-    return Plan(method, tuple(plan), int(seed), None if max_seconds is None else float(max_seconds), workers)
+        plan.append(Restart(k, int(seed) + k, over, kwargs, per))
+    return Plan(method, tuple(plan), int(seed), None if max_seconds is None else float(max_seconds), workers, tuple(every))
 
 
 DEFAULT_STUDY = "exhume-portfolio"

@@ -7,6 +7,7 @@ from typing import Any
 
 from exhume.attacks import Reconstruction
 from exhume.attacks.base import DEFAULT_METHOD
+from exhume.deadline import NEVER, Deadline
 from exhume.errors import ConfigError
 from exhume.files.runfolder import fingerprint
 from exhume.portfolio import sizing as sizing_mod
@@ -15,20 +16,22 @@ from exhume.portfolio.plan import DEFAULT_STUDY, Plan, default_workers, make_pla
 from exhume.portfolio.pool import DUPLICATE_NCC, pool
 from exhume.portfolio.store import LocalStore
 from exhume.portfolio.variants import variants_for
-from exhume.request import Request, view_of
+from exhume.request import Request, deadline_of, view_of
 
 
 def run_portfolio(victim, method: str = DEFAULT_METHOD, *, request: Request | None = None, seed: int = 0,
                   storage: str | None = None, study_name: str | None = None, variants: list[dict[str, Any]] | None = None,
-                  progress: bool = True, merge_threshold: float = DUPLICATE_NCC, **settings: Any) -> Reconstruction:
+                  progress: bool = True, merge_threshold: float = DUPLICATE_NCC, deadline: Deadline | None = None,
+                  **settings: Any) -> Reconstruction:
     """Run the restarts of the attack ``method`` that ``request`` asks for and return one pooled Reconstruction.
 
     ``request`` (:class:`exhume.request.Request`, or its settings as flat keywords: ``max_seconds``,
     ``restarts``, ``workers``, ``out``, ``resume``, ``start``, ...); the other keywords are the attack's
     parameters. Each restart is one run of the registered attack from its own seed (``seed + k``) with the
     variant ``variants[k % len]`` (default :data:`exhume.portfolio.variants.DEFAULT_VARIANTS`)
-    applied over the attack's parameters; ``max_seconds`` is the budget of the whole portfolio, split
-    over waves of ``workers`` parallel restarts (default: the local cores, at most 8); an
+    applied over the attack's parameters; ``max_seconds`` is the budget of the whole portfolio from this call on
+    (``deadline``: a :class:`~exhume.deadline.Deadline` given by the caller instead), its pooling's reserve kept
+    aside and the rest split over waves of ``workers`` parallel restarts (default: the local cores, at most 8); an
     ``iterations`` budget applies to each restart. ``restarts``: a number, or ``"auto"``/None
     (:mod:`exhume.portfolio.sizing`: with a time budget the attack's iteration rate is probed first
     and the restarts get enough iterations each; without one, one restart per worker).
@@ -45,28 +48,27 @@ def run_portfolio(victim, method: str = DEFAULT_METHOD, *, request: Request | No
     ``batch_restarts``: 'auto' (on a CUDA device the restarts run as one batched problem in this process,
     :mod:`exhume.portfolio.batched`), 'on' or 'off' (worker processes).
     """
-    t0, began = time.perf_counter(), time.time()  # the budget counts from here: probe, start-up, pooling, saving
+    t0 = time.perf_counter()
     request, params = Request.of(request, settings)
+    deadline = deadline_of(request, deadline)  # the budget counts from here: probe, start-up, pooling, saving
     if not 0.0 <= merge_threshold <= 1.0:
         raise ConfigError(f"merge_threshold must be in [0, 1] (1 = never merge), got {merge_threshold!r}")
     asked, output = request.budget, request.output
-    attack_kwargs = asked.attack_settings(method, params, seconds=False)
-    max_seconds, restarts, workers, device, out, resume = (asked.max_seconds, asked.restarts, asked.workers, asked.device,
-                                                          output.folder, output.resume)
+    attack_kwargs = asked.attack_settings(method, params)
+    restarts, workers, device, out, resume = asked.restarts, asked.workers, asked.device, output.folder, output.resume
     view = view_of(victim, request.threat)
     check_portfolio_memory(view, method, attack_kwargs, variants, workers, restarts, device)
-    sizing, budget = None, max_seconds
-    if restarts in (None, "auto") and max_seconds is not None:
-        make_plan(method, 1, seed=seed, max_seconds=max_seconds, workers=workers, variants=variants,
-                  attack_kwargs=attack_kwargs)  # every setting is validated before the probe runs
-        sizing = measured_sizing(view, method, attack_kwargs, max_seconds, workers, seed, device, out, resume, variants)
-        restarts, workers, max_seconds = sizing.restarts, sizing.workers, sizing.seconds
-    plan = make_plan(method, restarts, seed=seed, max_seconds=max_seconds, workers=workers, variants=variants,
-                     attack_kwargs=attack_kwargs)
+    plan_kw = {"seed": seed, "variants": variants, "attack_kwargs": attack_kwargs, "every": output.every}
+    sizing, seconds = None, deadline.seconds
+    if restarts in (None, "auto") and deadline.bounded:
+        make_plan(method, 1, max_seconds=seconds, workers=workers, **plan_kw)  # every setting is validated before the probe runs
+        sizing = measured_sizing(view, method, attack_kwargs, deadline, workers, seed, device, out, resume, variants)
+        restarts, workers, seconds = sizing.restarts, sizing.workers, sizing.seconds
+    plan = make_plan(method, restarts, max_seconds=seconds, workers=workers, **plan_kw)
     batching = Batching.choose(asked.batch_restarts, device, method, storage)
     if storage is None:
-        deadline = None if budget is None else began + float(budget) - pooling_reserve(view, plan, float(budget))
-        results, rows = run_local(view, plan, out, resume, device, progress, batching.groups if batching.used else None, deadline)
+        ends = NEVER if not deadline.bounded else deadline.reserve(pooling_reserve(view, plan, deadline.seconds))
+        results, rows = run_local(view, plan, out, resume, device, progress, batching.groups if batching.used else None, ends)
     else:
         from exhume.portfolio.shared import run_shared
 
@@ -119,11 +121,11 @@ def pooling_reserve(view, plan: Plan, budget: float) -> float:
 
 
 def run_local(view, plan: Plan, out, resume: bool, device: str, progress: bool, batches: list | None = None,
-              deadline: float | None = None):
+              deadline: Deadline = NEVER):
     """Run the plan's unfinished restarts on this machine; returns ``(results, rows)`` by restart index.
     ``batches``: a list, to run them batched in this process (:mod:`exhume.portfolio.batched`; its records appended).
-    ``deadline`` (``time.time()``): every restart ends by then, set-up and worker start-up included
-    (:func:`exhume.portfolio.runner.restart_ends`; a batch stops there through :func:`exhume.attacks.loop.wall_deadline`)."""
+    ``deadline``: every restart ends by then, set-up and worker start-up included
+    (:func:`exhume.portfolio.runner.restart_ends`; batched groups take their shares of it)."""
     from tqdm.auto import tqdm
 
     from exhume.portfolio.runner import run_pending
@@ -153,11 +155,9 @@ def run_local(view, plan: Plan, out, resume: bool, device: str, progress: bool, 
 
     try:
         if batches is not None:
-            from exhume.attacks.loop import wall_deadline
             from exhume.portfolio.batched import run_batched
 
-            with wall_deadline(deadline):
-                batches.extend(run_batched(view, plan, pending, store, resume, device, progress, done))
+            batches.extend(run_batched(view, plan, pending, store, resume, device, progress, done, deadline))
         else:
             run_pending(view, plan, pending, store, plan.workers, resume, device, progress and not parallel, done, deadline)
     finally:
@@ -168,14 +168,14 @@ def run_local(view, plan: Plan, out, resume: bool, device: str, progress: bool, 
     return results, rows
 
 
-def measured_sizing(view, method: str, attack_kwargs: dict[str, Any], budget: float, workers: int | None, seed: int,
+def measured_sizing(view, method: str, attack_kwargs: dict[str, Any], deadline: Deadline, workers: int | None, seed: int,
                     device: str, out, resume: bool, variants) -> sizing_mod.Sizing:
-    """The restarts and workers for ``budget`` seconds: the stored decision on resume, else a fresh probe."""
+    """The restarts and workers for ``deadline``'s seconds: the stored decision on resume, else a fresh probe."""
     stored = sizing_mod.load(out) if resume else None
     if stored is not None:
         return stored
     base = {**attack_kwargs, **(variants[0] if variants else variants_for(method, fixed=attack_kwargs)[0])}
-    chosen = sizing_mod.size(view, method, base, float(budget), default_workers() if workers is None else workers,
+    chosen = sizing_mod.size(view, method, base, deadline, default_workers() if workers is None else workers,
                              fixed_workers=workers is not None, seed=seed, device=device)
     sizing_mod.save(out, chosen)
     return chosen

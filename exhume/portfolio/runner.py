@@ -13,8 +13,8 @@ new interpreter only after the one before had imported torch), the module's clas
 importable and a script must guard its entry point as :mod:`multiprocessing` requires.
 
 With a time budget, each pending restart ends at the end of its wave (:func:`restart_ends`: the
-time left until the portfolio's deadline, split into equal waves), a wall-clock deadline its
-attack's loop keeps (:func:`exhume.attacks.loop.wall_deadline`): worker start-up and a restart's
+time left until the portfolio's deadline, split into equal waves), a :class:`~exhume.deadline.Deadline`
+handed to its attack (spawned workers receive it pickled): worker start-up and a restart's
 set-up come out of its own wave, and a wave that starts late gets only what is left.
 """
 
@@ -27,11 +27,11 @@ import pickle
 import signal
 import socket
 import sys
-import time
 from collections.abc import Callable
 from concurrent.futures import ALL_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any
 
+from exhume.deadline import NEVER, Deadline
 from exhume.errors import ConfigError, DivergenceError
 from exhume.portfolio.plan import Restart, local_cores
 from exhume.portfolio.pool import restart_record
@@ -45,33 +45,29 @@ UNFINISHED = "not finished: the budget was spent"
 
 
 def run_restart(view, method: str, restart: Restart, folder, resume: bool, device: str, progress: bool,
-                end: float | None = None, deadline: float | None = None, at_least_one: bool = False):
+                end: Deadline = NEVER, deadline: Deadline = NEVER, at_least_one: bool = False,
+                every: tuple[int | None, int | None] = (None, None)):
     """One restart: one run of the registered attack. Returns ``(reconstruction or None, table row)``.
 
     A run that diverges (DivergenceError) is a failed restart, not a failed portfolio: its row
     says so and the other restarts still count. A bad setting (ConfigError) stops the portfolio.
-    ``end`` (``time.time()``): the restart stops there, set-up included (its ``max_seconds`` is at most
-    what is left); a restart that starts after its ``end`` gets what is left until ``deadline``, and one
-    that starts after ``deadline`` is not run (its row says :data:`UNFINISHED`), unless ``at_least_one``: then it
-    runs one iteration, so that a budget spent before any restart began (set-up, the sizing probe) still gives
-    candidates rather than no result at all.
+    ``end``: the restart stops there, set-up included, and after its own ``seconds`` at the latest; a restart that
+    starts after its ``end`` gets what is left until ``deadline`` (the portfolio's), and one that starts after
+    ``deadline`` is not run (its row says :data:`UNFINISHED`), unless ``at_least_one``: then it runs one iteration, so
+    that a budget spent before any restart began (set-up, the sizing probe) still gives candidates rather than no
+    result at all. ``every``: its ``(checkpoint_every, log_every)``.
     """
     from exhume.attacks import get_attack
-    from exhume.attacks.loop import wall_deadline
 
-    kwargs = restart.kwargs
-    if end is not None:
-        now = time.time()
-        end = end if end > now or deadline is None else deadline
-        if end <= now and not at_least_one:
+    if end.passed():
+        end = deadline if deadline.bounded else end
+        if end.passed() and not at_least_one:
             return None, {**restart_record(restart, None, UNFINISHED, HOST), "iterations": 0}
-        end = max(end, now)  # at_least_one past the deadline: the loop's one iteration, then it stops
-        kwargs = {**kwargs, "max_seconds": max(round(min(kwargs.get("max_seconds") or math.inf, end - now), 3), 1e-3)}
-    atk = get_attack(method, **kwargs)
+        # past it with at_least_one: the loop's one iteration, then it stops
+    atk = get_attack(method, **restart.kwargs)
     try:
-        with wall_deadline(end):
-            recon = atk.run(view, out=folder, seed=restart.seed, device=device, resume=resume and folder is not None,
-                            progress=progress)
+        recon = atk.run(view, out=folder, seed=restart.seed, device=device, resume=resume and folder is not None,
+                        progress=progress, deadline=end.sooner(restart.seconds), checkpoint_every=every[0], log_every=every[1])
     except DivergenceError as e:
         row = restart_record(restart, None, "diverged", HOST)
         row["error"] = str(e)
@@ -142,14 +138,14 @@ def _init_forked(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _run_local(method: str, rec: dict[str, Any], folder, resume: bool, device: str, end: float | None = None,
-               deadline: float | None = None):
+def _run_local(method: str, rec: dict[str, Any], folder, resume: bool, device: str, end: Deadline = NEVER,
+               deadline: Deadline = NEVER, every: tuple[int | None, int | None] = (None, None)):
     from exhume.portfolio.store import LocalStore
 
     restart = Restart.from_record(rec)
     _STATE["busy"] = True
     try:
-        recon, row = run_restart(_STATE["view"], method, restart, folder, resume, device, False, end, deadline)
+        recon, row = run_restart(_STATE["view"], method, restart, folder, resume, device, False, end, deadline, every=every)
     except KeyboardInterrupt:  # SIGTERM/SIGINT: the restart has checkpointed; a stopped worker takes no more work
         os._exit(130)
     finally:
@@ -178,16 +174,14 @@ def executor(view, workers: int, device: str) -> ProcessPoolExecutor:
     return ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(views, threads))
 
 
-def restart_ends(pending: list[Restart], workers: int, deadline: float | None) -> dict[int, float | None]:
-    """When each pending restart ends (``time.time()``): the time until ``deadline`` split into equal waves of
-    ``workers`` restarts, in the order they are handed out (all None without a deadline)."""
-    if deadline is None or not pending:
-        return {r.index: None for r in pending}
+def restart_ends(pending: list[Restart], workers: int, deadline: Deadline) -> dict[int, Deadline]:
+    """When each pending restart ends: the time left until ``deadline`` split into equal waves of ``workers``
+    restarts, in the order they are handed out (all never without a deadline)."""
+    if not deadline.bounded or not pending:
+        return {r.index: NEVER for r in pending}
     workers = max(1, min(workers, len(pending)))
     waves = math.ceil(len(pending) / workers)
-    now = time.time()
-    slot = max(deadline - now, 0.0) / waves
-    return {r.index: now + (k // workers + 1) * slot for k, r in enumerate(pending)}
+    return {r.index: deadline.share((k // workers + 1) / waves) for k, r in enumerate(pending)}
 
 
 #: seconds past the portfolio's deadline that the workers get to hand back their last restarts before they are stopped
@@ -195,9 +189,9 @@ STOP_GRACE = 2.0
 
 
 def run_pending(view, plan, pending: list[Restart], store, workers: int, resume: bool, device: str, progress: bool,
-                on_done: Callable[[int, Any, dict[str, Any]], None], deadline: float | None = None) -> None:
+                on_done: Callable[[int, Any, dict[str, Any]], None], deadline: Deadline = NEVER) -> None:
     """Run the ``pending`` restarts, in this process (one worker) or in ``workers`` processes, each by the end of
-    its wave before ``deadline`` (``time.time()``; None: each restart by its own budget).
+    its wave before ``deadline`` (never: each restart by its own budget).
 
     With several workers this process is one of them: it runs the first restart of every wave itself (warm: no
     start-up) while ``workers - 1`` worker processes run the others, so a portfolio whose workers start slowly still
@@ -209,14 +203,14 @@ def run_pending(view, plan, pending: list[Restart], store, workers: int, resume:
     there = [r for r in pending if r.index not in {h.index for h in here}]
     pool = executor(view, workers - 1, device) if there else None
     try:
-        futures = {pool.submit(_run_local, plan.method, r.record(), store.folder(r.index), resume, device, ends[r.index], deadline): r
-                   for r in there}
+        futures = {pool.submit(_run_local, plan.method, r.record(), store.folder(r.index), resume, device, ends[r.index], deadline,
+                               plan.every): r for r in there}
         threads = threads_per_worker(workers, start_method(device)) if pool is not None else None
         for k, restart in enumerate(here):
-            _run_here(view, plan.method, restart, store, resume, device, progress and pool is None, ends[restart.index],
+            _run_here(view, plan, restart, store, resume, device, progress and pool is None, ends[restart.index],
                       deadline, threads, on_done, at_least_one=k == 0)
             futures = _collect(futures, on_done, 0.0)
-        futures = _collect(futures, on_done, None if deadline is None else max(0.0, deadline + STOP_GRACE - time.time()))
+        futures = _collect(futures, on_done, None if not deadline.bounded else deadline.left() + STOP_GRACE)
     except BaseException:  # Ctrl-C, SIGTERM, a failed restart: stop the workers, each checkpointing its restart
         if pool is not None:
             stop_workers(pool)
@@ -231,8 +225,8 @@ def run_pending(view, plan, pending: list[Restart], store, workers: int, resume:
         on_done(restart.index, None, {**restart_record(restart, None, UNFINISHED, HOST), "iterations": 0})
 
 
-def _run_here(view, method: str, restart: Restart, store, resume: bool, device: str, progress: bool, end, deadline,
-              threads: int | None, on_done, at_least_one: bool = False) -> None:
+def _run_here(view, plan, restart: Restart, store, resume: bool, device: str, progress: bool, end: Deadline,
+              deadline: Deadline, threads: int | None, on_done, at_least_one: bool = False) -> None:
     """One restart in this process (at ``threads`` torch threads, as a worker would run it), stored and reported."""
     import torch
 
@@ -240,8 +234,8 @@ def _run_here(view, method: str, restart: Restart, store, resume: bool, device: 
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        recon, row = run_restart(view, method, restart, store.folder(restart.index), resume, device, progress, end, deadline,
-                                 at_least_one)
+        recon, row = run_restart(view, plan.method, restart, store.folder(restart.index), resume, device, progress, end, deadline,
+                                 at_least_one, plan.every)
     finally:
         torch.set_num_threads(before)
     if row["status"] != UNFINISHED:

@@ -82,7 +82,8 @@ def _restart_objective(view, plan: Plan, table: ResultTable, local: LocalStore, 
         trial.set_user_attr("host", HOST)
         trial.set_user_attr("pid", os.getpid())
         restart = plan.restarts[int(k)]
-        recon, row = run_restart(view, plan.method, restart, local.folder(restart.index), resume or retried, device, progress)
+        recon, row = run_restart(view, plan.method, restart, local.folder(restart.index), resume or retried, device, progress,
+                                 every=plan.every)
         table.save(restart.index, recon, row, trial.number, HOST)
         ran[0] += 1
         return float(row.get("iterations", 0))

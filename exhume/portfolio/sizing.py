@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from exhume.deadline import Deadline
 from exhume.errors import DivergenceError, ExhumeError
 from exhume.portfolio.variants import MAX_AUTO_RESTARTS, SECONDS_PER_RESTART, restart_plan
 
@@ -47,7 +48,7 @@ SIZING_FILE = "sizing.json"
 class Sizing:
     restarts: int
     workers: int
-    seconds: float  # the budget left for the restarts (the caller's budget less the probe)
+    seconds: float  # the budget left for the restarts (the deadline's seconds less the probe)
     rate: float | None  # measured iterations per second of one restart, alone, at `threads`
     threads: int
     probe_seconds: float
@@ -92,17 +93,18 @@ def probe_seconds(budget: float) -> float:
     return min(high, max(low, PROBE_SHARE * budget))
 
 
-def probe(view, method: str, kwargs: dict[str, Any], *, seconds: float, threads: int, seed: int, device: str) -> float | None:
-    """Iterations per second of one run of ``method`` alone at ``threads`` threads (None if it diverged or ran none)."""
+def probe(view, method: str, kwargs: dict[str, Any], *, deadline: Deadline, threads: int, seed: int, device: str) -> float | None:
+    """Iterations per second of one run of ``method`` alone at ``threads`` threads until ``deadline`` (None if it
+    diverged or ran none)."""
     import torch
 
     from exhume.attacks import get_attack
 
-    atk = get_attack(method, **{**kwargs, "max_seconds": seconds})
+    atk = get_attack(method, **kwargs)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        recon = atk.run(view, out=None, seed=seed, device=device, progress=False)
+        recon = atk.run(view, out=None, seed=seed, device=device, progress=False, deadline=deadline)
     except DivergenceError:
         return None
     finally:
@@ -113,16 +115,17 @@ def probe(view, method: str, kwargs: dict[str, Any], *, seconds: float, threads:
     return float(its) / float(secs)
 
 
-def size(view, method: str, kwargs: dict[str, Any], budget: float, workers: int, *, fixed_workers: bool,
+def size(view, method: str, kwargs: dict[str, Any], deadline: Deadline, workers: int, *, fixed_workers: bool,
          seed: int, device: str) -> Sizing:
-    """Probe the attack and choose the restarts and workers for ``budget`` seconds (see the module's docstring)."""
+    """Probe the attack and choose the restarts and workers for ``deadline``'s seconds (see the module's docstring)."""
     import torch
 
     from exhume.portfolio.runner import start_method, threads_per_worker
 
+    budget = float(deadline.seconds)  # the budget as given: the restarts' waves end with the deadline itself
     threads = threads_per_worker(workers, start_method(device)) if workers > 1 else torch.get_num_threads()
     t0 = time.perf_counter()
-    rate = probe(view, method, kwargs, seconds=probe_seconds(budget), threads=threads, seed=seed, device=device)
+    rate = probe(view, method, kwargs, deadline=deadline.sooner(probe_seconds(budget)), threads=threads, seed=seed, device=device)
     spent = time.perf_counter() - t0
     left = max(budget - spent, 0.5 * budget)
     plan = restart_plan(method)

@@ -42,7 +42,7 @@ class LocalStore:
         saved = read_json(folder / "restart.json", ExhumeError, "a restart record written by a portfolio (delete the folder to run it again)")
         if not isinstance(saved, dict) or not isinstance(saved.get("row"), dict):
             raise ExhumeError(f"{folder / 'restart.json'}: expected an object with 'plan' and 'row'; delete the folder to run that restart again")
-        if saved.get("plan") != json.loads(json.dumps(restart.record())):
+        if _as_planned(saved.get("plan")) != json.loads(json.dumps(restart.record())):
             return None  # other settings: run it again (its checkpoint decides whether it can resume)
         if saved["row"].get("status") != "complete":
             return None, saved["row"]
@@ -56,6 +56,17 @@ class LocalStore:
         if recon is not None:
             recon.save(folder)
         write_json(folder / "restart.json", {"plan": restart.record(), "row": row}, default=str)  # atomic, written last
+
+
+def _as_planned(rec: Any) -> Any:
+    """A stored restart's plan record as :meth:`Restart.record` writes it now (an older one, whose seconds were an
+    attack setting, reads as the same restart); anything else as it is."""
+    from exhume.portfolio.plan import Restart
+
+    try:
+        return json.loads(json.dumps(Restart.from_record(rec).record()))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return rec
 
 
 def engine_url(url: str) -> str:

@@ -31,6 +31,7 @@ from typing import Any
 
 from exhume.attacks import ATTACKS, attack_class, get_attack
 from exhume.attacks.base import DEFAULT_METHOD
+from exhume.deadline import Deadline
 from exhume.errors import ConfigError, DivergenceError
 from exhume.interrupts import let_through, whole_step
 from exhume.request import Request, view_of
@@ -109,7 +110,7 @@ def _searchable(view, trials: int, trial_seconds: float, fixed: dict[str, Any], 
                           f"exhume tune has nothing to search; attacks that declare one: {', '.join(searchable) or 'none'}")
     if not cls.multipliers:
         raise ConfigError(f"exhume tune scores a run by the multipliers λ of its equation; the {method!r} attack returns none")
-    clash = sorted(set(fixed) & (set(space) | {cls.budget, "max_seconds"}))
+    clash = sorted(set(fixed) & (set(space) | {cls.budget}))
     if clash:
         raise ConfigError(f"-p {', '.join(clash)}: these are searched or set by the tuner; fix only other {method} parameters (e.g. m, dtype)")
     # unknown or invalid fixed parameters, and a victim the attack or the score cannot handle, fail
@@ -164,10 +165,10 @@ def _objective(view, study, method: str, fixed: dict[str, Any], space, out: Path
         trial.set_user_attr("host", host)
         trial.set_user_attr("pid", os.getpid())
         trial.set_user_attr("folder", str(folder.resolve()))
-        atk = get_attack(method, **{**fixed, **params, **attack_class(method).time_budget(trial_seconds)})
+        atk = get_attack(method, **{**fixed, **params, **attack_class(method).by_deadline()})
         try:
             with let_through():  # interruptible here, between Optuna's steps held whole (see _run_trials)
-                return _trial(view, trial, atk, folder, seed, device, report_every)
+                return _trial(view, trial, atk, folder, seed, device, report_every, Deadline.after(trial_seconds))
         except KeyboardInterrupt:
             study.enqueue_trial(dict(trial.params), user_attrs={k: v for k, v in trial.user_attrs.items() if k == "is_default"})
             raise
@@ -175,9 +176,9 @@ def _objective(view, study, method: str, fixed: dict[str, Any], space, out: Path
     return objective
 
 
-def _trial(view, trial, atk, folder: Path, seed: int, device: str, report_every: int) -> float:
-    """One trial's attack run, its score reported every ``report_every`` iterations (for pruning); its
-    reconstruction saved in ``folder``; returns the attacker-side score."""
+def _trial(view, trial, atk, folder: Path, seed: int, device: str, report_every: int, deadline: Deadline) -> float:
+    """One trial's attack run until ``deadline`` (its own seconds, from its start), its score reported every
+    ``report_every`` iterations (for pruning); its reconstruction saved in ``folder``; returns the attacker-side score."""
     from exhume.attacks.score import attacker_score, score_reconstruction
 
     optuna = load_optuna()
@@ -191,7 +192,7 @@ def _trial(view, trial, atk, folder: Path, seed: int, device: str, report_every:
 
     try:
         recon = atk.run(view, seed=seed, device=device, progress=False, callback=on_step,
-                        callback_every=report_every, callback_multipliers=True)
+                        callback_every=report_every, callback_multipliers=True, deadline=deadline)
     except DivergenceError as e:  # a numerical failure: a legitimate, very bad outcome (a bad setting is not)
         trial.set_user_attr("diverged", str(e))
         return 0.0
@@ -219,7 +220,7 @@ def tune(view, trials: int, out: str | Path | None = None, trial_seconds: float 
     """
     request = _asked(request, out, trial_seconds, device)
     trial_seconds, device = request.budget.max_seconds or TRIAL_SECONDS, request.budget.device
-    fixed = request.budget.attack_settings(method, dict(fixed or {}), seconds=False)  # the budget's dtype, if set
+    fixed = request.budget.attack_settings(method, dict(fixed or {}))  # the budget's dtype, if set
     space, view = _searchable(view, trials, trial_seconds, fixed, method, request.threat)
     from exhume.files.runfolder import fingerprint
     from exhume.victim.start import start_digest

@@ -22,6 +22,7 @@ from exhume.attacks.record import SolvedEquation
 from exhume.attacks.snapshots import IterateTracker
 from exhume.attacks.subspace import Subspace
 from exhume.attacks.trajectory import StartEquation, forgotten_start
+from exhume.deadline import NEVER, Deadline
 from exhume.starts import start_digest
 
 
@@ -41,6 +42,7 @@ class KKTAttack(Attack):
     params = PARAMS
     presets = PRESETS
     retired = RETIRED
+    checkpoint_every, log_every = 1000, 100
     memory_knobs = {"m": "count", "dtype": "dtype"}
 
     def equation_used(self, view) -> str:
@@ -83,7 +85,7 @@ class KKTAttack(Attack):
 
     def search_start(self, view) -> dict[str, float]:
         """The defaults, with ``lr_lambda="auto"`` as it resolves for the formulation this run uses on ``view``."""
-        form = form_for(view, self.config["formulation"], self.config["loss"])
+        form = form_for(view, self.config["formulation"])
         return {**super().search_start(view), "lr_lambda": resolve_lr_lambda(self.config["lr_lambda"], form)}
 
     def check(self, view) -> None:
@@ -91,34 +93,35 @@ class KKTAttack(Attack):
 
     def run(self, view, out: str | Path | None = None, seed: int = 0, device: str = "cpu", resume: bool = False,
             progress: bool = True, callback=None, callback_every: int = 1000, init: torch.Tensor | None = None,
-            init_name: str = "noise", callback_multipliers: bool = False, trace: bool | None = None) -> Reconstruction:
-        """Run the attack on ``view`` (an :class:`~exhume.victim.AttackerView`).
+            init_name: str = "noise", callback_multipliers: bool = False, trace: bool | None = None,
+            deadline: Deadline = NEVER, checkpoint_every: int | None = None, log_every: int | None = None) -> Reconstruction:
+        """Run the attack on ``view`` (an :class:`~exhume.victim.AttackerView`) until ``iterations`` or ``deadline``.
 
-        ``out``: folder for checkpoints (every ``checkpoint_every`` iterations and at the end);
-        ``resume``: continue from its checkpoint. ``callback(iteration, seconds, candidates)`` is
-        called every ``callback_every`` iterations with the display-space candidates (for
+        ``out``: folder for checkpoints (every ``checkpoint_every`` iterations and at the end; history every
+        ``log_every``; None: the class's cadence); ``resume``: continue from its checkpoint. ``callback(iteration,
+        seconds, candidates)`` is called every ``callback_every`` iterations with the display-space candidates (for
         quality-over-time curves; its time is not counted in ``seconds``). ``init``: starting
         candidates in display space (default: noise); ``init_name`` labels them in the result
         (ground-truth, partition and mix initialisations are oracle tools and marked so).
         ``callback_multipliers=True`` also passes the current multipliers ``λ = S·u`` and the labels as the
         keywords ``multipliers`` and ``labels`` (for attacker-side scoring during a hyperparameter search).
         ``trace`` (not a setting: for tests and benchmarks) forces the traced step (True) or the eager one (False);
-        None leaves it to the settings (:func:`~exhume.attacks.kkt.settings.traces`).
+        None leaves it to the settings and the deadline's seconds (:func:`~exhume.attacks.kkt.settings.traces`).
         """
         self.check(view)
-        cfg = self.config
+        every = self.cadence(checkpoint_every, log_every)
         p = self.problem(view, torch.device(device), seed, init)
         opts, tracker, run = self.open_state(view, p, out, resume, seed)
-        step = self.stepper(p, opts, run.history, tracker, trace)
-        tau, why = background_level(cfg["background"], view.mean, tuple(view.input_shape))
+        step = self.stepper(p, opts, run.history, tracker, trace, deadline.seconds)
+        tau, why = background_level(self.config["background"], view.mean, tuple(view.input_shape))
 
         def emit(it: int, elapsed: float) -> None:
             with torch.no_grad():
                 extra = {"multipliers": (p.form.scale * p.u).float().cpu(), "labels": p.y.cpu()} if callback_multipliers else {}
                 callback(it, elapsed, dark_floor((p.x + p.mean).float(), tau).cpu(), **extra)
 
-        end = attack_loop("kkt attack", cfg, run, step, progress=progress, emit=None if callback is None else emit,
-                          emit_every=callback_every)
+        end = attack_loop("kkt attack", self.config["iterations"], run, step, deadline, every, progress=progress,
+                          emit=None if callback is None else emit, emit_every=callback_every)
         step.close(end.done)
         return self.result(p, end, run, tracker, (tau, why), seed, init_name, view)
 
@@ -144,12 +147,14 @@ class KKTAttack(Attack):
         tracker = IterateTracker({"x": p.x, "u": p.u}, cfg["average_decay"], SNAPSHOT_EVERY)
         run = open_run(out, resume, {"x": p.x, "u": p.u, **tracker.state()}, {"opt_x": opt_x, "opt_u": opt_u},
                        {"config": resumable_settings(cfg, BUDGET_SETTINGS + ("background", "preset")), "seed": seed, "m": p.m,
-                        "start": start_digest(view.start)}, defaults=self.defaults(), retired=self.retired)
+                        "start": start_digest(view.start)}, defaults=self.defaults(), retired=self.retired_on(view))
         return (opt_x, opt_u), tracker, run
 
-    def stepper(self, p: Problem, opts, history: list[dict[str, Any]], tracker: IterateTracker, trace: bool | None = None) -> Step:
-        """The step of a lone run on ``p`` (:class:`~exhume.attacks.kkt.step.Step`), traced or eager as ``trace`` says."""
-        return Step(self.config, p, opts, tracker, history, stationarity_for(self.config, p, trace))
+    def stepper(self, p: Problem, opts, history: list[dict[str, Any]], tracker: IterateTracker, trace: bool | None = None,
+                seconds: float | None = None) -> Step:
+        """The step of a lone run on ``p`` (:class:`~exhume.attacks.kkt.step.Step`), traced or eager as ``trace`` says
+        (None: as the settings and ``seconds``, the deadline's, say)."""
+        return Step(self.config, p, opts, tracker, history, stationarity_for(self.config, p, trace, seconds))
 
     def result(self, p: Problem, end, run, tracker: IterateTracker, background: tuple[float, str], seed: int,
                init_name: str, view) -> Reconstruction:

@@ -56,7 +56,7 @@ def build(cfg: dict[str, Any], given: frozenset[str], view, dev: torch.device, s
     target, denoised = learned_part(pool, n) if cfg["denoise"] != "off" and pool else (None, {})
     eq = None
     if equation == "stationary":
-        form = resolve(view, model, cfg["formulation"], cfg["loss"], cfg["weight_decay"], cfg["lambda_scale"], params, n, m, dtype)
+        form = resolve(view, model, cfg["formulation"], cfg["lambda_scale"], params, n, m, dtype)
         form.info.update(denoised)
     else:
         eq, form = start_equation(cfg, view, model, params, equation, n, m, dtype, target)
@@ -91,7 +91,7 @@ def start_equation(cfg: dict[str, Any], view, model, params, equation: str, n: i
     """The known-start equation and its formulation: the victim's ``h``, the multipliers' sign (signed with 'output',
     non-negative with a classifier's margin or loss: a training point's gradient enters with the sign its label gives),
     the probe scale."""
-    form = resolve(view, model, cfg["formulation"], cfg["loss"], cfg["weight_decay"], 1.0, params, n, m, dtype)
+    form = resolve(view, model, cfg["formulation"], 1.0, params, n, m, dtype)
     eq = build_equation(view, model, params, equation, n, cfg["start_decay"], cfg["preconditioner"], unknown=learned)
     if cfg["lambda_scale"] == "auto":
         scale, rule = multiplier_scale(model, eq, view.mean.to(next(iter(params.values())).device, dtype), form.labels,

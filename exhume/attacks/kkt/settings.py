@@ -11,7 +11,6 @@ from exhume.attacks.formulation import FORMULATIONS, MARGIN_FORMS
 from exhume.attacks.loop import BACKGROUND, CANDIDATE_PARAMS, RETIRED_CANDIDATE_SETTINGS, START_DECAY, budget_params
 from exhume.attacks.trajectory import EQUATIONS, PRECONDITIONERS, forgotten_start
 from exhume.errors import ConfigError
-from exhume.losses import LOSSES
 
 #: lr_lambda="auto": the multipliers' learning rate for the margin formulations (binary, multiclass), where the
 #: equation of a homogeneous network leaves their scale free and a fast rate lets it drift (docs/METHODS.md §5) ...
@@ -20,8 +19,9 @@ LR_LAMBDA_MARGIN = 1e-4
 LR_LAMBDA_SIGNED = 1e-2
 #: a run long by its settings replays a traced step from its first step: a budget of at least TRACE_MIN_SECONDS, or
 #: without a budget at least TRACE_MIN_ITERATIONS iterations (:func:`traces`). Tracing is paid once per process, which a
-#: run of a few seconds (a tuning trial) would not win back; decided from the settings, never the clock, so a run at a
-#: fixed seed and iterations gives the same numbers on a fast or a loaded machine (docs/defaults.md)
+#: run of a few seconds (a tuning trial) would not win back; decided from the settings and the deadline's seconds as the
+#: entry point gave them, never the clock, so a run at a fixed seed and iterations gives the same numbers on a fast or a
+#: loaded machine (docs/defaults.md)
 TRACE_MIN_SECONDS = 30.0
 TRACE_MIN_ITERATIONS = 1000
 #: iterations between two snapshot comparisons of the averaged iterate (:mod:`exhume.attacks.snapshots`)
@@ -39,7 +39,7 @@ START_CANDIDATES_PER_POINT = 1.0
 RETIRED: dict[str, tuple[Any, ...]] = {
     **RETIRED_CANDIDATE_SETTINGS, "lambda_scale_factor": (1.0,), "consistency_weight": (0.0,), "surrogate": ("fixed",),
     "sphere": ("off",), "lr_schedule": ("constant",), "mixed_derivative": ("double-backward", "jvp"), "keep": ("best",),
-    "snapshot_every": (SNAPSHOT_EVERY,), "start_multipliers": ("auto",), "trace": ("auto", "off"),
+    "snapshot_every": (SNAPSHOT_EVERY,), "start_multipliers": ("auto",), "trace": ("auto", "off"), "loss": (None,),
 }
 
 PARAMS: dict[str, Param] = {
@@ -50,14 +50,13 @@ PARAMS: dict[str, Param] = {
     **CANDIDATE_PARAMS,
     # search ranges (exhume tune): log-uniform around the measured defaults
     "lr": replace(CANDIDATE_PARAMS["lr"], help="learning rate for x̂ (on the relative stationarity loss)", search=(2e-3, 5e-2, "log")),
-    **budget_params(20_000, checkpoint_every=1000, log_every=100),
+    **budget_params(20_000),
     "lr_lambda": Param("auto", float, "learning rate for u (λ = S·u): a number, or 'auto': 1e-4 for the margin "
                        "formulations, 1e-2 for the signed ones ('output', 'loss'); the portfolio's other restarts use "
                        "1e-2 (docs/METHODS.md §5)", low=0.0, words=("auto",), search=(3e-5, 5e-2, "log")),
     "lambda_min": Param(0.42, float, "dual-feasibility floor on u = λ/S", low=0.0, search=(0.1, 1.5, "log")),
     "lambda_scale": Param("auto", float, "S in λ = S·u: 'auto' or a positive number", low=0.0, low_open=True, words=("auto",)),
     "formulation": Param("auto", str, "stationarity equation (see exhume/attacks/formulation.py)", choices=FORMULATIONS),
-    "loss": Param(None, str, "the victim's training loss, if its metadata lacks it", choices=LOSSES, allow_none=True),
     "alpha": Param(19.0, float, "ReLU surrogate derivative sigmoid(α·z)", low=0.0, search=(5.0, 60.0, "log")),
     "init_scale": Param(1.7e-3, float, "x̂ ~ N(0,1)·init_scale in centred space", low=0.0, search=(3e-4, 1e-2, "log")),
     "prior": Param("display", str, "pixel-range prior space", choices=("display", "centred")),
@@ -105,10 +104,11 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def traces(iterations: int, max_seconds: float | None) -> bool:
-    """Whether a run replays a traced step (from the first step): the run is long by its settings."""
-    if max_seconds:
-        return max_seconds >= TRACE_MIN_SECONDS
+def traces(iterations: int, seconds: float | None) -> bool:
+    """Whether a run replays a traced step (from the first step): the run is long by its settings, ``seconds`` being
+    its deadline's as the entry point gave them (:attr:`exhume.deadline.Deadline.seconds`; None: no deadline)."""
+    if seconds:
+        return seconds >= TRACE_MIN_SECONDS
     return iterations >= TRACE_MIN_ITERATIONS
 
 

@@ -23,13 +23,14 @@ from exhume.attacks.stationarity import TracedResidual
 from exhume.errors import DivergenceError
 
 
-def stationarity_for(cfg: dict[str, Any], p: Problem, trace: bool | None = None) -> TracedResidual | None:
+def stationarity_for(cfg: dict[str, Any], p: Problem, trace: bool | None = None, seconds: float | None = None) -> TracedResidual | None:
     """The traced stationarity function a lone run's steps replay, or None (eager); why goes to the result's config.
-    ``trace``: True or False forces it (tests, benchmarks), None leaves it to :func:`~exhume.attacks.kkt.settings.traces`."""
+    ``trace``: True or False forces it (tests, benchmarks), None leaves it to :func:`~exhume.attacks.kkt.settings.traces`
+    with the run's deadline's ``seconds``."""
     why = ("the known-start equation" if p.eq is not None else "closed-form multipliers" if p.closed
            else "asked for (trace=False)" if trace is False else None)
-    if why is None and trace is None and not settings.traces(cfg["iterations"], cfg["max_seconds"]):
-        why = (f"a budget under {settings.TRACE_MIN_SECONDS:g} s" if cfg["max_seconds"]
+    if why is None and trace is None and not settings.traces(cfg["iterations"], seconds):
+        why = (f"a budget under {settings.TRACE_MIN_SECONDS:g} s" if seconds
                else f"fewer than {settings.TRACE_MIN_ITERATIONS} iterations") + " (tracing would not be won back)"
     if why is None:
         return TracedResidual(p.form.info)
