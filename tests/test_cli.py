@@ -56,6 +56,13 @@ def test_unknown_method_and_parameter(tmp_path, capsys):
     assert "unknown attack method 'magic'" in capsys.readouterr().err
     assert main(["attack", str(v), "-o", str(tmp_path / "a"), "-p", "speed=3"]) == 2
     assert "no parameter(s) speed" in capsys.readouterr().err
+    # the victim's facts are the threat model's (stated, never against its metadata), the run's bounds its own flags
+    assert main(["attack", str(v), "-o", str(tmp_path / "a"), "--weight-decay", "0.5", "--iterations", "2"]) == 2
+    assert "weight_decay 0.5 was stated, but the victim's metadata records 0.005" in capsys.readouterr().err
+    assert main(["attack", str(v), "-o", str(tmp_path / "a"), "-p", "log_every=0"]) == 2
+    assert "log_every: expected an integer" in capsys.readouterr().err
+    assert main(["attack", str(v), "-o", str(tmp_path / "a"), "--max-seconds", "0"]) == 2
+    assert "max_seconds must be a positive number of seconds, got 0.0" in capsys.readouterr().err
 
 
 def test_python_dash_m_entry_point():

@@ -247,9 +247,9 @@ class Attack:
                 check_setting("log_every", log_every, integer=True, low=1, optional=True) or self.log_every)
 
     def retired_on(self, view) -> dict[str, tuple[Any, ...]]:
-        """:attr:`retired`, where a fact the attack now reads from ``view`` (:data:`VIEW_FACTS`) also accepts the view's
-        value: a checkpoint that stated what the view now says resumes."""
-        return {k: (*v, getattr(view, k)) if k in VIEW_FACTS else v for k, v in self.retired.items()}
+        """:attr:`retired`, and the facts every attack now reads from ``view`` (:data:`VIEW_FACTS`) at None (left to the
+        metadata) or the view's value: a checkpoint that stated what the view now says resumes."""
+        return {**self.retired, **{k: (*self.retired.get(k, (None,)), getattr(view, k)) for k in VIEW_FACTS}}
 
     #: settings that change the peak memory, for the advice of a refusal (:mod:`exhume.attacks.memory`):
     #: ``"count"`` (an integer: the largest that fits is named), ``"dtype"``, or a tuple of choices

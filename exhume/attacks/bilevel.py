@@ -43,17 +43,7 @@ from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_mo
 from exhume.attacks.checkpoint import resumable_settings
 from exhume.attacks.equations import Stationarity
 from exhume.attacks.formulation import binary_labels
-from exhume.attacks.loop import (
-    CANDIDATE_PARAMS,
-    RETIRED_CANDIDATE_SETTINGS,
-    BudgetSpent,
-    RunState,
-    attack_loop,
-    budget_params,
-    budget_spent,
-    make_optimizer,
-    open_run,
-)
+from exhume.attacks.loop import CANDIDATE_PARAMS, BudgetSpent, RunState, attack_loop, budget_params, budget_spent, make_optimizer, open_run
 from exhume.attacks.lower_level import Stop, extreme_eigenvalues, newton_cg, spectral_damping
 from exhume.attacks.priors import project_range
 from exhume.attacks.surrogate import smooth_activations, soft_activations
@@ -264,7 +254,6 @@ class BilevelAttack(Attack):
                        low=0.0, allow_none=True),
     }
 
-    retired = RETIRED_CANDIDATE_SETTINGS
     checkpoint_every, log_every = 20, 5
     memory_knobs = {"m": "count", "dtype": "dtype"}
 

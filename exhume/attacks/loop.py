@@ -44,9 +44,9 @@ CANDIDATE_PARAMS: dict[str, Param] = {
     "dtype": Param("float32", str, "computation precision", choices=tuple(DTYPES)),
 }
 
-#: settings :data:`CANDIDATE_PARAMS` no longer has, with the values a checkpoint may have recorded (Attack.retired)
-#: (weight_decay: now the attacker's view's, exhume.request.ThreatModel; a checkpoint that stated the view's value resumes)
-RETIRED_CANDIDATE_SETTINGS: dict[str, tuple[Any, ...]] = {"momentum": (SGD_MOMENTUM,), "weight_decay": (None,)}
+#: settings :data:`CANDIDATE_PARAMS` no longer has, with the values a checkpoint may have recorded (Attack.retired; its
+#: weight_decay is the view's now: Attack.retired_on)
+RETIRED_CANDIDATE_SETTINGS: dict[str, tuple[Any, ...]] = {"momentum": (SGD_MOMENTUM,)}
 
 #: the known start's decay c and the output's soft threshold, as kkt and simulate declare them
 START_DECAY = Param("auto", float, "known start: c in θ_T − c·θ_0, the start's share left by weight decay: 'auto' "

@@ -39,7 +39,7 @@ START_CANDIDATES_PER_POINT = 1.0
 RETIRED: dict[str, tuple[Any, ...]] = {
     **RETIRED_CANDIDATE_SETTINGS, "lambda_scale_factor": (1.0,), "consistency_weight": (0.0,), "surrogate": ("fixed",),
     "sphere": ("off",), "lr_schedule": ("constant",), "mixed_derivative": ("double-backward", "jvp"), "keep": ("best",),
-    "snapshot_every": (SNAPSHOT_EVERY,), "start_multipliers": ("auto",), "trace": ("auto", "off"), "loss": (None,),
+    "snapshot_every": (SNAPSHOT_EVERY,), "start_multipliers": ("auto",), "trace": ("auto", "off"),
 }
 
 PARAMS: dict[str, Param] = {
