@@ -72,7 +72,7 @@ def attack(victim: Victim | AttackerView, method: str = DEFAULT_METHOD, seed: in
 def _run_once(atk, view, victim, run: dict[str, Any], output: Output) -> Reconstruction:
     """One run of ``atk`` on ``view`` with the keywords ``run``: in ``output.folder`` (locked, owned by the victim's
     fingerprint, saved there) when given."""
-    from exhume.attacks.checkpoint import run_owner
+    from exhume.attacks.checkpoint import RunOwner
     from exhume.files.runfolder import fingerprint, own_run_folder
 
     fp = fingerprint(view.model)
@@ -80,9 +80,9 @@ def _run_once(atk, view, victim, run: dict[str, Any], output: Output) -> Reconst
     run = {**run, "resume": resume, "checkpoint_every": output.checkpoint_every, "log_every": output.log_every}
     if out is None:
         return _finish(atk.run(view, out=None, **run), victim, fp)
-    budget = atk.config.get("iterations", atk.config.get("steps"))
-    with own_run_folder(out, resume=resume, force=output.force), run_owner(fp, budget):
-        result = _finish(atk.run(view, out=out, **run), victim, fp)
+    owner = RunOwner(fp, atk.config.get("iterations", atk.config.get("steps")))
+    with own_run_folder(out, resume=resume, force=output.force):
+        result = _finish(atk.run(view, out=out, owner=owner, **run), victim, fp)
         result.save(out)
     return result
 

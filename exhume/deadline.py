@@ -77,6 +77,11 @@ class Deadline:
             raise ConfigError(f"a deadline's share must be in [0, 1], got {fraction!r}")
         return self if self.at is None else Deadline.after(self.left() * fraction)
 
+    def later(self, seconds: float) -> Deadline:
+        """This deadline ``seconds`` later: time not charged to a run (its caller's callback, :func:`~exhume.attacks.loop.run_loop`)."""
+        seconds = _seconds("a deadline's delay", seconds)
+        return self if self.at is None else Deadline(self.at + seconds, self.seconds + seconds)
+
     def reserve(self, seconds: float) -> Deadline:
         """This deadline less ``seconds`` kept for what comes after (the pooling, the judging)."""
         seconds = _seconds("a deadline's reserve", seconds)

@@ -39,6 +39,7 @@ def test_each_layer_takes_a_share_or_a_sub_deadline():
     for derived in (NEVER.sooner(5.0), Deadline.after(5.0)):
         assert derived.seconds == 5.0
     assert NEVER.share(0.5) is NEVER and NEVER.reserve(3.0) is NEVER and NEVER.at_least(3.0) is NEVER
+    assert d.later(5.0).at == d.at + 5.0 and d.later(5.0).seconds == 105.0 and NEVER.later(5.0) is NEVER
 
 
 @pytest.mark.parametrize("make, message", [
@@ -54,8 +55,8 @@ def test_a_bad_number_of_seconds_is_one_line(make, message):
     assert "\n" not in str(e.value)
 
 
-def test_no_global_deadline_remains():
-    """The deadline travels as an argument: no ContextVar of one, no wall_deadline block."""
+def test_no_hidden_global_remains():
+    """The deadline (and a run's owner) travel as arguments: no ContextVar, no wall_deadline block."""
     for path in EXHUME.rglob("*.py"):
         text = path.read_text()
-        assert "wall_deadline" not in text and "past_deadline" not in text, path
+        assert "ContextVar" not in text and "wall_deadline" not in text and "past_deadline" not in text, path

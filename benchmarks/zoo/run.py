@@ -82,9 +82,10 @@ def restart_results(run) -> list:
 def restarts(view, seconds: float, seed: int, variants: list[dict]):
     """Sequential restarts, the budget split evenly, candidates pooled (the portfolio without its machinery)."""
     from exhume.attacks import get_attack
+    from exhume.deadline import Deadline
 
     each = seconds / len(variants)
-    runs = [get_attack("kkt", iterations=10_000_000, max_seconds=each, **v).run(view, seed=seed + 100 * i, progress=False)
+    runs = [get_attack("kkt", iterations=10_000_000, **v).run(view, seed=seed + 100 * i, progress=False, deadline=Deadline.after(each))
             for i, v in enumerate(variants)]
     return pooled(runs, "kkt-restarts", {"variants": variants, "seconds_each": each})
 
@@ -98,6 +99,7 @@ def new_default(view, seconds: float, seed: int):
 
 def attack(view, method: str, seconds: float, seed: int):
     from exhume.attacks import get_attack
+    from exhume.deadline import Deadline
 
     if method == "new":
         return new_default(view, seconds, seed)
@@ -106,7 +108,7 @@ def attack(view, method: str, seconds: float, seed: int):
 
         return run_portfolio(view, "kkt", max_seconds=seconds, seed=seed, progress=False, background=0)
     if method == "old":
-        return get_attack("kkt", iterations=10_000_000, max_seconds=seconds, **OLD_KKT).run(view, seed=seed, progress=False)
+        return get_attack("kkt", iterations=10_000_000, **OLD_KKT).run(view, seed=seed, progress=False, deadline=Deadline.after(seconds))
     if method == "reference":
         from benchmarks.zoo.reference import run_reference
 
@@ -114,7 +116,7 @@ def attack(view, method: str, seconds: float, seed: int):
     kind, _, overrides = method.partition(":")
     kw = json.loads(overrides) if overrides else {}
     if kind == "kkt":
-        return get_attack("kkt", iterations=10_000_000, max_seconds=seconds, **kw).run(view, seed=seed, progress=False)
+        return get_attack("kkt", iterations=10_000_000, **kw).run(view, seed=seed, progress=False, deadline=Deadline.after(seconds))
     if kind == "pfv":  # the portfolio with these variants (a JSON list of overrides, restart k gets [k % len])
         from exhume.portfolio import run_portfolio
 

@@ -236,7 +236,7 @@ class Attack:
     def run(self, view, **kwargs) -> Reconstruction:  # pragma: no cover - abstract
         """One run on ``view``; the keywords every attack takes: ``out``, ``seed``, ``device``, ``resume``, ``progress``,
         ``callback``, ``deadline`` (a :class:`~exhume.deadline.Deadline`, default never), ``checkpoint_every`` and
-        ``log_every`` (None: the class's)."""
+        ``log_every`` (None: the class's), ``owner`` (a :class:`~exhume.attacks.checkpoint.RunOwner` for its checkpoints)."""
         raise NotImplementedError
 
     def cadence(self, checkpoint_every: int | None, log_every: int | None) -> tuple[int, int]:

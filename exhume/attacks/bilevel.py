@@ -287,13 +287,13 @@ class BilevelAttack(Attack):
     def run(self, view, out: str | Path | None = None, seed: int = 0, device: str = "cpu", resume: bool = False,
             progress: bool = True, callback=None, callback_every: int = 10, init: torch.Tensor | None = None,
             init_name: str = "noise", deadline: Deadline = NEVER, checkpoint_every: int | None = None,
-            log_every: int | None = None) -> Reconstruction:
+            log_every: int | None = None, owner=None) -> Reconstruction:
         """Run the attack on ``view`` (an :class:`~exhume.victim.AttackerView`).
 
         Same protocol as :meth:`exhume.attacks.kkt.KKTAttack.run`: ``out`` for checkpoints,
         ``resume``, ``callback(step, seconds, candidates)`` every ``callback_every`` outer steps,
         ``init`` display-space starting images (default U(0,1) noise, the paper's), ``init_name``, ``deadline``,
-        ``checkpoint_every`` and ``log_every``.
+        ``checkpoint_every``, ``log_every`` and ``owner``.
         """
         self.check(view)
         cfg, every = self.config, self.cadence(checkpoint_every, log_every)
@@ -301,7 +301,7 @@ class BilevelAttack(Attack):
         opt = make_optimizer(cfg["optimizer"], [p.x], cfg["lr"])
         run = open_run(out, resume, {"x": p.x, **p.state}, {"opt": opt},
                        {"config": resumable_settings(cfg), "seed": seed, "m": p.m}, snapshot=lambda: {"x": p.x, **p.state},
-                       defaults=self.defaults(), retired=self.retired_on(view))
+                       defaults=self.defaults(), retired=self.retired_on(view), owner=owner)
         self.project(p)
         step = self.stepper(p, opt, run.history, cold=run.start == 0, deadline=deadline)  # a resumed run's θ is its checkpoint's
 

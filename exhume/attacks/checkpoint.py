@@ -5,16 +5,14 @@ into place (an interrupted or failed write never leaves a corrupt checkpoint nor
 file), ``torch.load(weights_only=True)`` under a size limit, so a checkpoint can hold tensors,
 numbers, strings, lists and dicts but never executes code. Its structure is checked by :func:`exhume.files.schemas.check_checkpoint`.
 
-:func:`run_owner` (set by :func:`exhume.attack`) stamps every checkpoint with the victim's weight
-fingerprint and bounds the iteration a resumed checkpoint may claim; a checkpoint written for
+A :class:`RunOwner` (given by :func:`exhume.attack` to the run it makes) stamps every checkpoint with the victim's
+weight fingerprint and bounds the iteration a resumed checkpoint may claim; a checkpoint written for
 another victim is refused.
 """
 
 from __future__ import annotations
 
-import contextvars
-from collections.abc import Iterator
-from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,32 +22,31 @@ from exhume.errors import ExhumeError
 from exhume.files.schemas import check_checkpoint
 from exhume.files.torchfile import expected_limit, load_torch, save_torch, state_bytes
 
-_OWNER: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("exhume_run_owner", default=None)
+
+@dataclass(frozen=True)
+class RunOwner:
+    """Whose run a checkpoint is: ``victim``, the weights' fingerprint it is stamped with (a resume for other weights is
+    refused), and ``max_iteration``, the most iterations a resumed checkpoint may claim (its run's step budget)."""
+
+    victim: str
+    max_iteration: int | None = None
 
 
-@contextmanager
-def run_owner(victim: str, max_iteration: int | None = None) -> Iterator[None]:
-    """Checkpoints written in this block carry ``victim`` (a fingerprint); loads must match it."""
-    token = _OWNER.set({"victim": victim, "max_iteration": max_iteration})
-    try:
-        yield
-    finally:
-        _OWNER.reset(token)
-
-
-def save_checkpoint(path: Path, tensors: dict[str, torch.Tensor], optimizers: dict[str, torch.optim.Optimizer], state: dict[str, Any]) -> None:
+def save_checkpoint(path: Path, tensors: dict[str, torch.Tensor], optimizers: dict[str, torch.optim.Optimizer], state: dict[str, Any],
+                    owner: RunOwner | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "tensors": {k: v.detach().cpu() for k, v in tensors.items()},
         "optimizers": {k: o.state_dict() for k, o in optimizers.items()},
         "state": state,
-        "victim": (_OWNER.get() or {}).get("victim"),
+        "victim": None if owner is None else owner.victim,
     }
     save_torch(path, payload)
 
 
 def load_checkpoint(path: Path, tensors: dict[str, torch.Tensor], optimizers: dict[str, torch.optim.Optimizer], expect: dict[str, Any],
-                    defaults: dict[str, Any] | None = None, retired: dict[str, tuple[Any, ...]] | None = None) -> dict[str, Any]:
+                    defaults: dict[str, Any] | None = None, retired: dict[str, tuple[Any, ...]] | None = None,
+                    owner: RunOwner | None = None) -> dict[str, Any]:
     """Restore ``tensors`` and ``optimizers`` in place; returns the saved progress state.
 
     ``expect`` lists settings that must match the checkpoint's (resuming with other settings
@@ -57,14 +54,14 @@ def load_checkpoint(path: Path, tensors: dict[str, torch.Tensor], optimizers: di
     from a checkpoint's ``config`` (one added to exhume after the checkpoint was written) counts as
     its default, since a new setting's default keeps the behaviour the older run had. ``retired``: settings the
     attack no longer has, with the values under which the older run did what this one does; a checkpoint that
-    recorded one of them with another value is refused; one of :data:`PLUMBING` is never compared.
+    recorded one of them with another value is refused; one of :data:`PLUMBING` is never compared. ``owner``: whose
+    run it must be (:class:`RunOwner`; None: anyone's).
     """
     payload = load_torch(path, "cannot resume", "exhume checkpoint", limit=expected_limit(state_bytes(tensors, optimizers)))
-    owner = _OWNER.get() or {}
-    state = check_checkpoint(payload, f"checkpoint {path}", tensors, optimizers, owner.get("max_iteration"))
-    if owner.get("victim") is not None and payload.get("victim") != owner["victim"]:
+    state = check_checkpoint(payload, f"checkpoint {path}", tensors, optimizers, None if owner is None else owner.max_iteration)
+    if owner is not None and payload.get("victim") != owner.victim:
         raise ExhumeError(f"cannot resume from {path}: it was written for another victim (weights fingerprint "
-                          f"{payload.get('victim')!r}, this victim's is {owner['victim']!r}); use a new output folder")
+                          f"{payload.get('victim')!r}, this victim's is {owner.victim!r}); use a new output folder")
     for key, value in expect.items():
         saved = state.get(key)
         if key == "config" and isinstance(saved, dict) and isinstance(value, dict):

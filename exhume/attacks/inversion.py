@@ -165,13 +165,13 @@ class GeneratorAttack(Attack):
 
     def run(self, view, out: str | Path | None = None, seed: int = 0, device: str = "cpu", resume: bool = False,
             progress: bool = True, callback=None, callback_every: int = 500, deadline: Deadline = NEVER,
-            checkpoint_every: int | None = None, log_every: int | None = None) -> Reconstruction:
+            checkpoint_every: int | None = None, log_every: int | None = None, owner=None) -> Reconstruction:
         """Train the generator against ``view``'s classifier and draw candidates.
 
         ``out``: folder for checkpoints (and ``generator.safetensors`` at the end); ``resume``:
         continue from its checkpoint. ``callback(step, seconds, candidates)`` is called every
         ``callback_every`` steps with freshly drawn display-space candidates; ``deadline``, ``checkpoint_every`` and
-        ``log_every`` as :meth:`exhume.attacks.kkt.KKTAttack.run`'s.
+        ``log_every`` and ``owner`` as :meth:`exhume.attacks.kkt.KKTAttack.run`'s.
         """
         self.check(view)
         cfg, every = self.config, self.cadence(checkpoint_every, log_every)
@@ -182,7 +182,7 @@ class GeneratorAttack(Attack):
         run = open_run(out, resume, {**tensors, **rngs}, {"opt": opt},
                        {"config": resumable_settings(cfg, INVERSION_BUDGET), "seed": seed, "method": self.name},
                        snapshot=lambda: {**tensors, "rng": c.rng.get_state(), "torch_rng": torch.get_rng_state()},
-                       defaults=self.defaults())
+                       defaults=self.defaults(), owner=owner)
         c.rng.set_state(rngs["rng"])  # restored in place by a resume, else unchanged
         torch.set_rng_state(rngs["torch_rng"])
         step = self.stepper(c, opt, run.history)

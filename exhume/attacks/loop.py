@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from exhume.attacks.base import DTYPES, Param
-from exhume.attacks.checkpoint import load_checkpoint, save_checkpoint
+from exhume.attacks.checkpoint import RunOwner, load_checkpoint, save_checkpoint
 from exhume.choices import STEP_OPTIMIZERS
 from exhume.deadline import Deadline
 from exhume.heap import retained_heap
@@ -82,26 +82,29 @@ class RunState:
     start: int = 0
     elapsed: float = 0.0
     history: list[dict[str, Any]] = field(default_factory=list)
+    owner: RunOwner | None = None  # stamped on its checkpoints (exhume.attacks.checkpoint)
 
     def save(self, done: int, elapsed: float) -> None:
         if self.path is not None:
             save_checkpoint(self.path, self.snapshot(), self.optimizers,
-                            {"iteration": done, "elapsed": elapsed, "history": self.history, **self.tag})
+                            {"iteration": done, "elapsed": elapsed, "history": self.history, **self.tag}, self.owner)
 
 
 def open_run(out: str | Path | None, resume: bool, tensors: dict[str, torch.Tensor],
              optimizers: dict[str, torch.optim.Optimizer], tag: dict[str, Any],
              snapshot: Callable[[], dict[str, torch.Tensor]] | None = None, defaults: dict[str, Any] | None = None,
-             retired: dict[str, tuple[Any, ...]] | None = None) -> RunState:
+             retired: dict[str, tuple[Any, ...]] | None = None, owner: RunOwner | None = None) -> RunState:
     """The run's checkpoint ``out/checkpoint.pt``; with ``resume`` and an existing checkpoint,
     ``tensors`` and ``optimizers`` are restored in place and its progress is picked up (its
     ``tag`` settings must equal this run's; a setting the checkpoint predates counts as its value in
     ``defaults``, the attack's setting defaults; one the attack no longer has must hold a value ``retired``, or
-    :data:`RETIRED_CANDIDATE_SETTINGS`, accepts). ``snapshot`` gives the tensors to save (default: ``tensors`` as they are then)."""
+    :data:`RETIRED_CANDIDATE_SETTINGS`, accepts). ``snapshot`` gives the tensors to save (default: ``tensors`` as they are
+    then); ``owner``: whose run it is (:class:`~exhume.attacks.checkpoint.RunOwner`, given to :meth:`Attack.run`)."""
     path = Path(out) / "checkpoint.pt" if out is not None else None
-    run = RunState(path, snapshot or (lambda: tensors), optimizers, tag)
+    run = RunState(path, snapshot or (lambda: tensors), optimizers, tag, owner=owner)
     if resume and path is not None and path.exists():
-        state = load_checkpoint(path, tensors, optimizers, expect=tag, defaults=defaults, retired={**RETIRED_CANDIDATE_SETTINGS, **(retired or {})})
+        state = load_checkpoint(path, tensors, optimizers, expect=tag, defaults=defaults,
+                                retired={**RETIRED_CANDIDATE_SETTINGS, **(retired or {})}, owner=owner)
         run.start, run.elapsed, run.history = state["iteration"], state["elapsed"], state["history"]
     return run
 
@@ -136,9 +139,9 @@ def run_loop(desc: str, total: int, deadline: Deadline, start: int, elapsed0: fl
              step: Callable[[int, bool, Callable[[], float]], dict[str, str] | None],
              save: Callable[[int, float], None], *, log_every: int, checkpoint_every: int, progress: bool = True,
              emit: Callable[[int, float], None] | None = None, emit_every: int = 1000) -> LoopEnd:
-    """Steps ``start + 1`` to ``total``, stopped after the first that ends past ``deadline`` (wall time: a callback's
-    seconds count there, though not in the attack's ``elapsed``); checkpointed every ``checkpoint_every``, on Ctrl-C
-    and at the end."""
+    """Steps ``start + 1`` to ``total``, stopped after the first that ends past ``deadline``; checkpointed every
+    ``checkpoint_every``, on Ctrl-C and at the end. The callback's seconds are the caller's: neither in the attack's
+    ``elapsed`` nor charged to the deadline, which moves later by them."""
     t0 = time.perf_counter()
     paused = 0.0
 
@@ -162,7 +165,8 @@ def run_loop(desc: str, total: int, deadline: Deadline, start: int, elapsed0: fl
             if emit is not None and it % emit_every == 0:
                 pause = time.perf_counter()
                 emit(it, elapsed)
-                paused += time.perf_counter() - pause
+                pause = time.perf_counter() - pause
+                paused, deadline = paused + pause, deadline.later(pause)
             if deadline.passed():
                 break
     except BudgetSpent:

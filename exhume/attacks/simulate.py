@@ -156,7 +156,7 @@ class SimulateAttack(Attack):
     def run(self, view, out: str | Path | None = None, seed: int = 0, device: str = "cpu", resume: bool = False,
             progress: bool = True, callback=None, callback_every: int = 100, init: torch.Tensor | None = None,
             init_name: str = "noise", deadline: Deadline = NEVER, checkpoint_every: int | None = None,
-            log_every: int | None = None) -> Reconstruction:
+            log_every: int | None = None, owner=None) -> Reconstruction:
         """Run the attack on ``view`` (an AttackerView with a start and a recipe); the protocol of
         :meth:`exhume.attacks.kkt.KKTAttack.run`."""
         self.check(view)
@@ -166,7 +166,7 @@ class SimulateAttack(Attack):
                 "opt_l": make_optimizer(cfg["optimizer"], [p.logits], cfg["lr_labels"])}
         run = open_run(out, resume, {"x": p.x, "logits": p.logits}, opts,
                        {"config": resumable_settings(cfg), "seed": seed, "m": p.x.shape[0], "start": start_digest(view.start)},
-                       defaults=self.defaults(), retired=self.retired_on(view))
+                       defaults=self.defaults(), retired=self.retired_on(view), owner=owner)
         tau, why = background_level(cfg["background"], view.mean, tuple(view.input_shape))
 
         def emit(it: int, elapsed: float) -> None:

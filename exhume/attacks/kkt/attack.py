@@ -94,7 +94,8 @@ class KKTAttack(Attack):
     def run(self, view, out: str | Path | None = None, seed: int = 0, device: str = "cpu", resume: bool = False,
             progress: bool = True, callback=None, callback_every: int = 1000, init: torch.Tensor | None = None,
             init_name: str = "noise", callback_multipliers: bool = False, trace: bool | None = None,
-            deadline: Deadline = NEVER, checkpoint_every: int | None = None, log_every: int | None = None) -> Reconstruction:
+            deadline: Deadline = NEVER, checkpoint_every: int | None = None, log_every: int | None = None,
+            owner=None) -> Reconstruction:
         """Run the attack on ``view`` (an :class:`~exhume.victim.AttackerView`) until ``iterations`` or ``deadline``.
 
         ``out``: folder for checkpoints (every ``checkpoint_every`` iterations and at the end; history every
@@ -107,11 +108,12 @@ class KKTAttack(Attack):
         keywords ``multipliers`` and ``labels`` (for attacker-side scoring during a hyperparameter search).
         ``trace`` (not a setting: for tests and benchmarks) forces the traced step (True) or the eager one (False);
         None leaves it to the settings and the deadline's seconds (:func:`~exhume.attacks.kkt.settings.traces`).
+        ``owner``: whose run its checkpoints are (:class:`~exhume.attacks.checkpoint.RunOwner`; :func:`exhume.attack`'s).
         """
         self.check(view)
         every = self.cadence(checkpoint_every, log_every)
         p = self.problem(view, torch.device(device), seed, init)
-        opts, tracker, run = self.open_state(view, p, out, resume, seed)
+        opts, tracker, run = self.open_state(view, p, out, resume, seed, owner)
         step = self.stepper(p, opts, run.history, tracker, trace, deadline.seconds)
         tau, why = background_level(self.config["background"], view.mean, tuple(view.input_shape))
 
@@ -138,7 +140,7 @@ class KKTAttack(Attack):
         """The training inputs' span, ``x`` projected onto it (:func:`exhume.attacks.kkt.problem.span`)."""
         return problem_mod.span(self.config, view, model, params, n, eq, x)
 
-    def open_state(self, view, p: Problem, out, resume: bool, seed: int):
+    def open_state(self, view, p: Problem, out, resume: bool, seed: int, owner=None):
         """``((opt_x, opt_u), tracker, run)`` of a run on ``p``: its optimisers, averaged iterates and checkpoint
         (restored in place on ``resume``); shared with the batched restarts (:mod:`exhume.portfolio.batched`)."""
         cfg = self.config
@@ -147,7 +149,7 @@ class KKTAttack(Attack):
         tracker = IterateTracker({"x": p.x, "u": p.u}, cfg["average_decay"], SNAPSHOT_EVERY)
         run = open_run(out, resume, {"x": p.x, "u": p.u, **tracker.state()}, {"opt_x": opt_x, "opt_u": opt_u},
                        {"config": resumable_settings(cfg, BUDGET_SETTINGS + ("background", "preset")), "seed": seed, "m": p.m,
-                        "start": start_digest(view.start)}, defaults=self.defaults(), retired=self.retired_on(view))
+                        "start": start_digest(view.start)}, defaults=self.defaults(), retired=self.retired_on(view), owner=owner)
         return (opt_x, opt_u), tracker, run
 
     def stepper(self, p: Problem, opts, history: list[dict[str, Any]], tracker: IterateTracker, trace: bool | None = None,
