@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from exhume.deadline import Deadline
+from exhume.deadline import NEVER, Deadline
 from exhume.errors import ConfigError
 from exhume.experiments.registry import register_experiment
 
@@ -84,9 +84,8 @@ def _heldout(victim, seed: int):
 
 
 def _attack_and_judge(method: str, victim, held, out: Path, cfg: dict[str, Any], seed: int, progress: bool,
-                      device: str = "cpu", resume: bool = False, seconds: float | None = None) -> dict[str, Any]:
-    """One attack (``seconds``: its cap, a deadline from its start), its candidates judged against the training and
-    held-out images."""
+                      device: str = "cpu", resume: bool = False, deadline: Deadline = NEVER) -> dict[str, Any]:
+    """One attack (until ``deadline``), its candidates judged against the training and held-out images."""
     from exhume.attacks import get_attack, load_reconstruction
     from exhume.evaluation.trainlike import class_grid, per_class_evaluation
     from exhume.evaluation.trainlike_stats import membership_tests
@@ -95,7 +94,7 @@ def _attack_and_judge(method: str, victim, held, out: Path, cfg: dict[str, Any],
     recon = load_reconstruction(folder) if resume and (folder / "reconstruction.json").is_file() else None
     if recon is None or recon.record.iterations < cfg["steps"]:  # absent, or capped by --max-seconds: resume
         recon = get_attack(method, **cfg).run(victim.attacker_view(), out=folder, seed=seed, progress=progress, resume=resume,
-                                              device=device, deadline=Deadline.after(seconds), checkpoint_every=CHECKPOINT_EVERY)
+                                              device=device, deadline=deadline, checkpoint_every=CHECKPOINT_EVERY)
         recon.save(folder)
     train = victim.train_set
     t0 = time.perf_counter()
@@ -152,6 +151,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     progress = not args.no_progress
     cfg = {"steps": steps, "samples_per_class": args.samples_per_class}
+    deadline = Deadline.never()  # the experiment's own (none): each attack takes --max-seconds of it from its start
     first_methods = [m.strip() for m in str(args.methods).split(",") if m.strip()]
     if not first_methods or set(first_methods) - set(METHODS):
         raise ConfigError(f"--methods must list {' and/or '.join(METHODS)}, got {args.methods!r}")
@@ -171,7 +171,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rows.append(_signal_row(n, sep))
         methods = first_methods if i == 0 else [EVERY_SIZE]
         for method in methods:
-            r = _attack_and_judge(method, victim, held, vdir, cfg, args.seed, progress, args.device, args.resume, args.max_seconds)
+            r = _attack_and_judge(method, victim, held, vdir, cfg, args.seed, progress, args.device, args.resume,
+                                  deadline.sooner(args.max_seconds))  # each attack's cap, from its start
             r.update(n_train=n, n_heldout=len(held), victim_train_accuracy=victim.metrics.get("train_accuracy"),
                      victim_test_accuracy=victim.metrics.get("test_accuracy"), label=f"{method} n={n}")
             results["runs"].append(r)
