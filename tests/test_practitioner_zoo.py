@@ -89,7 +89,7 @@ def test_the_head_of_a_frozen_extractor_is_the_model_with_its_features_given(tmp
     moving the mean image's features towards a training image's."""
     from practitioner import oracle_features as of
 
-    from exhume.attacks.trajectory import known_start_residual
+    from exhume.evaluation.residuals import known_start_residual
 
     build.build_victim(tiny_frozen_head_adam(), tmp_path)
     data, x, y, unseen = of.audited(tmp_path / "tiny")

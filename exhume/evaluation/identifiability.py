@@ -4,7 +4,7 @@ An attack that inverts an equation of the weights (:mod:`exhume.attacks.equation
 relative residual over its candidates and reports its final value (``final_relative_stationarity``,
 per restart for a portfolio). The evaluator, who holds the training images, asks the attack's
 declared equation for the same quantity with the training images as the candidates
-(:meth:`~exhume.attacks.equations.Equation.fit_at_truth`: multipliers fitted by least squares, the
+(:meth:`~exhume.evaluation.assumptions.Checks.fit_at_truth`: multipliers fitted by least squares, the
 run's own formulation, signs, ``c`` and ``P``) and sets the two side by side:
 
 - ``residual_at_training``: the equation's residual at the training images;
@@ -41,7 +41,9 @@ def identifiability(equation, model, x: torch.Tensor, y: torch.Tensor, loss: str
     if best is None:
         record["note"] = "not measured: the attack reports no final residual of an equation of the weights"
         return record
-    truth = equation.fit_at_truth(model, x, y, loss, measured, recon)
+    from exhume.evaluation.assumptions import checks_for
+
+    truth = checks_for(equation).fit_at_truth(model, x, y, loss, measured, recon)
     if truth is None or truth.get("value") is None:
         record["note"] = ("not measured: " + truth["definition"]) if truth else \
             "not measured: the attack's final residual is not a residual of the equation checked here"
