@@ -23,15 +23,17 @@ pool_mod = sys.modules["exhume.portfolio.pool"]  # the package exports a functio
 
 
 @pytest.mark.parametrize("noise", [0.0, 1e-4])
-def test_twenty_thousand_collapsed_candidates_merge_in_seconds(noise):
-    """A portfolio whose restarts all collapsed onto one image: one SSIM-free pass, not 2e8 pairs of SSIM."""
+def test_twenty_thousand_collapsed_candidates_merge_in_seconds_of_one_core(noise, one_thread):
+    """A portfolio whose restarts all collapsed onto one image: one SSIM-free pass, not 2e8 pairs of SSIM. CPU time of
+    one thread (measured 1.0-1.1 s, idle or beside four CPU-bound jobs, where the wall time reached 9.6 s of the 10 it
+    was once allowed)."""
     g = torch.Generator().manual_seed(0)
     image = torch.rand(1, 1, 28, 28, generator=g)
     cands = image.repeat(20_000, 1, 1, 1) + noise * torch.randn(20_000, 1, 28, 28, generator=g)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     kept, owner = near_duplicates(cands, torch.ones(20_000), torch.arange(20_000), mean=torch.full((1, 28, 28), 0.1))
-    seconds = time.perf_counter() - t0
-    assert kept.tolist() == [0] and bool((owner == 0).all()) and seconds < 10.0, seconds
+    seconds = time.process_time() - t0
+    assert kept.tolist() == [0] and bool((owner == 0).all()) and seconds < 5.0, seconds
 
 
 def test_the_pixel_bound_never_accepts_a_pair_ssim_would_refuse():
@@ -166,9 +168,14 @@ def test_a_wall_deadline_stops_a_run_whatever_its_max_seconds(victim_dir):
 
     view = exhume.load_victim(victim_dir).attacker_view()
     t0 = time.perf_counter()
-    with wall_deadline(time.time() + 1.5):
+    get_attack("kkt", iterations=1).run(view, progress=False)
+    one = time.perf_counter() - t0  # a whole run of one step on this machine now: set-up, the step and the wrap-up
+    budget = 1.5 + 2 * one  # the set-up and many steps on this machine now (beside four CPU-bound jobs a fixed 1.5 s
+    # left one step, and the run stopped at 2.69 s)
+    t0 = time.perf_counter()
+    with wall_deadline(time.time() + budget):
         recon = get_attack("kkt", max_seconds=600.0).run(view, progress=False)
-    assert time.perf_counter() - t0 < 4.0 and recon.summary["iterations"] > 1
+    assert time.perf_counter() - t0 < budget + 2 * one + 0.5 and recon.summary["iterations"] > 1  # a step and the wrap-up past it
     late = make_plan("kkt", 1, max_seconds=60.0, workers=1).restarts[0]
     recon, row = run_restart(view, "kkt", late, None, False, "cpu", False, end=time.time() - 1, deadline=time.time() - 1)
     assert recon is None and row["status"] == UNFINISHED  # started after the deadline: not run, not stored
@@ -178,7 +185,7 @@ def test_a_wall_deadline_stops_a_run_whatever_its_max_seconds(victim_dir):
     recon, row = run_restart(view, "kkt", late, None, False, "cpu", False, end=time.time() - 1, deadline=time.time() - 1,
                              at_least_one=True)
     assert recon is not None and recon.summary["iterations"] == 1 and recon.candidates.shape[0] > 0
-    assert row["status"] != UNFINISHED and time.perf_counter() - t0 < 4.0
+    assert row["status"] != UNFINISHED and time.perf_counter() - t0 < 2 * one + 2.0  # a one-step run
 
 
 @pytest.mark.slow
