@@ -84,7 +84,7 @@ def _cases():
     return [Case(f"n={n}", n=n, arch="mlp:32,32;bias=none;init=1e-4") for n in (10, 16)]
 
 
-ITERATIONS, EPOCHS = 400, 200  # each case's attack and its victim's training
+EPOCHS, ITERATIONS = 300, 200  # each case's victim's training and its attack
 
 
 def _run(out, resume: bool):
@@ -93,7 +93,7 @@ def _run(out, resume: bool):
     from exhume.experiments.kkt_study import _run_all
 
     args = SimpleNamespace(seed=0, device="cpu", resume=resume)
-    rows, arrays = _run_all(_cases(), args, ITERATIONS, EPOCHS, out, progress=False)
+    rows, arrays = _run_all(_cases(), args, EPOCHS, ITERATIONS, out, progress=False)
     return [{k: v for k, v in r.items() if not k.endswith("seconds")} for r in rows], arrays
 
 

@@ -328,6 +328,16 @@ def test_module_docstrings_are_at_most_30_lines():
     assert not long, "module docstrings keep the contract, one line of why and a pointer (at most 30 lines): " + "; ".join(long)
 
 
+def test_no_function_in_exhume_is_over_60_lines():
+    """The front door's rule (docs/DESIGN.md, "Principles"): a function longer than 60 lines, decorators included, is
+    split by responsibility."""
+    long = [f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {node.end_lineno - min([node.lineno, *(d.lineno for d in node.decorator_list)]) + 1} lines"
+            for path in sorted((ROOT / "exhume").rglob("*.py")) for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - min([node.lineno, *(d.lineno for d in node.decorator_list)]) + 1 > 60]
+    assert not long, long
+
+
 def test_no_internal_labels_in_docs_or_code():
     label = re.compile(r"issue [0-9]+|paper 00[0-9]")
     files = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "exhume").rglob("*.py")]
