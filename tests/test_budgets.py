@@ -189,22 +189,23 @@ def test_a_wall_deadline_stops_a_run_whatever_its_max_seconds(victim_dir):
 
 
 @pytest.mark.slow
-def test_a_portfolio_with_spawned_workers_keeps_a_20_second_budget(victim_dir, monkeypatch, tmp_path):
-    """Everything inside the budget: the sizing probe, spawned interpreters importing torch (tens of seconds on a
-    loaded 2-core machine), the restarts, pooling and saving. This process runs one restart of every wave itself,
-    so the portfolio has results even when the workers start too late to finish one."""
+def test_a_portfolio_with_spawned_workers_keeps_a_10_second_budget(victim_dir, monkeypatch, tmp_path):
+    """Everything inside the budget: the sizing probe, spawned interpreters importing torch (seconds idle, tens of
+    seconds on a loaded 2-core machine), the restarts, pooling and saving. This process runs one restart of every
+    wave itself, so the portfolio has results even when the workers start too late to finish one. (One wave of two
+    restarts at 10 s as at 20 s; measured with 20 s beside four CPU-bound jobs: 20.3-20.4 s, the worker unfinished.)"""
     import exhume.portfolio.runner as runner
 
     monkeypatch.setattr(runner, "start_method", lambda device: "spawn")  # the path of GPUs and macOS
     victim = exhume.load_victim(victim_dir)
     t0 = time.perf_counter()
-    r = exhume.attack(victim, "kkt", max_seconds=20.0, workers=2, out=tmp_path / "run", progress=False)
+    r = exhume.attack(victim, "kkt", max_seconds=10.0, workers=2, out=tmp_path / "run", progress=False)
     wall = time.perf_counter() - t0
-    assert wall < 25.0, wall
+    assert wall < 15.0, wall
     table = r.config["portfolio"]["restarts"]
     assert r.summary["restarts"] >= 2 and table[0]["status"] == "complete"
     assert {row["status"] for row in table} <= {"complete", runner.UNFINISHED}
-    assert all((row.get("seconds") or 0) < 20.0 for row in table)
+    assert all((row.get("seconds") or 0) < 10.0 for row in table)
     assert (tmp_path / "run" / "reconstruction.json").is_file() and r.candidates.shape[0] > 0
 
 

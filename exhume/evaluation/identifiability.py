@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from exhume.evaluation.assumptions import checks_for
+
 
 def attack_best(recon) -> tuple[float | None, int]:
     """The lowest final relative residual the run reports (over its restarts) and how many restarts reported one."""
@@ -41,8 +43,6 @@ def identifiability(equation, model, x: torch.Tensor, y: torch.Tensor, loss: str
     if best is None:
         record["note"] = "not measured: the attack reports no final residual of an equation of the weights"
         return record
-    from exhume.evaluation.assumptions import checks_for
-
     truth = checks_for(equation).fit_at_truth(model, x, y, loss, measured, recon)
     if truth is None or truth.get("value") is None:
         record["note"] = ("not measured: " + truth["definition"]) if truth else \
