@@ -23,15 +23,17 @@ pool_mod = sys.modules["exhume.portfolio.pool"]  # the package exports a functio
 
 
 @pytest.mark.parametrize("noise", [0.0, 1e-4])
-def test_twenty_thousand_collapsed_candidates_merge_in_seconds(noise):
-    """A portfolio whose restarts all collapsed onto one image: one SSIM-free pass, not 2e8 pairs of SSIM."""
+def test_twenty_thousand_collapsed_candidates_merge_in_seconds_of_one_core(noise, one_thread):
+    """A portfolio whose restarts all collapsed onto one image: one SSIM-free pass, not 2e8 pairs of SSIM. CPU time of
+    one thread (measured 1.0-1.1 s, idle or beside four CPU-bound jobs, where the wall time reached 9.6 s of the 10 it
+    was once allowed)."""
     g = torch.Generator().manual_seed(0)
     image = torch.rand(1, 1, 28, 28, generator=g)
     cands = image.repeat(20_000, 1, 1, 1) + noise * torch.randn(20_000, 1, 28, 28, generator=g)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     kept, owner = near_duplicates(cands, torch.ones(20_000), torch.arange(20_000), mean=torch.full((1, 28, 28), 0.1))
-    seconds = time.perf_counter() - t0
-    assert kept.tolist() == [0] and bool((owner == 0).all()) and seconds < 10.0, seconds
+    seconds = time.process_time() - t0
+    assert kept.tolist() == [0] and bool((owner == 0).all()) and seconds < 5.0, seconds
 
 
 def test_the_pixel_bound_never_accepts_a_pair_ssim_would_refuse():
@@ -167,8 +169,13 @@ def test_a_deadline_stops_a_run_whatever_its_step_budget(victim_dir):
 
     view = exhume.load_victim(victim_dir).attacker_view()
     t0 = time.perf_counter()
-    recon = get_attack("kkt", iterations=10_000_000).run(view, progress=False, deadline=Deadline.after(1.5))
-    assert time.perf_counter() - t0 < 4.0 and recon.summary["iterations"] > 1
+    get_attack("kkt", iterations=1).run(view, progress=False)
+    one = time.perf_counter() - t0  # a whole run of one step on this machine now: set-up, the step and the wrap-up
+    budget = 1.5 + 2 * one  # the set-up and many steps on this machine now (beside four CPU-bound jobs a fixed 1.5 s
+    # left one step, and the run stopped at 2.69 s)
+    t0 = time.perf_counter()
+    recon = get_attack("kkt", iterations=10_000_000).run(view, progress=False, deadline=Deadline.after(budget))
+    assert time.perf_counter() - t0 < budget + 2 * one + 0.5 and recon.summary["iterations"] > 1  # a step and the wrap-up past it
     late = make_plan("kkt", 1, max_seconds=60.0, workers=1).restarts[0]
     past = Deadline.after(1.0, since=time.time() - 2.0)
     recon, row = run_restart(view, "kkt", late, None, False, "cpu", False, end=past, deadline=past)
@@ -178,26 +185,27 @@ def test_a_deadline_stops_a_run_whatever_its_step_budget(victim_dir):
     t0 = time.perf_counter()
     recon, row = run_restart(view, "kkt", late, None, False, "cpu", False, end=past, deadline=past, at_least_one=True)
     assert recon is not None and recon.summary["iterations"] == 1 and recon.candidates.shape[0] > 0
-    assert row["status"] != UNFINISHED and time.perf_counter() - t0 < 4.0
+    assert row["status"] != UNFINISHED and time.perf_counter() - t0 < 2 * one + 2.0  # a one-step run
 
 
 @pytest.mark.slow
-def test_a_portfolio_with_spawned_workers_keeps_a_20_second_budget(victim_dir, monkeypatch, tmp_path):
-    """Everything inside the budget: the sizing probe, spawned interpreters importing torch (tens of seconds on a
-    loaded 2-core machine), the restarts, pooling and saving. This process runs one restart of every wave itself,
-    so the portfolio has results even when the workers start too late to finish one."""
+def test_a_portfolio_with_spawned_workers_keeps_a_10_second_budget(victim_dir, monkeypatch, tmp_path):
+    """Everything inside the budget: the sizing probe, spawned interpreters importing torch (seconds idle, tens of
+    seconds on a loaded 2-core machine), the restarts, pooling and saving. This process runs one restart of every
+    wave itself, so the portfolio has results even when the workers start too late to finish one. (One wave of two
+    restarts at 10 s as at 20 s; measured with 20 s beside four CPU-bound jobs: 20.3-20.4 s, the worker unfinished.)"""
     import exhume.portfolio.runner as runner
 
     monkeypatch.setattr(runner, "start_method", lambda device: "spawn")  # the path of GPUs and macOS
     victim = exhume.load_victim(victim_dir)
     t0 = time.perf_counter()
-    r = exhume.attack(victim, "kkt", max_seconds=20.0, workers=2, out=tmp_path / "run", progress=False)
+    r = exhume.attack(victim, "kkt", max_seconds=10.0, workers=2, out=tmp_path / "run", progress=False)
     wall = time.perf_counter() - t0
-    assert wall < 25.0, wall
+    assert wall < 15.0, wall
     table = r.config["portfolio"]["restarts"]
     assert r.summary["restarts"] >= 2 and table[0]["status"] == "complete"
     assert {row["status"] for row in table} <= {"complete", runner.UNFINISHED}
-    assert all((row.get("seconds") or 0) < 20.0 for row in table)
+    assert all((row.get("seconds") or 0) < 10.0 for row in table)
     assert (tmp_path / "run" / "reconstruction.json").is_file() and r.candidates.shape[0] > 0
 
 

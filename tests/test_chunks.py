@@ -84,13 +84,16 @@ def _cases():
     return [Case(f"n={n}", n=n, arch="mlp:32,32;bias=none;init=1e-4") for n in (10, 16)]
 
 
+EPOCHS, ITERATIONS = 300, 200  # each case's victim's training and its attack
+
+
 def _run(out, resume: bool):
     from types import SimpleNamespace
 
     from exhume.experiments.kkt_study import _run_all
 
     args = SimpleNamespace(seed=0, device="cpu", resume=resume)
-    rows, arrays = _run_all(_cases(), args, 1000, 500, out, progress=False)
+    rows, arrays = _run_all(_cases(), args, EPOCHS, ITERATIONS, out, progress=False)
     return [{k: v for k, v in r.items() if not k.endswith("seconds")} for r in rows], arrays
 
 
@@ -99,13 +102,25 @@ def test_kkt_cases_in_chunks_end_with_the_uninterrupted_table(tmp_path, monkeypa
     chunk is a quarter of a second longer than the last, so that a loaded machine still gets through the
     steps that are not checkpointed: loading the data, evaluating a case.) Eager steps throughout: the traced
     replay starts after a time, which a loaded machine reaches in the long run and not in the chunks, and its
-    float rounding differs from the eager step's in the last bits."""
+    float rounding differs from the eager step's in the last bits. A chunk's end lands in each victim's training for
+    sure (the timer's signal at the 100th and the 300th epoch, the second case's 100th), whatever the machine's speed."""
+    import signal
+
     from exhume.experiments.registry import ChunkEnd, chunk_deadline
+    from exhume.victim import train as training
 
     monkeypatch.setattr("exhume.attacks.kkt.settings.traces", lambda iterations, seconds: False)
 
     whole, whole_arrays = _run(tmp_path / "whole", resume=False)
-    chunks, resumed_training = 0, False
+
+    def epoch(*args, real=training._epoch, calls=[]):  # noqa: B006 - counts the calls
+        calls.append(1)
+        if len(calls) in (100, EPOCHS + 100):
+            signal.raise_signal(signal.SIGALRM)  # held by the epoch, delivered after it: ChunkEnd
+        return real(*args)
+
+    monkeypatch.setattr(training, "_epoch", epoch)
+    chunks = 0
     while True:
         chunks += 1
         assert chunks < 40
@@ -114,8 +129,9 @@ def test_kkt_cases_in_chunks_end_with_the_uninterrupted_table(tmp_path, monkeypa
                 rows, arrays = _run(tmp_path / "chunked", resume=chunks > 1)
             break
         except ChunkEnd:
-            resumed_training |= any(p.is_file() for p in (tmp_path / "chunked").glob("*/victim-training.pt"))
-    assert chunks >= 3 and resumed_training, "the run was really cut, also during a victim's training"
+            pass
+    resumed = [json.loads(p.read_text())["metrics"].get("resumed_from_epoch") for p in sorted((tmp_path / "chunked").glob("*/victim/victim.json"))]
+    assert chunks >= 3 and len(resumed) == 2 and all(resumed), ("each victim's training was cut and resumed", resumed)
     assert rows == whole
     for a, b in zip(arrays, whole_arrays):
         assert all((a[k] == b[k]).all() for k in ("ssim", "margin", "memorised"))

@@ -14,8 +14,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from exhume.attacks import get_attack
 from exhume.attacks.equations import ExactRun
-from exhume.attacks.exact import exact_residual
 from exhume.errors import ConfigError
+from exhume.evaluation.assumptions import checks_for
+from exhume.evaluation.residuals import exact_run_residual as exact_residual
 from exhume.replay import batches
 from exhume.victim import AttackerView
 from exhume.victim.start import TrainingSettings
@@ -81,13 +82,14 @@ def test_the_equation_has_no_slack_at_the_training_images_and_refuses_others():
     view, x, y = _victim("sgd-momentum", classes=3)
     eq = get_attack("simulate").equation_on(view)
     assert isinstance(eq, ExactRun)
-    truth = eq.residual(view.model, x, y, "cross-entropy", 0.0)
-    assert truth["value"] <= 1e-6 and eq.residual_failures(truth) == []
+    checks = checks_for(eq)
+    truth = checks.residual(view.model, x, y, "cross-entropy", 0.0)
+    assert truth["value"] <= 1e-6 and checks.residual_failures(truth) == []
     other = torch.rand(x.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64) - 0.5
-    wrong = eq.residual(view.model, other, y, "cross-entropy", 0.0)
-    assert wrong["value"] > 1e-2 and "does not reproduce the weights" in eq.residual_failures(wrong)[0]
+    wrong = checks.residual(view.model, other, y, "cross-entropy", 0.0)
+    assert wrong["value"] > 1e-2 and "does not reproduce the weights" in checks.residual_failures(wrong)[0]
     reseeded = dataclasses.replace(view, training=dataclasses.replace(view.training, seed=SEED + 1))
-    assert ExactRun(view=reseeded).residual(view.model, x, y, "cross-entropy", 0.0)["value"] > 1e-2  # another shuffle order
+    assert checks_for(ExactRun(view=reseeded)).residual(view.model, x, y, "cross-entropy", 0.0)["value"] > 1e-2  # another shuffle order
 
 
 GOOD = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 1e-3, "batch_size": BATCH, "epochs": EPOCHS,
@@ -148,7 +150,7 @@ def test_the_exact_run_identifies_the_training_images_where_the_attack_does_not_
     attack = get_attack("simulate", iterations=3, dtype="float64", init_scale=0.1)
     recon = attack.run(view, progress=False)
     eq = attack.equation_on(view)
-    record = identifiability(eq, view.model, x, y, "logistic", eq.residual(view.model, x, y, "logistic", 0.0), recon)
+    record = identifiability(eq, view.model, x, y, "logistic", checks_for(eq).residual(view.model, x, y, "logistic", 0.0), recon)
     assert record["residual_at_training"] <= 1e-12 and record["attack_best_residual"] > 0.1
     assert record["admits_other_images"] is False and record["attack_to_truth"] > 1e6
 

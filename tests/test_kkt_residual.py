@@ -8,8 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-import exhume.attacks.equations as assumptions  # the residual lives with the stationarity equation
-from exhume.evaluation.assumptions import kkt_residual_nnls, relative_stationarity, stationarity_failure
+import exhume.evaluation.residuals as residuals  # the residual lives with the evaluation: it reads the training set
+from exhume.attacks.equations import Stationarity
+from exhume.evaluation.assumptions import checks_for
+from exhume.evaluation.residuals import kkt_residual_nnls
 
 
 def _mlp(seed: int, d: int = 12, h: int = 9) -> nn.Module:
@@ -44,7 +46,7 @@ def test_the_gram_path_equals_the_qr_path_on_a_relu_network(n):
     y = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0).double()
     direct = kkt_residual_nnls(model, x, y)
     p = sum(v.numel() for v in model.parameters())
-    assert 3 * 8 * p * n <= assumptions.LIMITS.gradient_matrix_bytes  # the default takes the direct path here
+    assert 3 * 8 * p * n <= residuals.LIMITS.gradient_matrix_bytes  # the default takes the direct path here
     block = 7
     gram = kkt_residual_nnls(model, x, y, memory=2 * 8 * p * block + 3 * 8 * n * n)
     assert 0.0 < direct < 1.0
@@ -56,8 +58,9 @@ def test_a_residual_that_does_not_fit_is_not_measured_and_makes_the_check_fail(m
     x = torch.randn(30, 12, dtype=torch.float64)
     y = torch.ones(30, dtype=torch.float64)
     assert kkt_residual_nnls(model, x, y, memory=3 * 8 * 30 * 30 - 1) is None
-    monkeypatch.setattr(assumptions, "LIMITS", dataclasses.replace(assumptions.LIMITS, gradient_matrix_bytes=1000))
-    measured = relative_stationarity(model.float(), x.float(), y.float(), "logistic", 0.0)
+    monkeypatch.setattr(residuals, "LIMITS", dataclasses.replace(residuals.LIMITS, gradient_matrix_bytes=1000))
+    checks = checks_for(Stationarity())
+    measured = checks.residual(model.float(), x.float(), y.float(), "logistic", 0.0)
     assert measured["value"] is None and "LIMITS.gradient_matrix_bytes" in measured["definition"]
-    (failure,) = stationarity_failure(measured)
+    (failure,) = checks.residual_failures(measured)
     assert "could not be checked" in failure

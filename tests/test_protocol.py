@@ -1,18 +1,21 @@
 """The protocol between the attacks and the rooms above them, and the audit's one configuration.
 
 Every registered attack declares what the audit, the evaluation, the portfolio and tune read from it;
-no room above names an attack; the audit's settings read the same from a TOML file, flags and Python.
+no room above names an attack; the attacks import nothing that holds the training set and are handed
+the training images by no evaluator; the audit's settings read the same from a TOML file, flags and Python.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from _start_cases import fine_tuned
 from torch import nn
 
 import exhume
@@ -215,6 +218,128 @@ def test_the_name_test_sees_a_comparison_a_lookup_and_a_table(tmp_path):
     (tmp_path / "m.py").write_text(code)
     assert sorted(_name_uses(tmp_path / "m.py", set(ATTACKS))) == [(2, "compared"), (2, "compared"), (3, "looked up"), (4, "dict key")]
 
+
+# -- the attacks never read the training set: a rule of the imports and of the calls --------------------------
+
+#: the rooms an attack must not import: the evaluation (it holds the training set), the data loaders, the victim room (a
+#: Victim holds the training indices and loads the training set) and every room above the attacks
+_ABOVE_THE_ATTACKS = ("exhume.evaluation", "exhume.data", "exhume.victim", "exhume.request", "exhume.tune", "exhume.portfolio",
+                      "exhume.api", "exhume.report", "exhume.audit", "exhume.demo", "exhume.experiments", "exhume.cli")
+
+
+def _imports(path: Path) -> set[str]:
+    """The modules ``path`` imports, at its top or inside a function."""
+    tree = ast.parse(path.read_text())
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    return names | {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+
+
+def test_the_attacks_import_nothing_that_holds_the_training_set():
+    found = sorted(f"{p.relative_to(ROOT)}: {m}" for p in (ROOT / "exhume" / "attacks").rglob("*.py") for m in _imports(p)
+                   if m.startswith(_ABOVE_THE_ATTACKS))
+    assert found == []
+
+
+_ATTACKS_DIR = str(ROOT / "exhume" / "attacks")
+_EXHUME_DIR = str(ROOT / "exhume")
+#: pixels 0-3 of every training image: a, a + d, a + 3d, a − 2d, ratios that centring, scaling and casting keep
+_MARK = (0.41, 0.0937)
+_SIZE = 16  # pixels of one 1×4×4 image
+
+
+def _marked(images: torch.Tensor) -> torch.Tensor:
+    a, d = _MARK
+    out = images.clone()
+    out.reshape(len(out), -1)[:, :4] = torch.tensor([a, a + d, a + 3 * d, a - 2 * d])
+    return out
+
+
+def _carries_training_images(value, depth: int = 0) -> bool:
+    """Whether ``value`` (a tensor, or a tuple, list or dict of them) holds rows of a training image's pixels, as
+    displayed, centred, scaled, sliced or cast: rows whose pixels 0-3 keep :data:`_MARK`'s ratios."""
+    if isinstance(value, (tuple, list)) and depth < 2:
+        return any(_carries_training_images(v, depth + 1) for v in value)
+    if isinstance(value, dict) and depth < 2:
+        return any(_carries_training_images(v, depth + 1) for v in value.values())
+    if not isinstance(value, torch.Tensor) or not value.is_floating_point() or value.numel() == 0 or value.numel() % _SIZE:
+        return False
+    try:
+        rows = value.detach().reshape(-1, _SIZE)[:, :4].double().cpu()
+        step = (rows[:, 1:2] - rows[:, :1]).clamp_min(1e-9)  # the mark's step is positive
+        ratios = (rows[:, 2:] - rows[:, :1]) / step
+        return bool(((ratios - torch.tensor([3.0, -2.0], dtype=torch.float64)).abs().amax(1) < 1e-4).any())
+    except Exception:  # noqa: BLE001 - a tensor inside a torch.func transform: not one an evaluator hands over
+        return False
+
+
+class _Calls:
+    """``sys.setprofile`` on the functions of ``exhume/attacks/``: ``ran``, those run inside ``exhume.attack`` (an attack
+    on its own view and candidates); ``handed``, those called from outside the attacks (no frame of ``exhume/attacks/``
+    above them) with an argument that :func:`_carries_training_images`, and the exhume module that called them."""
+
+    def __init__(self) -> None:
+        import exhume.api
+
+        self.entry, self.depth = exhume.api.attack.__code__, 0
+        self.ran: set = set()
+        self.handed: dict = {}
+
+    def __call__(self, frame, event, arg) -> None:
+        if event not in ("call", "return"):
+            return
+        code = frame.f_code
+        if code is self.entry:
+            self.depth += 1 if event == "call" else -1
+        if event != "call" or not code.co_filename.startswith(_ATTACKS_DIR):
+            return
+        if self.depth > 0:
+            self.ran.add(code)
+            return
+        above, caller = frame.f_back, None
+        while above is not None:
+            if above.f_code.co_filename.startswith(_ATTACKS_DIR):
+                return  # the attacks' own code runs it: only the first call into exhume/attacks/ is a hand-over
+            if caller is None and above.f_code.co_filename.startswith(_EXHUME_DIR):
+                caller = above.f_code.co_filename
+            above = above.f_back
+        if any(_carries_training_images(v) for v in frame.f_locals.values()):
+            self.handed[code] = "the test" if caller is None else str(Path(caller).relative_to(ROOT))
+
+    def offenders(self) -> list[str]:
+        return sorted(f"{Path(c.co_filename).relative_to(ROOT)}:{c.co_qualname}, called by {who}"
+                      for c, who in self.handed.items() if c not in self.ran)
+
+
+def test_the_mark_is_seen_in_training_images_however_they_are_passed_and_nowhere_else():
+    x = _marked(torch.rand(5, 1, 4, 4, generator=torch.Generator().manual_seed(0)))
+    assert all(_carries_training_images(v) for v in ((x - 0.5) / 0.3, x.double()[2:3], x.flatten(1), (x[:2], None), {"a": x}))
+    others = torch.rand(10000, 1, 4, 4, generator=torch.Generator().manual_seed(1))
+    assert not any(_carries_training_images(v) for v in (others, others.clamp(0.2, 0.8), torch.zeros(3, 16), x[:, :, 1:].flatten(1)))
+
+
+def test_the_evaluation_hands_the_training_images_to_no_function_of_the_attacks_but_the_maths_they_run_themselves():
+    """The rule "attacks never read the training set", as calls: an audit of each threat model (weights only, the known
+    start, the owner's exact recipe) hands its training images to no function of ``exhume/attacks/`` that an attack
+    does not itself run on its own view and candidates. The checks that read them live in ``exhume/evaluation/``."""
+    model, start, x = fine_tuned()
+    train = (_marked(x), torch.tensor([1, 0, 1, 0]))
+    unseen = torch.rand(12, 1, 4, 4, generator=torch.Generator().manual_seed(3))
+    recipe = {"optimizer": "sgd", "lr": 0.1, "weight_decay": 1e-3, "batch_size": 4, "epochs": 50, "sampler": "sequential"}
+    common = {"loss": "logistic", "normalize": (0.5, 1.0), "max_seconds": 300, "progress": False}
+    cases = [{"weight_decay": 0.0, "attack_args": {"restarts": 1, "iterations": 3}},
+             {"weight_decay": 1e-3, "start": start, "attack_args": {"restarts": 1, "iterations": 3}},
+             {"weight_decay": 1e-3, "start": start, "training": recipe, "method": "simulate",
+              "attack_args": {"iterations": 2}}]
+    calls = _Calls()
+    sys.setprofile(calls)
+    try:
+        results = [exhume.audit(model, train, unseen, **common, **case) for case in cases]
+    finally:
+        sys.setprofile(None)
+    definitions = [r.metrics["victim"]["stationarity_definition"] for r in results]
+    assert "λ ≥ 0" in definitions[0] and "θ_T − c·θ_0" in definitions[1] and "Run(θ_0; training data)" in definitions[2]
+    assert calls.ran  # the attacks ran under the profile
+    assert calls.offenders() == []
 
 # -- the audit's one configuration ---------------------------------------------------------------------------
 

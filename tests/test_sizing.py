@@ -44,7 +44,7 @@ def test_auto_portfolio_probes_and_splits_what_is_left(victim_dir, monkeypatch, 
     victim = exhume.load_victim(victim_dir)
     r = run_portfolio(victim, max_seconds=3.0, workers=1, out=tmp_path / "run", progress=False, iterations=10_000_000)
     s = r.config["portfolio"]["sizing"]
-    assert s["rate"] > 20 and s["threads"] == 1 and s["workers"] == 1
+    assert s["rate"] > 10 and s["threads"] == 1 and s["workers"] == 1  # measured 31-490 it/s; 7.5 keeps restarts by time
     assert 0.3 <= s["probe_seconds"] < 3.0 and s["seconds"] == pytest.approx(3.0 - s["probe_seconds"], abs=1e-3)
     assert s["restarts"] == r.summary["restarts"] == round(s["seconds"] / 1.0), "restarts of about 1 s fill what the probe left"
     assert r.config["portfolio"]["max_seconds"] == s["seconds"]

@@ -10,8 +10,9 @@ from _start_cases import fine_tuned as _fine_tuned
 from safetensors.torch import save_file
 from torch import nn
 
-from exhume.attacks.trajectory import build_equation, explained
+from exhume.attacks.trajectory import build_equation
 from exhume.errors import ConfigError, ExhumeError
+from exhume.evaluation.residuals import explained
 from exhume.losses import margin
 from exhume.victim import AttackerView
 
@@ -65,7 +66,7 @@ def test_one_step_of_a_network_is_explained_exactly_by_gradients_at_the_start():
 
 
 def test_the_evaluator_s_residual_of_the_known_start_equation_is_zero_at_the_training_points():
-    from exhume.attacks.trajectory import known_start_residual
+    from exhume.evaluation.residuals import known_start_residual
 
     torch.manual_seed(0)
     model = Tiny().double()

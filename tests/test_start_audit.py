@@ -147,12 +147,12 @@ def test_a_known_start_run_judged_without_its_start_is_checked_as_unknown_not_as
 
     from exhume.attacks.equations import KnownStart, Stationarity
     from exhume.attacks.record import parse_record
-    from exhume.evaluation.assumptions import equation_of
+    from exhume.evaluation.assumptions import checks_for, equation_of
 
     eq = equation_of("kkt", recon=SimpleNamespace(record=parse_record({"equation_used": "endpoints"}, {})))
     assert isinstance(eq, KnownStart)
-    measured = eq.residual(None, None, None, "logistic", 0.0)
-    assert measured["value"] is None and "could not be checked" in eq.residual_failures(measured)[0]
+    measured = checks_for(eq).residual(None, None, None, "logistic", 0.0)
+    assert measured["value"] is None and "could not be checked" in checks_for(eq).residual_failures(measured)[0]
     assert isinstance(equation_of("kkt", recon=SimpleNamespace(record=parse_record({"equation_used": "stationary"}, {}))), Stationarity)
 
 
@@ -160,12 +160,14 @@ def test_the_known_start_check_leaves_batchnorm_to_its_residual_and_still_names_
     """Eval-mode BatchNorm is modelled by the known-start equation (the residual measures whether it holds);
     the stationarity check still names it, and a smooth activation is named by both."""
     from exhume.attacks.equations import KnownStart, Stationarity
+    from exhume.evaluation.assumptions import checks_for
 
     bn = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.ReLU(), nn.Flatten(), nn.Linear(8, 1)).eval()
     smooth = nn.Sequential(nn.Flatten(), nn.Linear(16, 4), nn.Tanh(), nn.Linear(4, 1))
     x = torch.rand(2, 1, 4, 4)
-    assert KnownStart().layer_failures(bn, x) == [] and "BatchNorm2d" in Stationarity().layer_failures(bn, x)[0]
-    assert "tanh" in KnownStart().layer_failures(smooth, x)[0]
+    known, stationary = checks_for(KnownStart()), checks_for(Stationarity())
+    assert known.layer_failures(bn, x) == [] and "BatchNorm2d" in stationary.layer_failures(bn, x)[0]
+    assert "tanh" in known.layer_failures(smooth, x)[0]
 
 
 def test_the_audit_reads_adam_s_state_by_the_user_s_parameter_names(tmp_path):

@@ -145,11 +145,30 @@ def test_tune_names_no_best_when_every_trial_diverged(victim_dir, tmp_path, caps
 _dsn = postgres_dsn
 
 
-def _worker(victim_dir, out, dsn, study, trials, seconds):
+#: ``python -c HELD FLAG tune ...``: exhume tune whose trials after its first wait until the file FLAG exists (up to
+#: 120 s), so that a worker started after it surely gets a trial, however loaded the machine
+HELD = """
+import sys, time
+from pathlib import Path
+from exhume.tune import study
+real, flag = study._trial, Path(sys.argv.pop(1))
+def held(*args, calls=[]):
+    calls.append(1)
+    end = time.time() + 120
+    while len(calls) > 1 and not flag.exists() and time.time() < end:
+        time.sleep(0.1)
+    return real(*args)
+study._trial = held
+from exhume.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _worker(victim_dir, out, dsn, study, trials, seconds, held: Path | None = None):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "exhume", "tune", str(victim_dir), "-o", str(out), "--trials", str(trials),
-           "--trial-seconds", str(seconds), "--storage", dsn, "--study-name", study, "--no-prune", "--no-progress",
-           "--heartbeat", "1"]
+    cmd = [sys.executable, *(["-c", HELD, str(held)] if held else ["-m", "exhume"]), "tune", str(victim_dir), "-o", str(out),
+           "--trials", str(trials), "--trial-seconds", str(seconds), "--storage", dsn, "--study-name", study, "--no-prune",
+           "--no-progress", "--heartbeat", "1"]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -225,12 +244,16 @@ def _params_of(study) -> list[tuple]:
     return [tuple(round(v, 12) for v in t.params.values()) for t in study.trials if t.params]
 
 
-def test_tune_workers_and_rerun_sample_distinct_settings(victim_dir, tmp_path, capsys, optuna):
-    out = tmp_path / "tune"
-    # two workers started together on one (empty) SQLite file: a child process and this one; then a
-    # rerun that asks for more trials
+def test_tune_workers_and_rerun_sample_distinct_settings(victim_dir, tmp_path, capsys, monkeypatch, optuna):
+    from exhume.tune import study as tune_study
+
+    out, joined = tmp_path / "tune", tmp_path / "joined"
+    # two workers started together on one (empty) SQLite file: a child process and this one; then a rerun that asks
+    # for more trials. The child holds its trials after the first until this worker has started one: on a loaded
+    # machine this process, started once the child runs a trial, found all four done (0 of 4 in 1 of 3 runs, load 11)
     args = ["tune", str(victim_dir), "-o", str(out), "--trial-seconds", "0.3", "--no-prune", "--no-progress", "--heartbeat", "1"]
-    child = _worker(victim_dir, out, f"sqlite:///{out / 'tune.db'}", "exhume-kkt", 4, 0.3)
+    child = _worker(victim_dir, out, f"sqlite:///{out / 'tune.db'}", "exhume-kkt", 4, 0.3, held=joined)
+    monkeypatch.setattr(tune_study, "_trial", lambda *a, real=tune_study._trial: joined.touch() or real(*a))
     deadline = time.time() + 90
     while time.time() < deadline and child.poll() is None:  # start this worker once the child runs a trial
         try:
@@ -243,6 +266,7 @@ def test_tune_workers_and_rerun_sample_distinct_settings(victim_dir, tmp_path, c
     _, err = child.communicate(timeout=180)
     assert child.returncode == 0, err[-2000:]
     assert {t.user_attrs["pid"] for t in load_study(None, out).trials} == {child.pid, os.getpid()}, "both workers ran trials"
+    monkeypatch.undo()
     assert main([*args, "--trials", "6"]) == 0
     study = load_study(None, out)
     params = _params_of(study)

@@ -152,8 +152,9 @@ class Attack:
 
     **The protocol**, what the rooms above read from an attack (none of them names one):
 
-    - ``equation``: what it inverts, and so which assumptions the evaluation checks on the real
-      training data (:mod:`exhume.attacks.equations`; ``Equation()`` when it inverts none);
+    - ``equation``: what it inverts, a description (:mod:`exhume.attacks.equations`; ``Equation()`` when it
+      inverts none) whose type decides which assumptions the evaluation checks on the real training data
+      (:mod:`exhume.evaluation.assumptions`);
     - ``restart_plan``: a :class:`RestartPlan` when ``exhume.attack`` should spend its budget on a
       portfolio of restarts by default (None: one run unless restarts are asked for);
     - ``budget``: the parameter that counts its steps; :meth:`by_deadline` bounds a run by its deadline alone;

@@ -17,7 +17,8 @@ double backward). The run is replayed with exact ReLU derivatives (a surrogate w
 :class:`smoothed_step` smooths only the derivative of ReLU's step, through which the candidates move the
 activation patterns (without it, a Gauss-Newton step from 18 % off the truth diverges). The model runs as given
 (eval mode): layers that train differently (BatchNorm on batch statistics, dropout) are refused
-(:func:`train_mode_failures`). :func:`exact_residual` is the evaluator's check at the training data.
+(:func:`train_mode_failures`). The evaluator's check at the training data is
+:func:`exhume.evaluation.residuals.exact_run_residual`.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from torch.func import functional_call
 from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
-from exhume.replay import batches, init_state, total_steps, update
+from exhume.replay import batches, init_state, update
 from exhume.starts import frozen_names
 
 
@@ -213,19 +214,3 @@ def train_mode_failures(model: nn.Module) -> list[str]:
     if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
         out.append("the network has dropout, whose random masks during training are not part of the recipe")
     return out
-
-
-def exact_residual(view, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
-    """Evaluator side: the exact run replayed on the real training data ``(x, y)`` (centred inputs, exhume's labels),
-    float64: ``{"value", "definition", "steps"}``, value the relative gap of :func:`relative_gap` (0 up to rounding)."""
-    from exhume.attacks.workcopy import attack_model
-
-    model, params = attack_model(view.model, "cpu", torch.float64)
-    r = make_replay(model, params, view.start, view.training, len(x), view.task)
-    q = hard_labels(view.task, y.cpu(), view.num_classes, torch.float64)
-    with torch.no_grad():
-        theta = replay(r, x.double().cpu(), q, graph=False)
-    value = float(relative_gap(r, theta, {k: params[k].detach() for k in r.names}))
-    return {"value": value, "steps": total_steps(view.training, len(x)),
-            "definition": "‖Run(θ_0; training data) − θ_T‖² / ‖θ_T − θ_0‖² over the trained parameters: the owner's recipe "
-                          f"replayed exactly ({len(r.order)} steps, float64)"}

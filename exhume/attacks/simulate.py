@@ -106,7 +106,7 @@ class SimulateAttack(Attack):
         return int(mem.BASE_BYTES + 5 * mem.generic_peak(counted, view))
 
     def equation_used(self, view) -> str:
-        """The equation a run solves: the exact training run (its check: :func:`exhume.attacks.exact.exact_residual`)."""
+        """The equation a run solves: the exact training run (its check: :func:`exhume.evaluation.residuals.exact_run_residual`)."""
         return SolvedEquation.EXACT_RUN.value
 
     def equation_on(self, view) -> ExactRun:

@@ -25,8 +25,8 @@ weights collapse into one signed multiplier per candidate and point::
   their part above the initialisation's noise (kkt's ``denoise``). Without any start,
   ``"trajectory"`` is that for every parameter: the weights-only equation with signed multipliers.
 
-:func:`explained` is the same equation solved by least squares for given points (evaluator side:
-the training images explain what training added far better than unseen images do).
+The evaluator's check solves the same equation by least squares with the training images as the points
+(:func:`exhume.evaluation.residuals.known_start_residual`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from torch import nn
 from torch.func import functional_call, grad
 
 from exhume.attacks.record import SolvedEquation
-from exhume.attacks.stationarity import Objective, least_squares
+from exhume.attacks.stationarity import Objective
 from exhume.attacks.surrogate import soft_activations
 from exhume.errors import ConfigError
 from exhume.starts import frozen_names
@@ -218,24 +218,6 @@ def per_sample(model: nn.Module, eq: StartEquation, x: torch.Tensor, y: torch.Te
     return torch.stack(rows).sum(0) if eq.shared else torch.cat(rows)
 
 
-def explained(model: nn.Module, eq: StartEquation, x: torch.Tensor, y: torch.Tensor, objective: Objective,
-              nonnegative: bool = False) -> dict[str, float]:
-    """How well points ``x`` (labels ``y``, centred) explain what training added, by least squares in float64.
-
-    Returns ``relative_residual`` ``min ‖target − Σ λ ∇h − c·direction‖² / ‖target − c·direction‖²``
-    (λ signed; where ``c`` is free it is fitted, the denominator with the start alone) and the fitted ``c``. Memory: ``m·K × P`` float64
-    numbers (500 points of a 784-256-256 MLP at two points: 2.2 GB).
-    """
-    J = per_sample(model, eq, x, y, objective).double()
-    t = torch.cat([eq.target[k].reshape(-1) for k in eq.names]).double()
-    if eq.direction is not None:
-        J = torch.cat([J, torch.cat([eq.direction[k].reshape(-1) for k in eq.names]).double()[None]])
-    coef = least_squares(J, t, nonnegative, free=int(eq.direction is not None))  # λ ≥ 0 if asked; the start's c stays free
-    rest = t - J.T @ coef
-    return {"relative_residual": float(rest @ rest) / eq.norm2,
-            "decay_fitted": float(coef[-1]) if eq.direction is not None else math.nan}
-
-
 #: the multiplier scale S = ‖target‖ / (γ·√n) is multiplied by this (γ: a probe image's gradient norm)
 SCALE_FACTOR = 1.0
 PROBES = 16
@@ -309,29 +291,6 @@ def added_inputs_layer(eq: StartEquation, params: dict[str, torch.Tensor], start
             out[k] = w - c * start[k].to(w)
             info[f"subspace_start_decay[{k}]"] = c
     return out, info
-
-
-def known_start_residual(view, x: torch.Tensor, y: torch.Tensor, equation: str = "endpoints", decay: Any = "auto",
-                         preconditioner: str = "auto", formulation: str = "auto", nonnegative: bool = True) -> dict[str, Any]:
-    """Evaluator side: how far the real training data are from the known-start equation (the assumption check).
-
-    ``x``: the training inputs centred as the view's model takes them, ``y``: exhume's labels.
-    Returns ``{"value", "definition", "decay"}``: :func:`explained`'s relative residual of what
-    training added with the training points as the candidates (float64, λ ≥ 0 with a classifier's
-    margin unless ``nonnegative=False``). To judge it, compare the same for as many unseen points.
-    """
-    from exhume.attacks.formulation import form_for, resolve
-    from exhume.attacks.workcopy import attack_model
-
-    model, params = attack_model(view.model, "cpu", torch.float64)
-    eq = build_equation(view, model, params, equation, len(x), decay, preconditioner)
-    form = resolve(view, model, formulation, 1.0, params, len(x), len(x), torch.float64)
-    signed = form_for(view, formulation) == "output" or not nonnegative
-    got = explained(model, eq, x.double().cpu(), y.cpu(), form.objective, nonnegative=not signed)
-    return {"value": got["relative_residual"], "decay": got["decay_fitted"] if eq.direction is not None else eq.info["start_decay"],
-            "definition": f"min ‖P⊙(θ_T − c·θ_0) − Σ_i Σ_k λ_ik ∇_θ h(θ^(k); x_i)‖² / ‖P⊙(θ_T − c·θ_0)‖² over the trained "
-                          f"parameters ({equation}: gradients at {'the final weights' if equation == 'trajectory' else 'the start and the final weights'}; "
-                          f"λ {'signed' if signed else '≥ 0'}; c {eq.info['start_decay_rule']}; P {eq.info['preconditioner']})"}
 
 
 def estimate_second_moment(view, images: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:

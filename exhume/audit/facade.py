@@ -214,7 +214,7 @@ def _request(cfg: AuditConfig, force: bool, resume: bool):
 
 def _audited(model: nn.Module, train, unseen, cfg: AuditConfig, threat) -> _Audited:
     """Check the arrays, wrap the model (:mod:`exhume.victim.wrap`), and measure the attack's assumptions on the training data."""
-    from exhume.evaluation.assumptions import equation_of
+    from exhume.evaluation.assumptions import checks_for, equation_of
     from exhume.request import view_of
     from exhume.victim import AttackerView
     from exhume.victim.wrap import Audited
@@ -241,9 +241,10 @@ def _audited(model: nn.Module, train, unseen, cfg: AuditConfig, threat) -> _Audi
                         weight_decay=cfg.weight_decay, num_classes=k if task == "multiclass" else None, n_train_hint=len(x))
     view = view_of(view, threat)  # the known start, attached once: the assumption check and the attack share this view
     equation = equation_of(cfg.method, view, cfg.attack_args)  # a known start changes the equation, and so its check
-    failures = equation.layer_failures(wrapped, centred[:2])
-    measured = equation.residual(wrapped, centred, y, loss, cfg.weight_decay)
-    failures += equation.residual_failures(measured)
+    checks = checks_for(equation)  # evaluator side: they read the training images
+    failures = checks.layer_failures(wrapped, centred[:2])
+    measured = checks.residual(wrapped, centred, y, loss, cfg.weight_decay)
+    failures += checks.residual_failures(measured)
     info = {"model": type(user).__name__, "task": task, "outputs": k, "positive_class": pos, "loss": loss,
             "weight_decay": cfg.weight_decay, "normalisation": norm_text, "n_train": len(x), "n_unseen": len(unseen_x),
             "threat_model": view.threat_model}
@@ -332,14 +333,15 @@ def _attack(data: _Audited, cfg: AuditConfig, request, attack_args: dict[str, An
 
 def _judge(data: _Audited, recon, cfg: AuditConfig, settings: dict[str, Any] | None, deadline: Deadline) -> AuditResult:
     """Evaluate the reconstruction against the training images (the unseen ones are pool and control), with the verdict."""
+    from exhume.evaluation.assumptions import checks_for
     from exhume.evaluation.run import evaluate, margins_of
     from exhume.report import write_report
 
     judging = time.perf_counter()
     out = None if cfg.out is None else Path(cfg.out)
     margins, support_margins = margins_of(data.wrapped, data.centred, data.y, data.info["task"], data.loss)
-    equation = data.equation
-    failures = data.failures + equation.fit_failures(margins, cfg.weight_decay) + equation.run_failures(recon, margins, cfg.weight_decay)
+    checks = checks_for(data.equation)
+    failures = data.failures + checks.fit_failures(margins, cfg.weight_decay) + checks.run_failures(recon, margins, cfg.weight_decay)
     owner = time.perf_counter()
     findings, scores = _owner_findings(data, recon, cfg)
     data.judging_parts["identifiability"] = time.perf_counter() - owner

@@ -7,7 +7,7 @@ now), its figures (one figure drawn now), and for the audit the owner-side ident
 (per-record gradients at the training images, at the membership pass's measured rate, and their
 ``n × n`` Gram matrix at a measured float64 rate). Each part is the measured rate times its count;
 the total adds :data:`RESERVE_FLOOR`. :func:`since_process_start` is the clock a command's budget
-counts on. Measurements: benchmarks/README.md, "The audit's budget covers its judging".
+counts on. Measurements: docs/defaults.md#audit-judging-estimate.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ RESERVE_FLOOR = 1.0
 #: their measured range; a loaded machine's rates move between the probes and the judging, which the tolerance covers)
 SAFETY = 1.0
 #: the evaluation's five figures, in draws of the membership ROC timed before the attack (measured: 2.4 to 4.3 on three
-#: victims, benchmarks/README.md, "The audit's budget covers its judging")
+#: victims, docs/defaults.md)
 FIGURES_AFTER = 4
 #: candidates matched in the SSIM probe
 PROBE_CANDIDATES = 8

@@ -4,7 +4,7 @@ An attack that inverts an equation of the weights (:mod:`exhume.attacks.equation
 relative residual over its candidates and reports its final value (``final_relative_stationarity``,
 per restart for a portfolio). The evaluator, who holds the training images, asks the attack's
 declared equation for the same quantity with the training images as the candidates
-(:meth:`~exhume.attacks.equations.Equation.fit_at_truth`: multipliers fitted by least squares, the
+(:meth:`~exhume.evaluation.assumptions.Checks.fit_at_truth`: multipliers fitted by least squares, the
 run's own formulation, signs, ``c`` and ``P``) and sets the two side by side:
 
 - ``residual_at_training``: the equation's residual at the training images;
@@ -16,7 +16,7 @@ run's own formulation, signs, ``c`` and ``P``) and sets the two side by side:
   (:mod:`exhume.evaluation.verdict`).
 
 Evaluator-side (it reads the training set). Why it matters, and the measurements on the
-practitioner zoo: ``benchmarks/README.md``, "What the known-start equation cannot identify".
+practitioner zoo: docs/defaults.md#audit-identifiability.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from exhume.evaluation.assumptions import checks_for
 
 
 def attack_best(recon) -> tuple[float | None, int]:
@@ -41,7 +43,7 @@ def identifiability(equation, model, x: torch.Tensor, y: torch.Tensor, loss: str
     if best is None:
         record["note"] = "not measured: the attack reports no final residual of an equation of the weights"
         return record
-    truth = equation.fit_at_truth(model, x, y, loss, measured, recon)
+    truth = checks_for(equation).fit_at_truth(model, x, y, loss, measured, recon)
     if truth is None or truth.get("value") is None:
         record["note"] = ("not measured: " + truth["definition"]) if truth else \
             "not measured: the attack's final residual is not a residual of the equation checked here"

@@ -12,7 +12,7 @@ import torch
 
 from exhume.attacks import Equation, Stationarity
 from exhume.errors import ConfigError, DataError, VictimError
-from exhume.evaluation.assumptions import attack_failures, equation_of
+from exhume.evaluation.assumptions import attack_failures, checks_for, equation_of
 from exhume.evaluation.matching import match as match_images  # evaluate()'s parameter `match` shadows the name
 from exhume.evaluation.matching import min_distances
 from exhume.evaluation.metrics import EvalResult, evaluate_images
@@ -94,6 +94,21 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
     equation = equation_of(recon.method, recon=recon)  # which assumptions of the attack to check
     given = _inputs(recon, victim, train, unseen, margins, support_margins, assumptions, pool_size, pool_seed, equation)
     candidates = scaled_candidates(recon.candidates, candidate_scale)
+    result = _matched(recon, candidates, given, match)
+    failures = given.failures + attack_failures(recon)
+    if victim is not None:
+        failures += checks_for(equation).run_failures(recon, given.margins, float(victim.weight_decay or 0.0))
+    _judged(result, recon, failures, alpha, threat_model, owner_findings)
+    result.metrics.evaluation_seconds = round(time.perf_counter() - t0, 3)
+    if candidate_scale != "clip":
+        result.metrics.extra["candidate_scale"] = CANDIDATE_SCALES[candidate_scale]
+    if out is not None:
+        _write(result, candidates, given.train_x, given.pool, Path(out), figures)
+    return result
+
+
+def _matched(recon, candidates: torch.Tensor, given: _Given, match: str) -> EvalResult:
+    """The candidates matched against the training images, the pool and the control, with the run's and the victim's context."""
     if tuple(candidates.shape[1:]) != tuple(given.train_x.shape[1:]):
         raise DataError(f"the reconstruction's candidates have shape {tuple(candidates.shape[1:])} but the training images "
                         f"have {tuple(given.train_x.shape[1:])}; evaluate against the data the attacked model takes")
@@ -102,21 +117,18 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
     _restarts(result, recon, candidates, given.train_x, match)
     _control(result, candidates, given.control, given.pool, match, given.train_x)
     _context(result, recon, candidates, given)
-    failures = given.failures + attack_failures(recon)
-    if victim is not None:
-        failures += equation.run_failures(recon, given.margins, float(victim.weight_decay or 0.0))
+    return result
+
+
+def _judged(result: EvalResult, recon, failures: list[str], alpha: float, threat_model: str | None,
+            owner_findings: dict[str, Any] | None) -> None:
+    """The threat model, the owner's findings and the verdict into ``result``'s metrics."""
     # what the attacker knew, as the caller (the audit) states it or the run recorded it; the verdict's reason names it
     threat = threat_model or recon.record.threat_model
     unused = recon.record.start_unused  # a known start the attack left out, and why
     result.metrics.threat_model = f"{threat}; solved {unused}" if threat and unused else threat
     vars(result.metrics).update(owner_findings or {})  # plain dataclass fields of Metrics
     result.metrics.set_verdict(decide(result.metrics, failures, alpha))
-    result.metrics.evaluation_seconds = round(time.perf_counter() - t0, 3)
-    if candidate_scale != "clip":
-        result.metrics.extra["candidate_scale"] = CANDIDATE_SCALES[candidate_scale]
-    if out is not None:
-        _write(result, candidates, given.train_x, given.pool, Path(out), figures)
-    return result
 
 
 #: how candidates are brought to display space before matching (``candidate_scale``): every rule acts on each candidate alone,
@@ -289,11 +301,11 @@ def victim_info(victim, train) -> dict[str, Any]:
 def victim_failures(victim, train, equation: Equation | None = None) -> list[str]:
     """The assumptions of the attack's ``equation`` that fail for an exhume victim (its layers, and its stationarity
     as measured when it was trained); default: every check of the stationarity equation."""
-    equation = Stationarity() if equation is None else equation
-    failures = equation.layer_failures(victim.model, train.centred[:2].float())
+    checks = checks_for(Stationarity() if equation is None else equation)
+    failures = checks.layer_failures(victim.model, train.centred[:2].float())
     residual = victim.metrics.get("stationarity_residual")
     if residual is not None:
-        failures += equation.residual_failures({"value": residual, "limit": getattr(equation, "limit", None)})
+        failures += checks.residual_failures({"value": residual, "limit": checks.limit})
     return failures
 
 

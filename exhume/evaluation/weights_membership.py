@@ -21,7 +21,7 @@ finding is the primary white-box score, ``gradient_alignment``, fixed in advance
 the four, which would be chosen by looking at the members): is its TPR at 1 % FPR above 1 %, its
 interval's lower bound above 1 %? Unseen images without labels are scored with the model's own
 predictions, which favours them (understates the exposure; ``nonmember_labels`` says so).
-Measurements: ``benchmarks/README.md``, "Membership exposure from the weights".
+Measurements: docs/defaults.md#audit-membership.
 """
 
 from __future__ import annotations

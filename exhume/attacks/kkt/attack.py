@@ -47,7 +47,7 @@ class KKTAttack(Attack):
 
     def equation_used(self, view) -> str:
         """The equation a run on ``view`` solves: 'stationary', or with a start 'trajectory' / 'endpoints'
-        (:mod:`exhume.attacks.trajectory`, whose :func:`~exhume.attacks.trajectory.known_start_residual` is its check)."""
+        (:mod:`exhume.attacks.trajectory`, whose :func:`~exhume.evaluation.residuals.known_start_residual` is its check)."""
         return equation_for(self.config["start_equation"], view)
 
     def equation_on(self, view) -> Equation:
