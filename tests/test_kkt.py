@@ -322,11 +322,12 @@ def test_shared_loop_checkpoints_on_interrupt_and_excludes_callback_time():
 
     end = run_loop("t", 4, Deadline.never(), 0, 10.0, lambda it, log, clock: None, lambda d, e: None, log_every=1,
                    checkpoint_every=100, progress=False, emit=lambda it, el: _time.sleep(0.2), emit_every=1)
-    assert end.done == 4 and 10.0 <= end.elapsed < 10.2  # four 0.2 s callbacks are not attack time
-    # nor are they charged to the deadline: 0.2 s of 20-ms steps, each followed by a 0.1-s callback, is ten steps
+    assert end.done == 4 and 10.0 <= end.elapsed < 10.5  # four 0.2 s callbacks (0.8 s) are not attack time
+    # nor are they charged to the deadline: 0.2 s of 20-ms steps, each followed by a 0.1-s callback, is about ten steps
+    # (charged, the deadline would pass within two); a loaded machine stretches the sleeps, hence the wide bounds
     end = run_loop("t", 100, Deadline.after(0.2), 0, 0.0, lambda it, log, clock: _time.sleep(0.02), lambda d, e: None,
                    log_every=1, checkpoint_every=100, progress=False, emit=lambda it, el: _time.sleep(0.1), emit_every=1)
-    assert 8 <= end.done <= 11 and 0.2 <= end.elapsed < 0.25
+    assert 4 <= end.done <= 11 and 0.2 <= end.elapsed < 0.5
 
 
 @pytest.mark.parametrize("method, arch, task, classes", [
