@@ -1,6 +1,7 @@
 """Experiments that reproduce the papers' findings; each module registers itself on import."""
 
 import exhume.experiments.selection  # noqa: E402,F401
+from exhume.experiments import dp as _dp  # noqa: F401,E402  (registers "dp")
 from exhume.experiments import init_study as _init_study  # noqa: F401,E402  (registers "init-study")
 
 # Modules that register experiments (one import line each):
