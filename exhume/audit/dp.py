@@ -78,7 +78,7 @@ def _read(points: list[dict], epsilon: float, setting: str, table: dict, source:
     percent = sorted(round(100 * p["fraction"]) for p in pair)
     at = [p["epsilon"] for p in pair]
     amount = f"{percent[0]} %" if percent[0] == percent[1] else f"{percent[0]}–{percent[1]} %"
-    where = f"at ε = {at[0]:g}" if at[0] == at[1] else f"between ε = {at[0]:g} and {at[1]:g}"
+    where = f"at ε = {at[0]:.3g}" if at[0] == at[1] else f"between ε = {at[0]:.3g} and {at[1]:.3g}"
     plain = next((p for p in table["points"] if p["setting"] == setting and p["level"] == "none"), None)
     versus = "" if plain is None else f", against {round(100 * plain['fraction'])} % trained without privacy"
     what = table["settings"][setting].get("what", setting)

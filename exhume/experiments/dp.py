@@ -51,23 +51,26 @@ SETTINGS: dict[str, dict[str, Any]] = {
                             "batch_size": 25, "epochs": 100},
                   "start_known": True, "what": "mini-batch SGD MLP, start known"},
 }
-DEFAULTS = {"settings": ["paper", "minibatch"], "epsilons": [1000.0, 100.0, 10.0, 1.0], "clip_only": True, "seeds": [0],
+DEFAULTS = {"settings": ["paper", "minibatch"], "epsilons": [10000.0, 1000.0, 100.0, 10.0, 1.0], "noise_multipliers": [],
+            "clip_only": True, "seeds": [0],
             "iterations": 3000, "max_grad_norm": 0.1, "delta": 1e-5, "n": 100, "restarts": 1}
 FULL = {**DEFAULTS, "epsilons": [10000.0, 1000.0, 300.0, 100.0, 30.0, 10.0, 3.0, 1.0], "seeds": [0, 1, 2], "iterations": 20000,
         "restarts": 4}
-#: the levels a victim is trained at besides the target epsilons
-NON_PRIVATE, CLIP_ONLY = "none", "clip"
+#: the levels a victim is trained at besides the target epsilons (and the prefix of a level given by its noise multiplier)
+NON_PRIVATE, CLIP_ONLY, SIGMA = "none", "clip", "sigma"
 HELP = ("memorised fraction and membership exposure against the DP-SGD budget ε (Opacus), for the demo's victim (full-batch "
         "GD, weights only) and a mini-batch SGD MLP (start known), n = 100 MNIST, with clipping alone as a row and the "
-        "reconstruction bounds of Balle et al. and Hayes et al. beside it. CPU default: ε = ∞, clipping only, 1000, 100, "
-        "10, 1, one seed, one kkt run of 3,000 iterations per victim, clipping norm 0.1 (12 victims; needs "
+        "reconstruction bounds of Balle et al. and Hayes et al. beside it. CPU default: ε = ∞, clipping only, 10000, 1000, "
+        "100, 10, 1, one seed, one kkt run of 3,000 iterations per victim, clipping norm 0.1 (14 victims; needs "
         "pip install \"exhume[dp]\"). --full: eight ε from 10,000 to 1, three seeds, 4 restarts of 20,000 iterations "
         "(for a GPU). Finished cells are reused with --resume.")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--settings", default=None, help="comma-separated: paper, minibatch (default both)")
-    p.add_argument("--epsilons", default=None, help="target ε values, comma-separated (default 1000,100,10,1)")
+    p.add_argument("--epsilons", default=None, help="target ε values, comma-separated (default 10000,1000,100,10,1)")
+    p.add_argument("--noise-multipliers", default=None, help="more private levels given by their noise multiplier σ, "
+                   "comma-separated (their ε is the accountant's: beyond the targets, e.g. 0.01,0.1)")
     p.add_argument("--no-clip-only", action="store_true", help="leave out the clipping-only row")
     p.add_argument("--seeds", default=None, help="victim and attack seeds, comma-separated (default: --seed)")
     p.add_argument("--iterations", type=int, default=None, help="kkt iterations per restart (default 3000; --full 20000)")
@@ -96,6 +99,8 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         s["seeds"] = [int(v) for v in _numbers(args.seeds, int, "seeds")]
     if getattr(args, "epsilons", None) is not None:
         s["epsilons"] = sorted(_numbers(args.epsilons, float, "epsilons"), reverse=True)
+    if getattr(args, "noise_multipliers", None) is not None:
+        s["noise_multipliers"] = sorted(_numbers(args.noise_multipliers, float, "noise-multipliers"))
     if getattr(args, "settings", None) is not None:
         s["settings"] = [v.strip() for v in args.settings.split(",") if v.strip()]
     if not s["settings"] or any(v not in SETTINGS for v in s["settings"]):
@@ -113,7 +118,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
 def command_line(args: argparse.Namespace) -> str:
     """The command that reproduces this run (its settings; not its output folder)."""
     flags = ["--full"] if args.full else []
-    for key in ("settings", "epsilons", "seeds", "iterations", "restarts", "max_grad_norm", "epochs", "n"):
+    for key in ("settings", "epsilons", "noise_multipliers", "seeds", "iterations", "restarts", "max_grad_norm", "epochs", "n"):
         if getattr(args, key, None) is not None:
             flags.append(f"{'-n' if key == 'n' else '--' + key.replace('_', '-')} {getattr(args, key)}")
     if getattr(args, "no_clip_only", False):
@@ -124,8 +129,10 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def levels(s: dict[str, Any]) -> list[str]:
-    """The privacy levels of every setting: ε = ∞, clipping only, then the target ε from the largest."""
-    return [NON_PRIVATE, *([CLIP_ONLY] if s["clip_only"] else []), *(f"{e:g}" for e in s["epsilons"])]
+    """The privacy levels of every setting: ε = ∞, clipping only, the noise multipliers given (``sigma0.01``), then the
+    target ε from the largest."""
+    return [NON_PRIVATE, *([CLIP_ONLY] if s["clip_only"] else []), *(f"{SIGMA}{v:g}" for v in s.get("noise_multipliers", [])),
+            *(f"{e:g}" for e in s["epsilons"])]
 
 
 def _train_configs(setting: str, s: dict[str, Any], level: str):
@@ -141,6 +148,8 @@ def _train_configs(setting: str, s: dict[str, Any], level: str):
         return train, None
     if level == CLIP_ONLY:
         return train, DPConfig(noise_multiplier=0.0, max_grad_norm=s["max_grad_norm"], delta=s["delta"])
+    if level.startswith(SIGMA):
+        return train, DPConfig(noise_multiplier=float(level[len(SIGMA):]), max_grad_norm=s["max_grad_norm"], delta=s["delta"])
     return train, DPConfig(epsilon=float(level), max_grad_norm=s["max_grad_norm"], delta=s["delta"])
 
 
@@ -175,7 +184,8 @@ def attack_cell(victim, setting: str, seed: int, s: dict[str, Any], folder: Path
 
 
 def exposure(victim, seed: int) -> dict[str, Any]:
-    """The membership exposure from the weights: the training images against 1,000 unseen ones (AUC, TPR at 1 % FPR)."""
+    """The membership exposure from the weights: the training images against ten unseen ones each, at most 1,000
+    (AUC, TPR at 1 % FPR)."""
     import numpy as np
 
     from exhume.data import load_dataset
@@ -184,7 +194,7 @@ def exposure(victim, seed: int) -> dict[str, Any]:
 
     ds = load_dataset(victim.data_spec["dataset"])
     train = victim.load_train_set(ds)
-    pool = select_pool(ds, train.spec["task"], 1000, exclude=np.asarray(train.indices), seed=seed + 2)
+    pool = select_pool(ds, train.spec["task"], min(1000, 10 * len(train)), exclude=np.asarray(train.indices), seed=seed + 2)
     record, _ = membership_exposure(victim.attacker_view(), train.centred, train.y, pool.x - victim.mean, pool.y, seed=seed)
     score = record["scores"][record["primary"]]
     return {"membership_auc": round(score["auc"]["value"], 4), "membership_tpr_at_1pct_fpr": round(score["tpr_at_0.01_fpr"]["value"], 4)}
@@ -205,7 +215,7 @@ def run_cell(setting: str, level: str, seed: int, s: dict, out: Path, resume: bo
     attacked = time.perf_counter()
     m = exhume.evaluate(recon, victim, figures=False).metrics
     dp, vm = victim.privacy or {}, victim.metrics
-    row = {"setting": setting, "level": level, "seed": seed, "epsilon": dp.get("epsilon") if dp else math.inf,
+    row = {"setting": setting, "level": level, "seed": seed, "epsilon": dp.get("epsilon") if dp else None,
            "epsilon_spent": dp.get("epsilon_spent") if dp else None, "noise_multiplier": dp.get("noise_multiplier", 0.0),
            "max_grad_norm": dp.get("max_grad_norm"), "sample_rate": dp.get("sample_rate"), "steps": dp.get("steps"),
            "train_accuracy": round(vm["train_accuracy"], 4), "test_accuracy": round(vm.get("test_accuracy", math.nan), 4),
@@ -246,7 +256,8 @@ def curve(rows: list[dict]) -> list[dict]:
     out = []
     for (setting, level), group in points.items():
         total = sum(r["n"] for r in group)
-        out.append({"setting": setting, "level": level, "epsilon": group[0]["epsilon"], "runs": len(group),
+        spent = [r["epsilon_spent"] for r in group if r.get("epsilon_spent") is not None]
+        out.append({"setting": setting, "level": level, "epsilon": sum(spent) / len(spent) if spent else None, "runs": len(group),
                     "training_samples": total, "memorised": sum(r["memorised"] for r in group),
                     "control": sum(r["control"] for r in group), "fraction": round(sum(r["memorised"] for r in group) / total, 4),
                     "control_fraction": round(sum(r["control"] for r in group) / sum(r["control_size"] for r in group), 4),
@@ -260,8 +271,17 @@ def _mean(group: list[dict], key: str) -> float:
     return round(sum(r[key] for r in group) / len(group), 4)
 
 
-def _label(level: str) -> str:
-    return {NON_PRIVATE: "∞ (not private)", CLIP_ONLY: "clipping only (∞)"}.get(level, level)
+def eps_text(epsilon: float) -> str:
+    """An ε as the table writes it: 1.2e+07, 10,000, 1,000, 9.99, 1."""
+    return f"{epsilon:.2g}" if epsilon >= 1e5 else f"{epsilon:,.0f}" if epsilon >= 10 else f"{epsilon:.3g}"
+
+
+def _label(level: str, spent: float | None = None) -> str:
+    """A level in words: ∞, clipping only, a target ε, or a noise multiplier with the ε the accountant spent."""
+    if level.startswith(SIGMA):
+        return f"{eps_text(spent)} (σ = {level[len(SIGMA):]})"
+    named = {NON_PRIVATE: "∞ (not private)", CLIP_ONLY: "clipping only (∞)"}
+    return named[level] if level in named else eps_text(float(level))
 
 
 def table(points: list[dict]) -> str:
@@ -270,7 +290,7 @@ def table(points: list[dict]) -> str:
             "| bound: Hayes et al. | bound: Balle et al. (RDP) |")
     lines = [head, "|" + "---|" * 11]
     for p in points:
-        lines.append(f"| {p['setting']} | {_label(p['level'])} | {p['noise_multiplier']:.3g} | {p['test_accuracy']:.3f} | "
+        lines.append(f"| {p['setting']} | {_label(p['level'], p['epsilon'])} | {p['noise_multiplier']:.3g} | {p['test_accuracy']:.3f} | "
                      f"{p['memorised']} / {p['training_samples']} | {p['control']} | {p['one_to_one_ssim_mean']:.3f} | "
                      f"{p['membership_auc']:.3f} | {p['leaks']} ({p['runs']}) | {p['bound_hayes_2023']:.3g} | "
                      f"{p['bound_balle_2022_rdp']:.3g} |")
@@ -324,20 +344,19 @@ def _write(rows: list[dict], points: list[dict], s: dict, out: Path, command: st
 
 
 def threshold_line(points: list[dict]) -> str:
-    """Per setting: the smallest measured ε with training images memorised, and whether the ones below had none."""
+    """Per setting: the non-private and clipping-only fractions, the smallest ε with a leak, and the ε at and below
+    which nothing was memorised."""
     parts = []
     for setting in dict.fromkeys(p["setting"] for p in points):
-        private = sorted((p for p in points if p["setting"] == setting and p["level"] not in (NON_PRIVATE, CLIP_ONLY)),
-                         key=lambda p: p["epsilon"])
-        leaking = [p for p in private if p["memorised"] > p["control"]]
-        below = f"nothing memorised above the control at ε ≤ {private[0]['epsilon']:g}" if not leaking else (
-            f"memorised above the control down to ε = {leaking[0]['epsilon']:g}"
-            + (f", not at ε ≤ {max(p['epsilon'] for p in private if p['epsilon'] < leaking[0]['epsilon']):g}"
-               if any(p["epsilon"] < leaking[0]["epsilon"] for p in private) else ""))
-        none = [p for p in points if p["setting"] == setting and p["level"] == NON_PRIVATE]
-        clip = [p for p in points if p["setting"] == setting and p["level"] == CLIP_ONLY]
-        parts.append(f"{setting}: ε = ∞ {none[0]['fraction']:.2f}" + (f", clipping only {clip[0]['fraction']:.2f}" if clip else "")
-                     + f"; {below}" if none else f"{setting}: {below}")
+        pts = [p for p in points if p["setting"] == setting]
+        private = sorted((p for p in pts if p["level"] not in (NON_PRIVATE, CLIP_ONLY)), key=lambda p: p["epsilon"])
+        plain = [f"{_label(p['level'])} {p['fraction']:.2f}" for p in pts if p["level"] in (NON_PRIVATE, CLIP_ONLY)]
+        leaking = [p for p in private if p["leaks"]]
+        clean = [p["epsilon"] for i, p in enumerate(private) if all(q["memorised"] == 0 for q in private[:i + 1])]
+        parts.append(f"{setting}: " + ", ".join(plain)
+                     + (f"; smallest ε with a leak {eps_text(leaking[0]['epsilon'])} ({leaking[0]['fraction']:.2f})" if leaking
+                        else "; no leak at any ε measured")
+                     + (f"; nothing memorised at ε ≤ {eps_text(clean[-1])}" if clean else ""))
     return "; ".join(parts)
 
 
