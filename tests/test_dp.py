@@ -190,7 +190,7 @@ def test_the_experiment_writes_its_table_figure_and_curve_and_resumes_finished_c
     import json
 
     out = tmp_path / "exp"
-    args = ["experiment", "dp", "--settings", "minibatch", "-n", "10", "--epochs", "2", "--epsilons", "10", "--iterations", "10",
+    args = ["experiment", "dp", "--settings", "minibatch", "--seeds", "0", "-n", "10", "--epochs", "2", "--epsilons", "10", "--iterations", "10",
             "--no-progress", "-o", str(out)]
     assert main(args) == 0
     result = json.loads(capsys.readouterr().out)
@@ -204,3 +204,20 @@ def test_the_experiment_writes_its_table_figure_and_curve_and_resumes_finished_c
     rows = sorted((out / "cells").glob("*/row.json"))
     stamps = [r.stat().st_mtime_ns for r in rows]
     assert main([*args, "--resume"]) == 0 and [r.stat().st_mtime_ns for r in rows] == stamps
+
+
+def test_the_dp_budget_is_one_setting_of_the_audit_config_for_flags_toml_and_python(tmp_path):
+    from exhume.audit.command import settings
+    from exhume.audit.config import from_options
+    from exhume.cli import build_parser
+
+    (tmp_path / "audit.toml").write_text('model = "m.py:Net"\nweights = "w.pt"\ntrain = "t.npz"\nunseen = "u.npz"\n'
+                                         'normalize = "none"\nloss = "logistic"\nweight_decay = 0\ndp_epsilon = 8\n')
+    args = build_parser().parse_args(["audit", "--config", str(tmp_path / "audit.toml"), "--dp-delta", "1e-6"])
+    cfg = settings(args)
+    assert (cfg.dp_epsilon, cfg.dp_delta) == (8.0, 1e-6)
+    assert from_options(loss="logistic", weight_decay=0, normalize="none", dp_epsilon=3).dp_delta == 1e-5
+    for bad, line in (({"dp_epsilon": -1}, "dp_epsilon: expected a number > 0"), ({"dp_epsilon": 1, "dp_delta": 1.0},
+                      "dp_delta: expected a number < 1")):
+        with pytest.raises(ConfigError, match=line):
+            from_options(loss="logistic", weight_decay=0, normalize="none", **bad)

@@ -54,16 +54,17 @@ SETTINGS: dict[str, dict[str, Any]] = {
 DEFAULTS = {"settings": ["paper", "minibatch"], "epsilons": [10000.0, 1000.0, 100.0, 10.0, 1.0], "noise_multipliers": [],
             "clip_only": True, "seeds": [0],
             "iterations": 3000, "max_grad_norm": 0.1, "delta": 1e-5, "n": 100, "restarts": 1}
-FULL = {**DEFAULTS, "epsilons": [10000.0, 1000.0, 300.0, 100.0, 30.0, 10.0, 3.0, 1.0], "seeds": [0, 1, 2], "iterations": 20000,
-        "restarts": 4}
+FULL = {**DEFAULTS, "epsilons": [10000.0, 1000.0, 300.0, 100.0, 30.0, 10.0, 3.0, 1.0], "noise_multipliers": [0.003, 0.01, 0.03, 0.1],
+        "seeds": [0, 1, 2], "iterations": 20000, "restarts": 4}
 #: the levels a victim is trained at besides the target epsilons (and the prefix of a level given by its noise multiplier)
 NON_PRIVATE, CLIP_ONLY, SIGMA = "none", "clip", "sigma"
 HELP = ("memorised fraction and membership exposure against the DP-SGD budget ε (Opacus), for the demo's victim (full-batch "
         "GD, weights only) and a mini-batch SGD MLP (start known), n = 100 MNIST, with clipping alone as a row and the "
         "reconstruction bounds of Balle et al. and Hayes et al. beside it. CPU default: ε = ∞, clipping only, 10000, 1000, "
         "100, 10, 1, one seed, one kkt run of 3,000 iterations per victim, clipping norm 0.1 (14 victims; needs "
-        "pip install \"exhume[dp]\"). --full: eight ε from 10,000 to 1, three seeds, 4 restarts of 20,000 iterations "
-        "(for a GPU). Finished cells are reused with --resume.")
+        "pip install \"exhume[dp]\"). --full: eight ε from 10,000 to 1 and the noise multipliers 0.003-0.1 "
+        "(ε up to about 10^8), three seeds, 4 restarts of 20,000 iterations (84 victims, for a GPU). Finished cells are "
+        "reused with --resume.")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -96,7 +97,12 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     s = {k: list(v) if isinstance(v, list) else v for k, v in (FULL if args.full else DEFAULTS).items()}
     s["seeds"] = s["seeds"] if args.full else [args.seed]
     if getattr(args, "seeds", None) is not None:
-        s["seeds"] = [int(v) for v in _numbers(args.seeds, int, "seeds")]
+        try:
+            s["seeds"] = [int(v) for v in str(args.seeds).split(",") if v.strip()]
+        except ValueError:
+            s["seeds"] = []
+        if not s["seeds"] or min(s["seeds"]) < 0:
+            raise ConfigError(f"--seeds must be integers >= 0 separated by commas, got {args.seeds!r}")
     if getattr(args, "epsilons", None) is not None:
         s["epsilons"] = sorted(_numbers(args.epsilons, float, "epsilons"), reverse=True)
     if getattr(args, "noise_multipliers", None) is not None:
@@ -329,7 +335,7 @@ def _write(rows: list[dict], points: list[dict], s: dict, out: Path, command: st
         w.writerows(rows)
     (out / "dp.md").write_text(table(points) + "\n")
     figure(points, out / "dp.png")
-    measured_on = (f"bundled MNIST odd/even, n = {s['n']}, seeds {', '.join(map(str, s['seeds']))}, {s['restarts']} kkt "
+    measured_on = (f"bundled MNIST odd/even, n = {s['n']}, seed(s) {', '.join(map(str, s['seeds']))}; {s['restarts']} kkt "
                    f"run(s) of {s['iterations']} iterations per victim, clipping norm {s['max_grad_norm']:g}, δ = {s['delta']:g}")
     write_json(out / "dp-curve.json", {"what": "memorised fraction of the training images against the DP-SGD target ε, pooled "
                                        "over seeds", "method": "kkt", "settings": {k: SETTINGS[k] for k in s["settings"]},
