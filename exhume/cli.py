@@ -88,6 +88,8 @@ def _add_train(sub) -> None:
 
 def add_dp_arguments(p: argparse.ArgumentParser) -> None:
     """``exhume train``'s differential privacy: DP-SGD through Opacus (exhume.victim.private)."""
+    from exhume.victim.private import ACCOUNTANTS
+
     g = p.add_argument_group("differential privacy", 'DP-SGD through Opacus (pip install "exhume[dp]"): Poisson sampling, '
                              "per-sample clipping, Gaussian noise; the victim records its privacy and keeps its start")
     g.add_argument("--dp-epsilon", type=float, default=None, help="target ε: Opacus's accountant solves the noise multiplier "
@@ -96,7 +98,7 @@ def add_dp_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dp-noise-multiplier", type=float, default=None, help="the noise multiplier itself instead of "
                    "--dp-epsilon; 0 clips without noise (not private: the control for clipping's own effect)")
     g.add_argument("--max-grad-norm", type=float, default=None, help="the per-sample clipping norm C (default 1.0)")
-    g.add_argument("--dp-accountant", default=None, choices=("rdp", "prv", "gdp"), help="Opacus's accountant (default rdp)")
+    g.add_argument("--dp-accountant", default=None, choices=ACCOUNTANTS, help="Opacus's accountant (default rdp)")
 
 
 def _add_attack(sub) -> None:

@@ -160,6 +160,7 @@ def test_the_audit_reads_the_measured_curve_at_the_stated_epsilon_and_never_extr
     assert between["percent"] == [5, 20] and between["at_epsilons"] == [100.0, 1000.0] and between["setting"] == "paper"
     assert "5–20 %" in between["reading"] and "against 30 % trained without privacy" in between["reading"]
     assert measured_reading(0.1, True, _table())["status"] == "outside the measured range"
+    assert measured_reading(100.0, True, {**_table(), "method": "kkt"}, method="bilevel")["status"] == "method not measured"
 
 
 def test_the_audit_of_a_dp_victim_names_its_epsilon_and_the_curves_reading(tmp_path, capsys):

@@ -44,9 +44,10 @@ def setting_for(start_known: bool, table: dict[str, Any]) -> str | None:
     return next((name for name, s in table["settings"].items() if bool(s.get("start_known")) == start_known), None)
 
 
-def measured_reading(epsilon: float, start_known: bool, table: dict[str, Any] | None = None) -> dict[str, Any]:
+def measured_reading(epsilon: float, start_known: bool, table: dict[str, Any] | None = None, method: str | None = None) -> dict[str, Any]:
     """``{"status", "reading", …}``: the measured memorised fraction at ``epsilon`` (status ``"read"``, with ``percent``
-    low and high, ``at_epsilons`` and the non-private value), or why there is none."""
+    low and high, ``at_epsilons`` and the non-private value), or why there is none (another attack than ``method``
+    measured, the threat model not measured, ``epsilon`` outside the measured range, no curve)."""
     from exhume.errors import DataError
 
     try:
@@ -54,6 +55,9 @@ def measured_reading(epsilon: float, start_known: bool, table: dict[str, Any] | 
     except DataError as e:
         return {"status": "no measured curve", "reading": f"no measured reading: {e}"}
     source = {k: table[k] for k in ("measured_on", "date", "command")}
+    if method is not None and method != table.get("method", method):
+        return {"status": "method not measured", "reading": f"no measured reading: the curve was measured with "
+                f"{table['method']}, not with {method} as run here", **source}
     setting = setting_for(start_known, table)
     points = sorted((p for p in table["points"] if p["setting"] == setting and p["level"] not in LEVELS_NOT_PRIVATE),
                     key=lambda p: p["epsilon"])
@@ -102,14 +106,14 @@ def meaning(verdict: str, epsilon: float, bound: float) -> str:
     return f"the verdict is inconclusive (an assumption of the attack failed), so it says nothing of the leak; {ceiling}"
 
 
-def dp_record(epsilon: float, delta: float, start_known: bool, metrics: dict[str, Any]) -> dict[str, Any]:
+def dp_record(epsilon: float, delta: float, start_known: bool, metrics: dict[str, Any], method: str | None = None) -> dict[str, Any]:
     """``metrics.json``'s ``dp`` of an audit: the stated (ε, δ), the measured reading, the bound at this audit's κ, the meaning."""
     from exhume.victim.rero import dp_bound, kappa_from_control
 
     matched, total = metrics.get("memorised_control") or 0, metrics.get("control_size") or 0
     kappa = kappa_from_control(int(matched), int(total)) if total else 1.0
     bound = dp_bound(epsilon, delta, kappa)
-    return {"epsilon": epsilon, "delta": delta, "measured": measured_reading(epsilon, start_known), "kappa": round(kappa, 5),
+    return {"epsilon": epsilon, "delta": delta, "measured": measured_reading(epsilon, start_known, method=method), "kappa": round(kappa, 5),
             "kappa_definition": f"the control's match rate, {matched} of {total} never-seen images memorised (upper end of the "
                                 "95 % Clopper–Pearson interval)",
             "bound": round(bound, 4), "bound_definition": "Balle, Cherubin and Hayes (2022): (ε, δ)-DP gives reconstruction "

@@ -362,7 +362,7 @@ def _judge(data: _Audited, recon, cfg: AuditConfig, settings: dict[str, Any] | N
     if cfg.dp_epsilon is not None:
         from exhume.audit.dp import dp_record
 
-        m["dp"] = dp_record(cfg.dp_epsilon, cfg.dp_delta, data.view.start is not None, m)
+        m["dp"] = dp_record(cfg.dp_epsilon, cfg.dp_delta, data.view.start is not None, m, cfg.method)
     if out is not None:
         _write_scores(scores, out / "evaluation", data.roc)
     _timed(m, data, t0, judging)

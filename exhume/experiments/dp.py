@@ -37,11 +37,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from exhume.attacks.base import DEFAULT_METHOD
 from exhume.errors import ConfigError
 from exhume.experiments.registry import register_experiment
 from exhume.files.jsonio import read_json, write_json
 from exhume.victim.recipe import PAPER_ARCH, PAPER_TRAIN
 
+#: the attack measured (one run, or --restarts pooled): the default attack, the one an audit runs
+METHOD = DEFAULT_METHOD
 #: the two settings: the victim, its training and how it is attacked
 SETTINGS: dict[str, dict[str, Any]] = {
     "paper": {"arch": PAPER_ARCH, "trainer": "full-batch", "train": {"loss": "logistic", **PAPER_TRAIN, "max_epochs": 6000},
@@ -185,7 +188,7 @@ def attack_cell(victim, setting: str, seed: int, s: dict[str, Any], folder: Path
 
     again = resume and ((folder / "checkpoint.pt").is_file() or (folder / "restarts").is_dir())
     threat = {"start": victim.start, "training": known_training(victim)} if SETTINGS[setting]["start_known"] else {}
-    return exhume.attack(victim, "kkt", seed=seed, restarts=s["restarts"], iterations=s["iterations"], out=folder, resume=again,
+    return exhume.attack(victim, METHOD, seed=seed, restarts=s["restarts"], iterations=s["iterations"], out=folder, resume=again,
                          force=not again, device=device, progress=progress, **threat)
 
 
@@ -338,7 +341,7 @@ def _write(rows: list[dict], points: list[dict], s: dict, out: Path, command: st
     measured_on = (f"bundled MNIST odd/even, n = {s['n']}, seed(s) {', '.join(map(str, s['seeds']))}; {s['restarts']} kkt "
                    f"run(s) of {s['iterations']} iterations per victim, clipping norm {s['max_grad_norm']:g}, δ = {s['delta']:g}")
     write_json(out / "dp-curve.json", {"what": "memorised fraction of the training images against the DP-SGD target ε, pooled "
-                                       "over seeds", "method": "kkt", "settings": {k: SETTINGS[k] for k in s["settings"]},
+                                       "over seeds", "method": METHOD, "settings": {k: SETTINGS[k] for k in s["settings"]},
                                        "measured_on": measured_on, "date": datetime.date.today().isoformat(), "command": command,
                                        "run_settings": s, "points": points})
     summary = {"experiment": "dp", "settings": s, "command": command, "seconds": round(seconds, 1), "points": points,

@@ -113,10 +113,10 @@ def _logits(out: torch.Tensor) -> torch.Tensor:
 def _optimizer(model: nn.Module, train) -> torch.optim.Optimizer:
     """Plain torch optimiser; weight decay is its own (post-processing of the noised gradient)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    if train.optimizer in ("gd", "sgd"):
-        return torch.optim.SGD(params, lr=train.lr, momentum=getattr(train, "momentum", 0.0) if train.optimizer == "sgd" else 0.0,
-                               weight_decay=train.weight_decay)
-    return torch.optim.Adam(params, lr=train.lr, weight_decay=train.weight_decay)
+    if train.optimizer == "adam":
+        return torch.optim.Adam(params, lr=train.lr, weight_decay=train.weight_decay)
+    # full-batch gradient descent (TrainConfig: no momentum) or mini-batch SGD with its momentum
+    return torch.optim.SGD(params, lr=train.lr, momentum=getattr(train, "momentum", 0.0), weight_decay=train.weight_decay)
 
 
 def check_private_model(model: nn.Module) -> None:
