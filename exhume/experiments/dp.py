@@ -325,7 +325,7 @@ def figure(points: list[dict], path: Path) -> None:
                 ax.axhline(p["fraction"], ls=style, color=color, lw=1, label=f"{_label(level)}: {p['fraction']:.2f}")
         ax.set(xscale="log", xlabel="ε (δ = 1e-5)", ylabel="fraction of training images", ylim=(-0.03, 1.03),
                title=f"{setting}: {SETTINGS[setting]['what']}")
-        ax.legend(fontsize=6.5)
+        ax.legend(fontsize=6.5, loc="center right", bbox_to_anchor=(1.0, 0.66))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
