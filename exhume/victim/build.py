@@ -84,9 +84,9 @@ def make_victim(
     ``train``: a :class:`TrainConfig` (full-batch, the default) or a :class:`MiniBatchConfig`. The test images
     (``test_size``) are disjoint from the training set (and from ``exclude_from_test``, e.g. a held-out set the
     evaluator keeps apart). ``checkpoint``: a file that full-batch training writes as it goes
-    (:func:`~exhume.victim.train.train_victim`); ``resume=True`` continues from it. ``private``: DP-SGD through Opacus (:mod:`exhume.victim.private`,
-    recorded as ``train_config["dp"]``); ``keep_start`` (always with ``private``): keep the start (``victim.start``).
-    """
+    (:func:`~exhume.victim.train.train_victim`); ``resume=True`` continues from it. ``private``: DP-SGD through
+    Opacus (:mod:`exhume.victim.private`, recorded as ``train_config["dp"]``); ``keep_start`` (always with
+    ``private``): keep the weights training started from (``victim.start``)."""
     ds = load_dataset(data, root=root)
     task_data = select_task(ds, task, n, seed=seed)
     kind = task_data.task
