@@ -226,6 +226,7 @@ CHUNKED = {
     "init-study": ["-n", "10", "--grid", "1", "--kkt-iterations", "40", "--bilevel-iterations", "3", "--heldout", "10"],
     "tldr": ["--sizes", "10", "--epochs", "1", "--arch", "convnet:4;fc=8", "--steps", "8", "--samples-per-class", "1",
              "--methods", "tldr"],
+    "dp": ["--settings", "minibatch", "-n", "10", "--epochs", "2", "--epsilons", "10", "--iterations", "20", "--no-clip-only"],
 }
 
 
@@ -233,6 +234,8 @@ def _table(name: str, out) -> list:
     """What the experiment's table says, less wall times and file paths."""
     if name == "init-study":
         return [{k: v for k, v in r.items() if k != "seconds"} for r in json.loads((out / "table.json").read_text())["rows"]]
+    if name == "dp":
+        return [{k: v for k, v in r.items() if not k.endswith("seconds")} for r in json.loads((out / "dp.json").read_text())["rows"]]
     res = json.loads((out / "results.json").read_text())
     return [res["victim_signal_separation"],
             [{k: v for k, v in r.items() if not k.endswith("seconds") and k != "grid"} for r in res["runs"]]]
@@ -254,6 +257,10 @@ def test_every_experiment_cut_into_chunks_ends_with_the_uninterrupted_table(name
     import shutil
     import time
 
+    if name == "dp":
+        from _extras import need
+
+        need("opacus", "dp")
     # the figures are drawn from the tables (tested in test_init_study_cli.py, test_tldr.py): not here
     monkeypatch.setattr("exhume.experiments.init_study._figures", lambda *a: [])
     monkeypatch.setattr("exhume.evaluation.trainlike.class_grid", lambda *a, **k: a[2])

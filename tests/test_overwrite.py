@@ -116,7 +116,7 @@ def test_tune_refuses_a_folder_holding_a_victim_or_a_run(run, capsys):
 
 
 @pytest.mark.parametrize("name", ["margin", "architecture", "weight-decay", "multiclass", "width-vs-n", "cnn", "init-study",
-                                  "tldr", "law"])
+                                  "tldr", "law", "dp"])
 def test_experiments_refuse_an_earlier_run_without_resume_or_force(name, tmp_path, capsys, monkeypatch):
     import dataclasses
 

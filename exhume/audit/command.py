@@ -10,6 +10,7 @@ relative paths are relative to the config file; one key per field of ``AuditConf
     normalize = "0.2860,0.3530"       # mean,std per channel (C means then C stds), or "none"
     loss = "logistic"                 # or "cross-entropy"
     weight_decay = 5e-4               # SGD/Adam weight_decay; 0 for none
+    dp_epsilon = 8                    # trained with DP-SGD at this ε (optional; dp_delta, default 1e-5)
     max_seconds = 300
     out = "runs/audit"
     [model_args]                      # keyword arguments of the class
@@ -83,6 +84,10 @@ def _print_verdict(result, out: Path) -> None:
     print(f"reason: {result.reason}")
     if m.get("law"):
         print(law_line(m["law"]))
+    if m.get("dp"):
+        from exhume.audit.dp import dp_line
+
+        print(dp_line(m["dp"]))
     print(f"metrics: {out / 'evaluation' / 'metrics.json'}   report: {out / 'report.html'}")
 
 

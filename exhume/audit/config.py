@@ -84,6 +84,10 @@ class AuditConfig:
                                        "sequential) and seed, and takes nesterov, eps, drop_last", metavar="JSON")
     optimizer_state: str | None = setting(None, "Adam's final state: tensors exp_avg_sq.<parameter> (+ step), or "
                                           "torch.save(optimizer.state_dict()); with --start-weights", path=True, metavar="FILE")
+    dp_epsilon: float | None = setting(None, "the model was trained with differential privacy (DP-SGD) at this ε: the summary "
+                                       "and the report state it, exhume's measured reading at that ε and what the verdict means "
+                                       "there", type=float, metavar="EPSILON")
+    dp_delta: float | None = setting(None, "its δ (default 1e-5); with --dp-epsilon", type=float, metavar="DELTA")
 
     def __post_init__(self) -> None:
         for name, value in _validated(self).items():
@@ -126,7 +130,21 @@ def _validated(cfg: AuditConfig) -> dict[str, Any]:
         raise ConfigError("model_args must be a JSON object / TOML table of keyword arguments")
     out["device"] = check_device(cfg.device)
     out.update(_start_settings(cfg))
+    out.update(_dp_settings(cfg))
     return out
+
+
+def _dp_settings(cfg: AuditConfig) -> dict[str, Any]:
+    """The DP budget stated: ε finite and > 0, δ in (0, 1) (default 1e-5), δ only with ε."""
+    if cfg.dp_epsilon is None:
+        if cfg.dp_delta is not None:
+            raise ConfigError("dp_delta is the δ of a DP budget: give dp_epsilon (--dp-epsilon) too")
+        return {}
+    epsilon = check_setting("dp_epsilon", _numeric(cfg.dp_epsilon), positive=True)
+    delta = check_setting("dp_delta", _numeric(1e-5 if cfg.dp_delta is None else cfg.dp_delta), positive=True, high=1.0)
+    if delta >= 1.0:
+        raise ConfigError(f"dp_delta: expected a number < 1, got {delta}")
+    return {"dp_epsilon": epsilon, "dp_delta": delta}
 
 
 def _start_settings(cfg: AuditConfig) -> dict[str, Any]:

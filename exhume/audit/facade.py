@@ -155,7 +155,8 @@ def audit(model: nn.Module, train, unseen, *, config: AuditConfig | None = None,
     ``attack_args``, ``alpha``, ``out``, ``seed``, ``device``; for the known-start threat model,
     ``start`` (the starting weights: a file or a dict of tensors), ``start_partial``, ``training``
     (a dict of training settings) and ``optimizer_state`` (Adam's final state, a file): the attack
-    and the assumption check then use the known-start equation. ``settings``: recorded as given.
+    and the assumption check then use the known-start equation; ``dp_epsilon``, ``dp_delta``: the DP-SGD
+    budget it was trained with (:mod:`exhume.audit.dp`, ``metrics["dp"]``). ``settings``: recorded as given.
     ``force=True`` replaces an earlier audit's attack run in ``out``; ``resume=True`` continues an
     interrupted one (same model, data and settings) and judges it. ``deadline``: the audit's, made by its caller from
     ``max_seconds`` (``exhume audit``: counted from its process's start; its seconds are then the budget), else
@@ -355,6 +356,10 @@ def _judge(data: _Audited, recon, cfg: AuditConfig, settings: dict[str, Any] | N
     m["audit"] = {**(settings or {}), "method": cfg.method, "max_seconds": deadline.seconds, "seed": cfg.seed,
                   "wall_seconds": None, **_start_record(data.view, cfg)}
     m["law"] = _law(data, cfg)
+    if cfg.dp_epsilon is not None:
+        from exhume.audit.dp import dp_record
+
+        m["dp"] = dp_record(cfg.dp_epsilon, cfg.dp_delta, data.view.start is not None, m, cfg.method)
     if out is not None:
         _write_scores(scores, out / "evaluation", data.roc)
     _timed(m, data, deadline, judging)

@@ -1,5 +1,6 @@
 """Experiments that reproduce the papers' findings; each module registers itself on import."""
 
+from exhume.experiments import dp as _dp  # noqa: F401,E402  (registers "dp")
 from exhume.experiments import init_study as _init_study  # noqa: F401,E402  (registers "init-study")
 
 # Modules that register experiments (one import line each):

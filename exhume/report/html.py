@@ -154,7 +154,7 @@ def render(run: str | Path) -> str:
     ev = run / "evaluation"
     metrics, attack = _load(run, ev)
     parts = [_head(run, attack), _first_screen(metrics, attack, ev), _counts_section(metrics), _victim_section(metrics),
-             _law_section(metrics), _attack_section(attack)]
+             _law_section(metrics), _dp_section(metrics), _attack_section(attack)]
     portfolio = (attack.get("config") or {}).get("portfolio")
     if isinstance(portfolio, dict):
         parts.append(_portfolio_section(portfolio, attack, metrics))
@@ -332,6 +332,22 @@ def _law_section(metrics) -> str:
         rows.append(("the measured curve's reading", law["measured"].get("reading"), False))
     return ("<h2 id=\"law\">The law of data reconstruction</h2><p class=\"note\">" + _e(law.get("definition")) + "; see "
             "docs/audit.md.</p>" + _rows(rows))
+
+
+def _dp_section(metrics) -> str:
+    """What the audit says of a model trained with differential privacy (an audit's ``dp``; nothing without one)."""
+    dp = metrics.get("dp")
+    if not isinstance(dp, dict):
+        return ""
+    measured = dp.get("measured") if isinstance(dp.get("measured"), dict) else {}
+    rows = [("ε (as stated)", dp.get("epsilon"), False), ("δ", dp.get("delta"), False),
+            ("what the verdict means at this ε", dp.get("meaning"), False),
+            ("the measured curve's reading", measured.get("reading"), False),
+            ("bound for an informed adversary", dp.get("bound"), False), ("bound, definition", dp.get("bound_definition"), False),
+            ("κ (baseline)", dp.get("kappa"), False), ("κ, definition", dp.get("kappa_definition"), False)]
+    return ("<h2 id=\"dp\">Differential privacy</h2><p class=\"note\">The model was trained with DP-SGD; the bound is for an "
+            "adversary who knows every other training record, the measured reading one attack's success; see docs/audit.md.</p>"
+            + _rows(rows))
 
 
 def _attack_section(attack: dict[str, Any]) -> str:

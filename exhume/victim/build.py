@@ -33,6 +33,7 @@ from exhume.files.fields import check_setting
 from exhume.losses import margin
 from exhume.models import build_model, parse_arch
 from exhume.victim.minibatch import MiniBatchConfig, train_minibatch
+from exhume.victim.private import DPConfig, require_opacus, train_private
 from exhume.victim.recipe import PAPER_ARCH
 from exhume.victim.train import TrainConfig, train_victim
 from exhume.victim.victim import Victim
@@ -75,20 +76,22 @@ def make_victim(
     exclude_from_test: np.ndarray | None = None,
     checkpoint: str | Path | None = None,
     resume: bool = False,
+    private: DPConfig | None = None,
+    keep_start: bool = False,
 ) -> Victim:
     """Select ``n`` training images, build the architecture and train it (seeded).
 
-    ``train``: a :class:`TrainConfig` (full-batch, the default) or a :class:`MiniBatchConfig`.
-    The test images (``test_size``) are disjoint from the training set (and from
-    ``exclude_from_test``, e.g. a held-out set the evaluator keeps apart). ``checkpoint``: a file
-    that full-batch training writes as it goes (:func:`~exhume.victim.train.train_victim`);
-    ``resume=True`` continues from it.
-    """
+    ``train``: a :class:`TrainConfig` (full-batch, the default) or a :class:`MiniBatchConfig`. The test images
+    (``test_size``) are disjoint from the training set (and from ``exclude_from_test``, e.g. a held-out set the
+    evaluator keeps apart). ``checkpoint``: a file that full-batch training writes as it goes
+    (:func:`~exhume.victim.train.train_victim`); ``resume=True`` continues from it. ``private``: DP-SGD through
+    Opacus (:mod:`exhume.victim.private`, recorded as ``train_config["dp"]``); ``keep_start`` (always with
+    ``private``): keep the weights training started from (``victim.start``)."""
     ds = load_dataset(data, root=root)
     task_data = select_task(ds, task, n, seed=seed)
     kind = task_data.task
     train = train or TrainConfig(loss=DEFAULT_LOSS[kind])
-    _check_training(train, kind, checkpoint, test_size)
+    _check_training(train, kind, checkpoint, test_size, private)
     spec = parse_arch(arch) if isinstance(arch, str) else dict(arch)
     num_classes = num_classes_of(ds, task) if kind == "multiclass" else None
     torch.manual_seed(seed)
@@ -96,8 +99,10 @@ def make_victim(
     x, y = task_data.centred.to(device=device, dtype=dtype), task_data.y.to(device)
     if kind in ("binary", "regression"):
         y = y.to(dtype)
+    start_weights = {k: v.detach().cpu().float().clone() for k, v in model.named_parameters()} if keep_start or private else None
     start = time.perf_counter()
-    metrics = fit(model, x, y, kind, train, seed, progress, checkpoint=checkpoint, resume=resume)
+    metrics = fit(model, x, y, kind, train, seed, progress, checkpoint=checkpoint, resume=resume, private=private)
+    privacy = metrics.pop("dp", None)
     if test_size > 0:
         metrics.update(_test_accuracy(model, ds, task, task_data, test_size, exclude_from_test, seed, y.dtype))
     metrics["wall_seconds"] = round(time.perf_counter() - start, 3)
@@ -110,10 +115,11 @@ def make_victim(
         weight_decay=train.weight_decay or None,
         num_classes=num_classes,
         arch=spec,
-        train_config={**train.to_dict(), "seed": seed, "dtype": str(dtype).replace("torch.", "")},
+        train_config={**train.to_dict(), "seed": seed, "dtype": str(dtype).replace("torch.", ""), **({"dp": privacy} if privacy else {})},
         metrics=metrics,
         data_spec=task_data.spec,
         train_indices=np.asarray(task_data.indices),
+        start=start_weights,
     )
 
 
@@ -127,8 +133,16 @@ def make_minibatch_victim(data: str = "mnist", task: str = "multiclass", n: int 
                        progress=progress, exclude_from_test=exclude_from_test)
 
 
-def _check_training(train: TrainConfig | MiniBatchConfig, kind: str, checkpoint, test_size: int) -> None:
+def _check_training(train: TrainConfig | MiniBatchConfig, kind: str, checkpoint, test_size: int, private=None) -> None:
     check_setting("test_size", test_size, integer=True, low=0)
+    if private is not None:
+        if not isinstance(private, DPConfig):
+            raise ConfigError(f"private must be a DPConfig, got {type(private).__name__}")
+        private.validate()
+        require_opacus()  # before anything is built: one line naming the extra
+        if checkpoint is not None:
+            raise ConfigError("differentially private training is not checkpointed (its accountant and noise would restart): "
+                              "leave out the training checkpoint")
     if not isinstance(train, (TrainConfig, MiniBatchConfig)):
         raise ConfigError(f"train must be a TrainConfig or a MiniBatchConfig, got {type(train).__name__}")
     train.validate()  # again: a dataclass's fields can be changed after it was built
@@ -140,11 +154,15 @@ def _check_training(train: TrainConfig | MiniBatchConfig, kind: str, checkpoint,
 
 
 def fit(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, kind: str, train: TrainConfig | MiniBatchConfig,
-        seed: int, progress: bool, checkpoint: str | Path | None = None, resume: bool = False) -> dict[str, Any]:
-    """Train ``model`` in place with either trainer; returns its metrics (accuracy and margins included)."""
-    if isinstance(train, MiniBatchConfig):
+        seed: int, progress: bool, checkpoint: str | Path | None = None, resume: bool = False,
+        private: DPConfig | None = None) -> dict[str, Any]:
+    """Train ``model`` in place with either trainer, privately with ``private``; returns its metrics (accuracy and margins included)."""
+    if private is not None:
+        metrics = train_private(model, x, y, train, private, seed=seed, progress=progress)
+    elif isinstance(train, MiniBatchConfig):
         return train_minibatch(model, x, y, train, seed=seed, progress=progress)
-    metrics = train_victim(model, x, y, train, progress=progress, checkpoint=checkpoint, resume=resume)
+    else:
+        metrics = train_victim(model, x, y, train, progress=progress, checkpoint=checkpoint, resume=resume)
     metrics["train_accuracy"] = accuracy(model, x, y, kind)
     if kind != "regression":
         with torch.no_grad():

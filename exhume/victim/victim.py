@@ -6,6 +6,9 @@ Folder layout::
     victim.json         architecture, task, loss, weight decay, input shape, data mean, training
                         settings and metrics, and the data spec (dataset, task, n, seed)
     train_indices.npy   the indices of the training images in their dataset (evaluator-side)
+    start.safetensors   the weights training started from, when kept (``exhume train --keep-start``,
+                        always for a differentially private victim), for the known-start threat
+                        model (``exhume attack --start-weights``)
 
 The attacker's view (:class:`AttackerView`) holds the model, the task, the loss and weight decay
 when known, the input shape and the data mean — never the training images or their indices.
@@ -32,12 +35,12 @@ from exhume.files.jsonio import write_json
 from exhume.files.schemas import read_victim_meta
 from exhume.losses import check_loss
 from exhume.models import build_model
-from exhume.victim.start import TrainingSettings, check_start, frozen_names, training_settings
+from exhume.victim.start import TrainingSettings, check_start, frozen_names, load_start, training_settings
 from exhume.victim.wrap import Audited, two_logit_probe
 
 FORMAT_VERSION = 1
 #: the files of a victim folder (``victim.json`` written last: a folder holding it is complete)
-VICTIM_FILES = ("victim.json", "model.safetensors", "train_indices.npy")
+VICTIM_FILES = ("victim.json", "model.safetensors", "train_indices.npy", "start.safetensors")
 
 
 @dataclass
@@ -121,6 +124,13 @@ class Victim:
     data_spec: dict[str, Any] | None = None
     train_indices: np.ndarray | None = None
     path: Path | None = None
+    start: dict[str, torch.Tensor] | None = None  # the weights training started from, when kept (exhume.victim.start)
+
+    @property
+    def privacy(self) -> dict[str, Any] | None:
+        """What differentially private training recorded (:mod:`exhume.victim.private`), or None."""
+        dp = self.train_config.get("dp")
+        return dp if isinstance(dp, dict) else None
 
     def attacker_view(self) -> AttackerView:
         return AttackerView(
@@ -184,6 +194,10 @@ class Victim:
             buffer = io.BytesIO()
             np.save(buffer, np.asarray(self.train_indices, dtype=np.int64))
             atomic_write(folder / "train_indices.npy", buffer.getvalue())
+        if self.start is not None:
+            save_file({k: v.detach().cpu().contiguous() for k, v in self.start.items()}, str(folder / "start.safetensors"))
+        else:
+            (folder / "start.safetensors").unlink(missing_ok=True)  # no stale start from an earlier victim in this folder
         write_json(folder / "victim.json", meta, default=_json_default)  # last: a folder with victim.json is complete
         self.path = folder
         return folder
@@ -237,8 +251,9 @@ def load_victim(folder: str | Path) -> Victim:
         raise VictimError(f"{weights_path}: data mean has shape {tuple(mean.shape)}, expected {input_shape}")
     if not torch.isfinite(mean).all():
         raise VictimError(f"{weights_path}: the data mean (__data_mean__) holds NaN/inf values; expected finite pixel means")
-    idx_path = folder / "train_indices.npy"
+    idx_path, start_path = folder / "train_indices.npy", folder / "start.safetensors"
     indices = read_npy_indices(idx_path, VictimError) if idx_path.is_file() else None
+    start = load_start(start_path, model) if start_path.is_file() else None
     return Victim(
         model=model.eval(),
         task=task,
@@ -253,4 +268,5 @@ def load_victim(folder: str | Path) -> Victim:
         data_spec=meta.get("data_spec"),
         train_indices=indices,
         path=folder,
+        start=start,
     )

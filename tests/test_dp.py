@@ -1,0 +1,224 @@
+"""Differentially private victims (DP-SGD through Opacus), the reconstruction bounds beside them, and the audit of one."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+import torch
+from _extras import need
+from torch import nn
+
+from exhume.cli import main
+from exhume.errors import ConfigError
+
+need("opacus", "dp")
+
+from opacus.accountants import RDPAccountant  # noqa: E402
+from opacus.accountants.utils import get_noise_multiplier  # noqa: E402
+
+from exhume.victim import MiniBatchConfig, TrainConfig, load_victim, make_victim  # noqa: E402
+from exhume.victim.private import DPConfig, train_private  # noqa: E402
+from exhume.victim.rero import dp_bound, hayes_bound, kappa_from_control, rdp_bound  # noqa: E402
+
+TINY = {"data": "mnist", "task": "odd-even", "n": 10, "arch": "mlp:16;bias=all", "test_size": 50, "progress": False}
+
+
+def _full(epochs=20, **kw):
+    return TrainConfig(loss="logistic", lr=0.1, weight_decay=5e-3, max_epochs=epochs, **kw)
+
+
+def _accountant_epsilon(dp: dict) -> float:
+    acc = RDPAccountant()
+    acc.history = [(dp["noise_multiplier"], dp["sample_rate"], dp["steps"])]
+    return acc.get_epsilon(dp["delta"])
+
+
+def test_a_tiny_dp_victim_records_what_opacus_accountant_reports(tmp_path):
+    victim = make_victim(**TINY, train=_full(), private=DPConfig(epsilon=8.0, delta=1e-5, max_grad_norm=0.5))
+    dp = victim.privacy
+    assert (dp["sample_rate"], dp["steps"], dp["planned_steps"], dp["expected_batch_size"]) == (1.0, 20, 20, 10)
+    assert dp["noise_multiplier"] == get_noise_multiplier(target_epsilon=8.0, target_delta=1e-5, sample_rate=1.0, steps=20,
+                                                          accountant="rdp")
+    assert dp["epsilon_spent"] == pytest.approx(_accountant_epsilon(dp), rel=1e-12) and dp["epsilon_spent"] <= 8.0
+    assert (dp["epsilon"], dp["delta"], dp["accountant"], dp["max_grad_norm"]) == (8.0, 1e-5, "rdp", 0.5)
+    victim.save(tmp_path / "v")
+    again = load_victim(tmp_path / "v")  # the plain module's names: an ordinary victim folder
+    assert again.privacy == dp and set(again.start) == {k for k, _ in again.model.named_parameters()}
+    assert all(torch.equal(a, b) for a, b in zip(again.model.state_dict().values(), victim.model.state_dict().values()))
+    assert not torch.equal(again.start["net.0.weight"], again.model.net[0].weight)
+
+
+def test_mini_batch_dp_samples_by_poisson_at_opacus_rate_and_counts_its_steps():
+    victim = make_victim(**{**TINY, "n": 12}, train=MiniBatchConfig(loss="logistic", optimizer="sgd", lr=0.05, batch_size=4, epochs=3),
+                         private=DPConfig(noise_multiplier=1.0, max_grad_norm=1.0))
+    dp = victim.privacy
+    assert dp["sample_rate"] == pytest.approx(1 / 3) and dp["steps"] == dp["planned_steps"] == 9
+    assert dp["epsilon_spent"] == pytest.approx(_accountant_epsilon(dp), rel=1e-12)
+
+
+def test_ghost_clipping_equals_opacus_per_sample_gradients():
+    """The fast path (ghost clipping's norms) against the general one (Opacus's per-sample gradients), no noise."""
+    got = [make_victim(**TINY, train=_full(10), private=DPConfig(noise_multiplier=0.0, max_grad_norm=0.05, grad_sample_mode=mode))
+           for mode in ("ghost", "hooks")]
+    for a, b in zip(got[0].model.parameters(), got[1].model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert got[0].privacy["epsilon_spent"] is None and "not private" in got[0].privacy["mechanism"]
+
+
+def test_clipping_that_never_bites_at_rate_one_is_ordinary_gradient_descent():
+    """Noise 0, a clipping norm above every gradient, the full batch: the objective mean loss + (w/2)·‖θ‖² of train_victim."""
+    private = make_victim(**TINY, train=_full(15), private=DPConfig(noise_multiplier=0.0, max_grad_norm=1e6))
+    plain = make_victim(**TINY, train=_full(15))
+    for a, b in zip(private.model.parameters(), plain.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert plain.privacy is None and plain.start is None
+
+
+def test_a_model_opacus_cannot_make_private_is_refused_in_one_line():
+    with pytest.raises(ConfigError) as e:
+        make_victim("mnist", "multiclass", 10, "convnet:4;fc=8", MiniBatchConfig(batch_size=5, epochs=1), test_size=0,
+                    progress=False, private=DPConfig(epsilon=10.0))
+    assert "Opacus cannot make ConvNet private" in str(e.value) and "BatchNorm" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_epsilon_out_of_reach_and_a_loss_stopping_rule_are_refused():
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 1))
+    x, y = torch.randn(8, 1, 2, 2), torch.tensor([1.0, -1.0] * 4)
+    with pytest.raises(ConfigError, match=r"ε = 1e-05 \(δ = 1e-05\) cannot be reached in 20 steps at sampling rate 1"):
+        train_private(model, x, y, _full(20), DPConfig(epsilon=1e-5), progress=False)
+    with pytest.raises(ConfigError, match="not private"):
+        train_private(model, x, y, _full(20, loss_threshold=0.1), DPConfig(epsilon=1.0), progress=False)
+    with pytest.raises(ConfigError, match="exactly one of epsilon"):
+        DPConfig(epsilon=1.0, noise_multiplier=1.0)
+
+
+def test_exhume_train_with_dp_records_it_and_keeps_the_start(tmp_path, capsys):
+    out = tmp_path / "v"
+    assert main(["train", "-n", "10", "--arch", "mlp:16;bias=all", "--epochs", "20", "--dp-epsilon", "8", "--max-grad-norm", "0.5",
+                 "--no-progress", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "ε = " in printed and "noise multiplier" in printed and (out / "start.safetensors").is_file()
+    assert load_victim(out).privacy["epsilon"] == 8.0
+    assert main(["train", "-n", "10", "--dp-epsilon", "8", "--no-progress", "-o", str(tmp_path / "w")]) == 2
+    assert "needs --epochs" in capsys.readouterr().err
+
+
+def test_an_ordinary_victim_keeps_its_start_when_asked_and_a_replaced_one_leaves_none(tmp_path):
+    out = tmp_path / "v"
+    assert main(["train", "-n", "10", "--arch", "mlp:16;bias=all", "--epochs", "5", "--keep-start", "--no-progress", "-o", str(out)]) == 0
+    kept = load_victim(out)
+    assert kept.privacy is None and set(kept.start) == {k for k, _ in kept.model.named_parameters()}
+    assert main(["train", "-n", "10", "--arch", "mlp:16;bias=all", "--epochs", "5", "--no-progress", "--force", "-o", str(out)]) == 0
+    assert not (out / "start.safetensors").exists() and load_victim(out).start is None
+
+
+def test_exhume_train_dp_without_opacus_names_the_extra(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "opacus", None)  # import opacus raises ImportError
+    assert main(["train", "-n", "10", "--epochs", "5", "--dp-epsilon", "8", "--no-progress", "-o", str(tmp_path / "v")]) == 2
+    err = capsys.readouterr().err
+    assert 'pip install "exhume[dp]"' in err and len(err.strip().splitlines()) == 1
+
+
+def test_hayes_bound_is_exact_at_rate_one_and_its_monte_carlo_agrees():
+    """Full batch: γ = Φ(Φ⁻¹(κ) + √T/σ); the Monte Carlo estimate (the general path) near rate 1 gives the same."""
+    from scipy.stats import norm
+
+    for sigma, steps in ((40.0, 600), (10.0, 50)):
+        exact = hayes_bound(sigma, 1.0, steps, 0.01)
+        assert exact == pytest.approx(norm.cdf(norm.ppf(0.01) + math.sqrt(steps) / sigma))
+        assert hayes_bound(sigma, 1 - 1e-9, steps, 0.01, samples=40_000) == pytest.approx(exact, abs=0.015)
+    assert hayes_bound(0.0, 0.1, 100, 0.01) == 1.0 and hayes_bound(1e4, 0.1, 10, 0.02) == pytest.approx(0.02, abs=1e-3)
+
+
+def test_the_bounds_order_and_bracket_kappa():
+    """More noise: a lower bound, never under κ; Balle et al.'s RDP bound is looser than Hayes et al.'s."""
+    kappa = kappa_from_control(0, 200)
+    assert kappa == pytest.approx(1 - 0.05 ** (1 / 200))
+    gammas = [hayes_bound(s, 0.25, 100, kappa) for s in (1.0, 3.0, 10.0)]
+    assert gammas[0] > gammas[1] > gammas[2] >= kappa
+    assert all(rdp_bound(s, 0.25, 100, kappa) >= g - 0.01 for s, g in zip((1.0, 3.0, 10.0), gammas))
+    assert dp_bound(1.0, 1e-5, 0.01) == pytest.approx(math.e * 0.01 + 1e-5) and dp_bound(20.0, 1e-5, 0.01) == 1.0
+
+
+def _table():
+    settings = {"paper": {"start_known": False, "what": "full batch, weights only"},
+                "minibatch": {"start_known": True, "what": "mini-batch, start known"}}
+    points = [{"setting": s, "level": lv, "epsilon": e, "fraction": f} for s in settings
+              for lv, e, f in (("none", None, 0.3), ("clip", None, 0.25), ("1000", 1000.0, 0.2), ("100", 100.0, 0.05),
+                               ("10", 10.0, 0.0), ("1", 1.0, 0.0))]
+    return {"points": points, "settings": settings, "measured_on": "MNIST", "date": "2026-11-28", "command": "exhume experiment dp"}
+
+
+def test_the_audit_reads_the_measured_curve_at_the_stated_epsilon_and_never_extrapolates():
+    from exhume.audit.dp import measured_reading
+
+    at = measured_reading(100.0, True, _table())
+    assert at["status"] == "read" and at["percent"] == [5, 5] and at["setting"] == "minibatch" and at["non_private_percent"] == 30
+    between = measured_reading(300.0, False, _table())
+    assert between["percent"] == [5, 20] and between["at_epsilons"] == [100.0, 1000.0] and between["setting"] == "paper"
+    assert "5–20 %" in between["reading"] and "against 30 % trained without privacy" in between["reading"]
+    assert measured_reading(0.1, True, _table())["status"] == "outside the measured range"
+    assert measured_reading(100.0, True, {**_table(), "method": "kkt"}, method="bilevel")["status"] == "method not measured"
+
+
+def test_the_audit_of_a_dp_victim_names_its_epsilon_and_the_curves_reading(tmp_path, capsys):
+    import exhume
+    from exhume.audit.command import _print_verdict
+    from exhume.audit.dp import dp_line
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 1))
+    x = torch.rand(8, 1, 4, 4, generator=torch.Generator().manual_seed(1))
+    y = torch.tensor([1, 0] * 4)
+    train_private(model, x - 0.5, torch.where(y == 1, 1.0, -1.0), _full(30), DPConfig(epsilon=10.0), progress=False)
+    unseen = torch.rand(40, 1, 4, 4, generator=torch.Generator().manual_seed(5))
+    got = exhume.audit(model, (x, y), unseen, out=tmp_path, loss="logistic", weight_decay=5e-3, normalize=(0.5, 1.0),
+                       progress=False, force=True, dp_epsilon=10.0, attack_args={"restarts": 1, "iterations": 20})
+    dp = got.metrics["dp"]
+    assert (dp["epsilon"], dp["delta"]) == (10.0, 1e-5)
+    assert dp["measured"]["status"] == "read" and dp["measured"]["setting"] == "paper"  # the shipped curve, weights only
+    assert "ε = 10" in dp["meaning"] and dp["bound"] == 1.0 and "rules out no reconstruction" in dp["meaning"]
+    _print_verdict(got, tmp_path)
+    assert dp_line(dp).splitlines()[0] in capsys.readouterr().out
+    assert "Differential privacy" in (tmp_path / "report.html").read_text()
+    with pytest.raises(ConfigError, match="give dp_epsilon"):
+        exhume.audit(model, (x, y), unseen, loss="logistic", weight_decay=5e-3, normalize=(0.5, 1.0), dp_delta=1e-5)
+
+
+def test_the_experiment_writes_its_table_figure_and_curve_and_resumes_finished_cells(tmp_path, capsys):
+    import json
+
+    out = tmp_path / "exp"
+    args = ["experiment", "dp", "--settings", "minibatch", "--seeds", "0", "-n", "10", "--epochs", "2", "--epsilons", "10", "--iterations", "10",
+            "--no-progress", "-o", str(out)]
+    assert main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    levels = [p["level"] for p in result["points"]]
+    assert levels == ["none", "clip", "10"] and (out / "dp.png").is_file() and (out / "dp.csv").is_file()
+    curve = json.loads((out / "dp-curve.json").read_text())
+    private = next(p for p in curve["points"] if p["level"] == "10")
+    assert private["noise_multiplier"] > 0 and private["kappa"] <= private["bound_hayes_2023"] <= 1.0
+    assert next(p for p in curve["points"] if p["level"] == "none")["bound_hayes_2023"] == 1.0
+    assert "| minibatch | 10 |" in (out / "dp.md").read_text() and "minibatch: ∞ (not private)" in result["this_run"]
+    rows = sorted((out / "cells").glob("*/row.json"))
+    stamps = [r.stat().st_mtime_ns for r in rows]
+    assert main([*args, "--resume"]) == 0 and [r.stat().st_mtime_ns for r in rows] == stamps
+
+
+def test_the_dp_budget_is_one_setting_of_the_audit_config_for_flags_toml_and_python(tmp_path):
+    from exhume.audit.command import settings
+    from exhume.audit.config import from_options
+    from exhume.cli import build_parser
+
+    (tmp_path / "audit.toml").write_text('model = "m.py:Net"\nweights = "w.pt"\ntrain = "t.npz"\nunseen = "u.npz"\n'
+                                         'normalize = "none"\nloss = "logistic"\nweight_decay = 0\ndp_epsilon = 8\n')
+    args = build_parser().parse_args(["audit", "--config", str(tmp_path / "audit.toml"), "--dp-delta", "1e-6"])
+    cfg = settings(args)
+    assert (cfg.dp_epsilon, cfg.dp_delta) == (8.0, 1e-6)
+    assert from_options(loss="logistic", weight_decay=0, normalize="none", dp_epsilon=3).dp_delta == 1e-5
+    for bad, line in (({"dp_epsilon": -1}, "dp_epsilon: expected a number > 0"), ({"dp_epsilon": 1, "dp_delta": 1.0},
+                      "dp_delta: expected a number < 1")):
+        with pytest.raises(ConfigError, match=line):
+            from_options(loss="logistic", weight_decay=0, normalize="none", **bad)
