@@ -93,7 +93,7 @@ def _demo(out: Path, seed: int, device: str, dtype: str, train_seconds: float | 
     per = record.iterations_per_restart
     print(f"      {record.iterations} iterations in {record.seconds:.0f} s"
           + (f" ({len(per)} restarts: {', '.join(map(str, per))})" if per else ""))
-    sized = sizing_line(record.portfolio.saved if record.portfolio else {})
+    sized = sizing_line({"sizing": record.portfolio.sizing} if record.portfolio else {})
     if sized:
         print(f"      {sized}")
     print("[3/3] evaluating against the 100 training digits and 1000 unseen digits")

@@ -19,7 +19,7 @@ from _postgres import postgres_dsn
 from torch import nn
 
 import exhume
-from exhume.attacks import Reconstruction, get_attack, load_reconstruction
+from exhume.attacks import Reconstruction, RestartRecord, RunRecord, get_attack, load_reconstruction
 from exhume.cli import main
 from exhume.evaluation.matching import ncc_matrix
 from exhume.evaluation.ssim import ssim_pairs
@@ -56,8 +56,8 @@ def _view(seed: int = 0) -> AttackerView:
 
 def _recon(images, labels, residual: float) -> Reconstruction:
     return Reconstruction(method="kkt", candidates=images, labels=torch.tensor(labels, dtype=torch.float32),
-                          scores=torch.full((len(labels),), 0.5), config={"m": len(labels), "alpha": 19.0}, seed=0,
-                          summary={"iterations": 100, "seconds": 1.0, "final_relative_stationarity": residual})
+                          scores=torch.full((len(labels),), 0.5), seed=0, record=RunRecord(
+                              iterations=100, seconds=1.0, final_relative_stationarity=residual, settings={"m": len(labels), "alpha": 19.0}))
 
 
 def test_pool_merges_near_duplicates_keeps_provenance_and_round_trips(tmp_path):
@@ -67,8 +67,7 @@ def test_pool_merges_near_duplicates_keeps_provenance_and_round_trips(tmp_path):
     r0 = _recon(torch.cat([a, b]), [1, -1], residual=0.2)
     r1 = _recon(torch.cat([near_a, near_a, c]), [1, -1, 1], residual=0.6)  # the 2nd copy has the other label: kept
     plan = make_plan("kkt", 2, seed=5, variants=[{}, {"alpha": 10.0}], attack_kwargs={"iterations": 100})
-    rows = {0: {"restart": 0, "status": "complete", "iterations": 100, "seconds": 1.0},
-            1: {"restart": 1, "status": "complete", "iterations": 100, "seconds": 1.0}}
+    rows = {k: RestartRecord(k, "complete", iterations=100, seconds=1.0) for k in (0, 1)}
     out = pool(_view(), plan, {0: r0, 1: r1}, rows)
     assert out.summary["candidates_before_merge"] == 5 and out.candidates.shape[0] == 4
     p = out.provenance
