@@ -34,7 +34,7 @@ def test_a_pooled_run_folder_written_before_the_record_loads_and_reads_as_attrib
     rec = recon.record
     assert rec.equation is SolvedEquation.STATIONARY and rec.equation.stationary and rec.threat_model == "weights only"
     assert (rec.iterations, rec.seconds, rec.init, rec.oracle_init, rec.n_guess) == (60, 0.504, "noise", False, 10)
-    assert rec.final_relative_stationarity is None and rec.iterations_per_restart == (30, 30)
+    assert rec.final_relative_stationarity is None and [r.iterations for r in rec.portfolio.restarts] == [30, 30]
     assert rec.best_residual == (0.3744363784790039, 2) == attack_best(recon)
     port = rec.portfolio
     assert [(r.restart, r.seed, r.status, r.iterations) for r in port.restarts] == [(0, 3, "complete", 30), (1, 4, "complete", 30)]
@@ -61,7 +61,7 @@ def _saved(tmp_path: Path, meta: dict, m: int = 3) -> Path:
 def test_a_single_kkt_run_written_before_the_record_loads(tmp_path):
     meta = json.loads(OLD_SINGLE.read_text())
     rec = load_reconstruction(_saved(tmp_path, meta)).record
-    assert (rec.iterations, rec.kept_iteration, rec.portfolio, rec.iterations_per_restart) == (30, 30, None, ())
+    assert (rec.iterations, rec.kept_iteration, rec.portfolio) == (30, 30, None)
     assert rec.final_relative_stationarity == pytest.approx(0.3744363784790039, abs=0) and rec.best_residual[1] == 1
     assert rec.extras["kept_iterate"].startswith("exponential moving average") and rec.settings["iterations"] == 30
 

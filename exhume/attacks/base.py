@@ -305,8 +305,6 @@ class Attack:
         return {cls.budget: NO_STEP_LIMIT}
 
 
-#: the initialisations built from the victim's data (evaluator-side, oracle tools; exhume.evaluation.inits builds them)
-ORACLE_INITS = ("ground-truth", "partition", "mix")
 #: the attack exhume runs when none is named (exhume.attack, the portfolio, tune, the audit, the command line)
 DEFAULT_METHOD = "kkt"
 
@@ -334,12 +332,6 @@ def initial_candidates(init: torch.Tensor | None, m: int | None, input_shape: tu
     if not torch.isfinite(init).all():
         raise ConfigError("init images contain NaN or inf")
     return init.to(dtype) - mean.to(dtype)
-
-
-def init_record(init_name: str) -> dict[str, Any]:
-    """What a run record says about its initialisation (``RunRecord(**init_record(name))``: oracle when built from real data)."""
-    base = init_name.split("(")[0]
-    return {"init": init_name, "oracle_init": base in ORACLE_INITS}
 
 
 ATTACKS: dict[str, type[Attack]] = {}

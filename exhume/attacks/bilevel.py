@@ -39,7 +39,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_model, init_record, initial_candidates, register
+from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_model, initial_candidates, register
 from exhume.attacks.checkpoint import resumable_settings
 from exhume.attacks.equations import Stationarity
 from exhume.attacks.formulation import binary_labels
@@ -399,7 +399,7 @@ class BilevelAttack(Attack):
             labels=p.y.float().cpu(),
             scores=(p.y * out_final).detach().float().cpu(),
             record=RunRecord(
-                iterations=end.done, seconds=round(end.elapsed, 3), **init_record(init_name),
+                iterations=end.done, seconds=round(end.elapsed, 3), init=init_name,
                 settings={**cfg, "m": p.m, "n_guess": p.n, "weight_decay_used": p.wd, "loss_used": p.loss},
                 extras={"param_distance": dist, "relative_param_distance": dist / p.theta_sq,
                         "param_distance_note": "‖θ* − θ‖² with θ trained on the final candidates (warm-started lower-level solve)",

@@ -1,25 +1,22 @@
 """The run record: what one attack run, or a pooled portfolio of restarts, did — typed.
 
-Each attack makes the :class:`RunRecord` of its run and returns it in its
-:class:`~exhume.attacks.base.Reconstruction`; the rooms above (evaluation, portfolio, tune, report, demo,
-command line, experiments) read it as attributes: the equation solved (:class:`SolvedEquation`, whose
-values no room above spells), the threat model, iterations and seconds, the final relative stationarity
-and kept iteration, the initialisation and whether it was oracle, and for a pooled result a
-:class:`PortfolioRecord` (one :class:`RestartRecord` per restart, the sizing and batching records), which
-the portfolio builds and completes with :func:`dataclasses.replace`. What is private to one attack
-stays in ``settings`` (its settings and what it resolved) and ``extras`` (what else it reports).
+Each attack makes the :class:`RunRecord` of its run (the portfolio a pooled one: a :class:`PortfolioRecord`
+of :class:`RestartRecord` rows, completed with :func:`dataclasses.replace`), and the rooms above read it as
+attributes: the equation solved (:class:`SolvedEquation`, whose values no room above spells), the threat
+model, iterations and seconds, the final relative stationarity and kept iteration, the initialisation.
+What is private to one attack stays in ``settings`` (its settings and what it resolved) and ``extras``.
 
-``reconstruction.json`` holds a record as the two objects it always had, ``config`` and ``summary``,
-with the same keys (:meth:`RunRecord.config_json`, :meth:`RunRecord.summary_json`: an entry the run did
-not state is left out). :func:`parse_record` reads them back once, when a run folder is loaded (older
-folders too: absent entries read as ``None``); content of the wrong type, or an equation no attack
-solves, is one :class:`~exhume.errors.ExhumeError` naming the entry.
+``reconstruction.json`` holds it as the ``config`` and ``summary`` it always had, with the same keys
+(:meth:`RunRecord.config_json`, :meth:`RunRecord.summary_json`: what a run did not state is left out);
+:func:`parse_record` reads them back once, when a folder is loaded (older ones too: absent entries read
+as None), and content of the wrong type, or an equation no attack solves, is one
+:class:`~exhume.errors.ExhumeError` naming the entry.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
 
@@ -46,6 +43,10 @@ class SolvedEquation(str, Enum):
         if self.stationary:
             return None
         return SolvedEquation.ENDPOINTS.value if self is SolvedEquation.SIMULATED else self.value
+
+
+#: the initialisations built from the victim's data (evaluator-side, oracle tools; exhume.evaluation.inits builds them)
+ORACLE_INITS = ("ground-truth", "partition", "mix")
 
 
 def _stated(**entries: Any) -> dict[str, Any]:
@@ -94,7 +95,6 @@ class PortfolioRecord:
     """
 
     restarts: tuple[RestartRecord, ...]
-    restarts_complete: int | None = None
     starved_restarts: tuple[int, ...] = ()
     starved_rule: str | None = None
     candidates_before_merge: int | None = None
@@ -104,6 +104,10 @@ class PortfolioRecord:
     batched: dict[str, Any] | None = None
     study: str | None = None
     sizing: dict[str, Any] | None = None
+
+    @property
+    def restarts_complete(self) -> int:
+        return sum(r.status == "complete" for r in self.restarts)
 
     def config_json(self) -> dict[str, Any]:
         """``config["portfolio"]`` of ``reconstruction.json``."""
@@ -128,8 +132,8 @@ class RunRecord:
     time); ``kept_iteration``: the iteration whose iterate it returned (None: the last);
     ``final_relative_stationarity``: its own residual of ``equation`` at the returned candidates (None: it reports
     none; a portfolio: per restart), defined by ``final_relative_stationarity_note``; ``threat_model``: what the
-    attacker knew (None: not stated, nor then the equation); ``init`` and ``oracle_init``: its starting candidates,
-    oracle when built from the training data (None: it takes none); ``start_unused``: why a known start was left
+    attacker knew (None: not stated, nor then a stationary ``equation``); ``init``: its starting candidates (None: it
+    takes none), :attr:`oracle_init` when built from the training data; ``start_unused``: why a known start was left
     out; ``batched_restarts``: the size of the batch it ran in (None: alone).
     """
 
@@ -141,7 +145,6 @@ class RunRecord:
     final_relative_stationarity_note: str | None = None
     kept_iteration: int | None = None
     init: str | None = None
-    oracle_init: bool = False
     start_unused: str | None = None
     batched_restarts: int | None = None
     portfolio: PortfolioRecord | None = None
@@ -149,33 +152,28 @@ class RunRecord:
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def oracle_init(self) -> bool:
+        """Whether its starting candidates were built from the training data (an evaluator's tool, labelled oracle)."""
+        return self.init is not None and self.init.split("(")[0] in ORACLE_INITS
+
+    @property
     def n_guess(self) -> int | None:
         """The training-set size it assumed (its ``n_guess`` setting, as it resolved it)."""
         return self.settings.get("n_guess")
 
     @property
-    def iterations_per_restart(self) -> tuple[int | None, ...]:
-        """A pooled result's iterations, one per restart (empty for a single run)."""
-        return () if self.portfolio is None else tuple(r.iterations for r in self.portfolio.restarts)
-
-    @property
-    def residuals_per_restart(self) -> tuple[float | None, ...]:
-        """A pooled result's final relative residuals, one per restart (None where one reported none; empty: a single run)."""
-        return () if self.portfolio is None else tuple(r.final_relative_stationarity for r in self.portfolio.restarts)
-
-    @property
     def best_residual(self) -> tuple[float | None, int]:
         """The lowest final relative residual it reports (over its restarts, when pooled) and how many reported one."""
-        per = [float(v) for v in self.residuals_per_restart if v is not None]
-        if not per and self.final_relative_stationarity is not None:
-            per = [float(self.final_relative_stationarity)]
+        rows = () if self.portfolio is None else self.portfolio.restarts
+        per = [float(v) for v in (self.final_relative_stationarity, *(r.final_relative_stationarity for r in rows)) if v is not None]
         return (min(per), len(per)) if per else (None, 0)
 
     def config_json(self) -> dict[str, Any]:
         """``config`` of ``reconstruction.json``: the settings, then the typed entries the run stated."""
         return {**self.settings, **_stated(
             init=self.init, oracle_init=None if self.init is None else self.oracle_init, threat_model=self.threat_model,
-            equation_used=None if self.threat_model is None else self.equation.value, start_unused=self.start_unused,
+            equation_used=self.equation.value if self.threat_model is not None or not self.equation.stationary else None,
+            start_unused=self.start_unused,
             batched_restarts=self.batched_restarts, portfolio=None if self.portfolio is None else self.portfolio.config_json())}
 
     def summary_json(self) -> dict[str, Any]:
@@ -195,32 +193,28 @@ SUMMARY_FIELDS = ("iterations", "seconds", "final_relative_stationarity", "final
 POOLED_FIELDS = ("restarts", "restarts_complete", "iterations_per_restart", "seconds_per_restart", "starved_restarts",
                  "starved_rule", "candidates_before_merge", "candidates", "final_relative_stationarity_per_restart",
                  "restart_seconds_total")
-#: entries of ``config["portfolio"]`` the record types (the rest are its ``pooling``)
+#: entries of ``config["portfolio"]`` the record types (the rest are its ``pooling``), and a restart's row's simple ones
 PORTFOLIO_FIELDS = ("restarts", "batched", "study", "sizing")
+ROW_FIELDS = ("seed", "iterations", "seconds", "candidates", "final_relative_stationarity", "host", "batch", "error")
 
 
-def _typed(where: str, value: Any, kind: type | tuple[type, ...], expected: str, source: str) -> Any:
-    """``value`` when None or of ``kind`` (True and False are no numbers), else one clear error."""
-    if value is None or (isinstance(value, kind) and not isinstance(value, bool)):
-        return value
+#: how a saved entry is checked, by the type its field declares: the types it may have, and what it must be in words
+_KINDS = {"int | None": (int, "an integer or null"), "float | None": ((int, float), "a number or null"),
+          "str | None": (str, "a string or null"), "dict[str, Any] | None": (Mapping, "an object")}
+
+
+def _check(where: str, value: Any, kind: str, source: str) -> Any:
+    """``value`` when None or of ``kind`` (a key of :data:`_KINDS`; True and False are no numbers), else one clear error."""
+    types, expected = _KINDS[kind]
+    if value is None or (isinstance(value, types) and not isinstance(value, bool)):
+        return dict(value) if isinstance(value, Mapping) else value
     raise ExhumeError(f"{source}: {where} must be {expected}, got {value!r}; expected a reconstruction written by exhume")
 
 
-def _number(where: str, value: Any, source: str) -> float | None:
-    return _typed(where, value, (int, float), "a number or null", source)
-
-
-def _integer(where: str, value: Any, source: str) -> int | None:
-    return _typed(where, value, int, "an integer or null", source)
-
-
-def _text(where: str, value: Any, source: str) -> str | None:
-    return _typed(where, value, str, "a string or null", source)
-
-
-def _object(where: str, value: Any, source: str) -> dict[str, Any] | None:
-    value = _typed(where, value, Mapping, "an object", source)
-    return None if value is None else dict(value)
+def _read(cls: type, saved: Mapping[str, Any], names: tuple[str, ...], where: str, source: str) -> dict[str, Any]:
+    """The entries ``names`` of ``saved`` (absent: None), each checked by the type its field of ``cls`` declares."""
+    kinds = {f.name: f.type for f in fields(cls)}
+    return {name: _check(f"{where}.{name}", saved.get(name), kinds[name], source) for name in names}
 
 
 def _equation(value: Any, source: str) -> SolvedEquation:
@@ -237,14 +231,9 @@ def parse_restart(row: Any, source: str, where: str = "the restart's row") -> Re
     """The :class:`RestartRecord` of a saved row (one clear error naming ``where`` in ``source`` when it is not one)."""
     if not isinstance(row, Mapping) or not isinstance(row.get("restart"), int) or not isinstance(row.get("status"), str):
         raise ExhumeError(f"{source}: {where} must be an object with an integer 'restart' and a string 'status', got {row!r}")
-    return RestartRecord(
-        restart=row["restart"], status=row["status"], seed=_integer(f"{where}.seed", row.get("seed"), source),
-        overrides=_object(f"{where}.overrides", row.get("overrides"), source) or {},
-        iterations=_integer(f"{where}.iterations", row.get("iterations"), source),
-        seconds=_number(f"{where}.seconds", row.get("seconds"), source), candidates=_integer(f"{where}.candidates", row.get("candidates"), source),
-        final_relative_stationarity=_number(f"{where}.final_relative_stationarity", row.get("final_relative_stationarity"), source),
-        host=_text(f"{where}.host", row.get("host"), source), batch=_integer(f"{where}.batch", row.get("batch"), source),
-        error=_text(f"{where}.error", row.get("error"), source), reused=row.get("reused") is True)
+    return RestartRecord(restart=row["restart"], status=row["status"], reused=row.get("reused") is True,
+                         overrides=_check(f"{where}.overrides", row.get("overrides"), "dict[str, Any] | None", source) or {},
+                         **_read(RestartRecord, row, ROW_FIELDS, where, source))
 
 
 def _portfolio(saved: Any, summary: Mapping[str, Any], source: str) -> PortfolioRecord | None:
@@ -257,15 +246,10 @@ def _portfolio(saved: Any, summary: Mapping[str, Any], source: str) -> Portfolio
         raise ExhumeError(f"{source}: summary.starved_restarts must be a list of restart numbers, got {starved!r}")
     return PortfolioRecord(
         restarts=tuple(parse_restart(row, source, f"config.portfolio.restarts[{k}]") for k, row in enumerate(saved.get("restarts", []))),
-        restarts_complete=_integer("summary.restarts_complete", summary.get("restarts_complete"), source),
-        starved_restarts=tuple(starved), starved_rule=_text("summary.starved_rule", summary.get("starved_rule"), source),
-        candidates_before_merge=_integer("summary.candidates_before_merge", summary.get("candidates_before_merge"), source),
-        candidates=_integer("summary.candidates", summary.get("candidates"), source),
-        restart_seconds_total=_number("summary.restart_seconds_total", summary.get("restart_seconds_total"), source),
-        pooling={k: v for k, v in saved.items() if k not in PORTFOLIO_FIELDS},
-        batched=_object("config.portfolio.batched", saved.get("batched"), source),
-        study=_text("config.portfolio.study", saved.get("study"), source),
-        sizing=_object("config.portfolio.sizing", saved.get("sizing"), source))
+        starved_restarts=tuple(starved), pooling={k: v for k, v in saved.items() if k not in PORTFOLIO_FIELDS},
+        **_read(PortfolioRecord, summary, ("starved_rule", "candidates_before_merge", "candidates", "restart_seconds_total"),
+                "summary", source),
+        **_read(PortfolioRecord, saved, ("batched", "study", "sizing"), "config.portfolio", source))
 
 
 def parse_record(config: Any, summary: Any, source: str = "the reconstruction") -> RunRecord:
@@ -273,19 +257,15 @@ def parse_record(config: Any, summary: Any, source: str = "the reconstruction") 
     for where, value in (("config", config), ("summary", summary)):
         if not isinstance(value, Mapping):
             raise ExhumeError(f"{source}: its {where} must be an object, got {type(value).__name__}; expected a reconstruction written by exhume")
-    _integer("config.n_guess", config.get("n_guess"), source)
+    _check("config.n_guess", config.get("n_guess"), "int | None", source)
     portfolio = _portfolio(config.get("portfolio"), summary, source)
     typed = SUMMARY_FIELDS + (POOLED_FIELDS if portfolio is not None else ())
     return RunRecord(
-        iterations=_integer("summary.iterations", summary.get("iterations"), source),
-        seconds=_number("summary.seconds", summary.get("seconds"), source), equation=_equation(config.get("equation_used"), source),
-        threat_model=_text("config.threat_model", config.get("threat_model", summary.get("threat_model")), source),
-        final_relative_stationarity=_number("summary.final_relative_stationarity", summary.get("final_relative_stationarity"), source),
-        final_relative_stationarity_note=_text("summary.final_relative_stationarity_note", summary.get("final_relative_stationarity_note"), source),
-        kept_iteration=_integer("summary.kept_iteration", summary.get("kept_iteration"), source),
-        init=_text("config.init", config.get("init"), source), oracle_init=bool(config.get("oracle_init")),
-        start_unused=_text("config.start_unused", config.get("start_unused"), source),
-        batched_restarts=_integer("config.batched_restarts", config.get("batched_restarts"), source), portfolio=portfolio,
+        equation=_equation(config.get("equation_used"), source), portfolio=portfolio,
+        **_read(RunRecord, summary, ("iterations", "seconds", "final_relative_stationarity", "final_relative_stationarity_note",
+                                     "kept_iteration"), "summary", source),
+        **_read(RunRecord, {"threat_model": summary.get("threat_model"), **config}, ("threat_model", "init", "start_unused", "batched_restarts"),
+                "config", source),
         settings={k: v for k, v in config.items() if k not in CONFIG_FIELDS},
         extras={k: v for k, v in summary.items() if k not in typed})
 

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_model, init_record, initial_candidates, register
+from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_model, initial_candidates, register
 from exhume.attacks.checkpoint import resumable_settings
 from exhume.attacks.equations import ExactRun
 from exhume.attacks.exact import Replay, make_replay, relative_gap, replay, train_mode_failures
@@ -185,7 +185,7 @@ class SimulateAttack(Attack):
             record=RunRecord(
                 iterations=end.done, seconds=round(end.elapsed, 3), final_relative_stationarity=final,
                 final_relative_stationarity_note="‖Run(θ_0; candidates) − θ_T‖² / ‖θ_T − θ_0‖², the exact run's relative gap",
-                threat_model=view.threat_model, equation=SolvedEquation.EXACT_RUN, **init_record(init_name),
+                threat_model=view.threat_model, equation=SolvedEquation.EXACT_RUN, init=init_name,
                 settings={**cfg, "m": p.x.shape[0], "recipe": recipe(view.training), "replayed_steps": len(p.replay.order),
                           "replay_segment": p.replay.segment, "replayed_parameters": list(p.replay.names),
                           "start_digest": start_digest(view.start), "background_used": tau, "background_reason": why}),

@@ -343,7 +343,7 @@ def pool(view, plan, results: dict[int, Reconstruction], records: dict[int, Rest
     iters = {k: row.iterations for k, row in enumerate(table) if row.status == "complete"}
     shared, varied = _shared([rec.record for _, rec in done])
     portfolio = PortfolioRecord(
-        restarts=table, restarts_complete=len(done), starved_restarts=tuple(starved(iters)),
+        restarts=table, starved_restarts=tuple(starved(iters)),
         starved_rule=f"fewer than {STARVED_SHARE:g} x the median iterations of the restarts",
         candidates_before_merge=int(cat["candidates"].shape[0]), candidates=int(kept.shape[0]), pooling={
             "varied_settings": varied, "max_seconds": plan.max_seconds, "workers": plan.workers,
@@ -358,17 +358,11 @@ def pool(view, plan, results: dict[int, Reconstruction], records: dict[int, Rest
 def _shared(records: list[RunRecord]) -> tuple[RunRecord, list[str]]:
     """What every restart's record states alike (its settings, threat model, equation, init...; a typed entry that differs
     is left unstated), and the names of the saved config entries that differ."""
-    configs = [r.config_json() for r in records]
+    first, configs = records[0], [r.config_json() for r in records]
     common = {k for k, v in configs[0].items() if all(k in c and c[k] == v for c in configs[1:])}
-    first = records[0]
-
-    def same(name: str) -> Any:
-        value = getattr(first, name)
-        return value if all(getattr(r, name) == value for r in records[1:]) else getattr(RunRecord(), name)
-
-    shared = RunRecord(**{k: same(k) for k in ("equation", "threat_model", "init", "oracle_init", "start_unused", "batched_restarts")},
-                       settings={k: v for k, v in first.settings.items() if k in common})
-    return shared, sorted({k for c in configs for k in c} - common)
+    typed = {k: getattr(first, k) for k in ("equation", "threat_model", "init", "start_unused", "batched_restarts")
+             if all(getattr(r, k) == getattr(first, k) for r in records)}
+    return RunRecord(**typed, settings={k: v for k, v in first.settings.items() if k in common}), sorted({k for c in configs for k in c} - common)
 
 
 def restart_record(restart, recon: Reconstruction | None, status: str, host: str | None = None, **more: Any) -> RestartRecord:

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from exhume.attacks.base import Attack, Reconstruction, RestartPlan, init_record, register
+from exhume.attacks.base import Attack, Reconstruction, RestartPlan, register
 from exhume.attacks.checkpoint import BUDGET_SETTINGS, resumable_settings
 from exhume.attacks.equations import Equation, KnownStart, Stationarity
 from exhume.attacks.formulation import form_for
@@ -181,7 +181,7 @@ class KKTAttack(Attack):
                 iterations=end.done, seconds=round(end.elapsed, 3), final_relative_stationarity=final_stat,
                 final_relative_stationarity_note="with the exact ReLU derivative, of the returned iterate"
                 + ("; of the known-start equation (what training added)" if p.eq is not None else ""),
-                kept_iteration=tracker.best_iteration, **threat, **init_record(init_name),
+                kept_iteration=tracker.best_iteration, init=init_name, **threat,
                 settings={**cfg, "m": p.m, "n_guess": p.n, "lambda_scale_value": p.form.scale, "lr_lambda_used": p.lr_lambda,
                           **p.form.info, **p.span.info, **start, "background_used": tau, "background_reason": why},
                 extras={"kept_criterion": tracker.best_score, "kept_iterate": f"{averaged}, best snapshot every {SNAPSHOT_EVERY} iterations"}),
