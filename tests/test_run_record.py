@@ -82,6 +82,23 @@ def test_a_simulated_training_run_is_judged_by_the_endpoints_equation():
     assert "the known-start equation" in attack_failures(sim)[0]
 
 
+def test_a_record_writes_what_its_run_stated_and_reads_back_the_same():
+    """The attacks' records as reconstruction.json holds them: the settings, then the typed entries a run stated (a
+    bilevel run states no threat model nor equation; an inversion run no init), then the extras; read back equal."""
+    bilevel = RunRecord(iterations=5, seconds=0.1, init="partition", settings={"lr": 0.1, "n_guess": 10}, extras={"param_distance": 0.5})
+    assert list(bilevel.config_json()) == ["lr", "n_guess", "init", "oracle_init"] and bilevel.config_json()["oracle_init"] is True
+    assert list(bilevel.summary_json()) == ["iterations", "seconds", "param_distance"] and bilevel.n_guess == 10
+    simulated = RunRecord(equation=SolvedEquation.SIMULATED, final_relative_stationarity=0.2, settings={"steps": 4})
+    assert simulated.config_json() == {"steps": 4, "equation_used": "simulated training"}
+    known = RunRecord(threat_model="the attacker knows the starting weights", equation=SolvedEquation.ENDPOINTS, kept_iteration=3,
+                      final_relative_stationarity=0.1, final_relative_stationarity_note="of what training added", extras={"kept_criterion": 0.2})
+    assert list(known.summary_json()) == ["final_relative_stationarity", "final_relative_stationarity_note", "threat_model",
+                                          "kept_iteration", "kept_criterion"]
+    for record in (bilevel, simulated, known, RunRecord()):
+        saved = json.loads(json.dumps({"config": record.config_json(), "summary": record.summary_json()}))
+        assert parse_record(saved["config"], saved["summary"]) == record
+
+
 @pytest.mark.parametrize("config, summary, message", [
     ({}, {"iterations": "many"}, "summary.iterations must be an integer or null, got 'many'"),
     ({}, {"seconds": True}, "summary.seconds must be a number or null, got True"),

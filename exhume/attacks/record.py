@@ -170,10 +170,10 @@ class RunRecord:
 
     def config_json(self) -> dict[str, Any]:
         """``config`` of ``reconstruction.json``: the settings, then the typed entries the run stated."""
+        stated = self.threat_model is not None or not self.equation.stationary  # a run that states no threat model: stationary
         return {**self.settings, **_stated(
             init=self.init, oracle_init=None if self.init is None else self.oracle_init, threat_model=self.threat_model,
-            equation_used=self.equation.value if self.threat_model is not None or not self.equation.stationary else None,
-            start_unused=self.start_unused,
+            equation_used=self.equation.value if stated else None, start_unused=self.start_unused,
             batched_restarts=self.batched_restarts, portfolio=None if self.portfolio is None else self.portfolio.config_json())}
 
     def summary_json(self) -> dict[str, Any]:
