@@ -388,7 +388,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     from exhume.portfolio.report import summary_lines
 
     print(f"reconstruction saved to {args.out}: {result.candidates.shape[0]} candidates{oracle}")
-    for line in summary_lines(record.summary_json(), dict(record.portfolio.saved)):
+    for line in summary_lines(record.summary_json(), record.portfolio.config_json()):
         print(line, file=sys.stderr if line.startswith("warning:") else sys.stdout)
     return 0
 

@@ -90,10 +90,10 @@ def _demo(out: Path, seed: int, device: str, dtype: str, train_seconds: float | 
     recon = exhume.attack(victim, method="kkt", seed=seed, out=attack_dir, resume=resume_attack, force=not resume_attack, device=device,
                           progress=progress, deadline=Deadline.after(budget["attack_budget_seconds"]), dtype=dtype, **DEMO_ATTACK)
     record = recon.record
-    per = record.iterations_per_restart
+    per = [r.iterations for r in record.portfolio.restarts] if record.portfolio else []
     print(f"      {record.iterations} iterations in {record.seconds:.0f} s"
           + (f" ({len(per)} restarts: {', '.join(map(str, per))})" if per else ""))
-    sized = sizing_line(record.portfolio.saved if record.portfolio else {})
+    sized = sizing_line({"sizing": record.portfolio.sizing} if record.portfolio else {})
     if sized:
         print(f"      {sized}")
     print("[3/3] evaluating against the 100 training digits and 1000 unseen digits")

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import exhume
-from exhume.attacks import Reconstruction
+from exhume.attacks import PortfolioRecord, Reconstruction, RestartRecord, RunRecord
 from exhume.audit import Audited
 from exhume.audit.facade import _labels
 from exhume.cli import build_parser, main
@@ -102,18 +102,18 @@ def test_verdict_has_three_values_and_a_reason():
 def test_public_evaluate_on_plain_arrays_with_a_verdict():
     rng = np.random.default_rng(0)
     train, unseen = rng.random((10, 8, 8)).astype(np.float32), rng.random((60, 8, 8)).astype(np.float32)
-    recon = Reconstruction("kkt", torch.from_numpy(train[:, None]).clone(), torch.ones(10), None, {}, 0,
-                           summary={"final_relative_stationarity": 0.01})
+    recon = Reconstruction("kkt", torch.from_numpy(train[:, None]).clone(), torch.ones(10), None,
+                           RunRecord(final_relative_stationarity=0.01), 0)
     m = exhume.evaluate(recon, train=(train, np.zeros(10)), unseen=unseen, figures=False).metrics
     assert m["memorised"] == 10 and m["memorised_control"] < 5 and m["control_size"] == 10 and m["pool_size"] == 50
     assert m["verdict"] == "leaks" and m["p_value"] == pytest.approx(fisher_p(10, 10, m["memorised_control"], 10))
-    fake = Reconstruction("kkt", torch.rand(10, 1, 8, 8), torch.ones(10), None, {}, 0, summary={"final_relative_stationarity": 2.0})
+    fake = Reconstruction("kkt", torch.rand(10, 1, 8, 8), torch.ones(10), None, RunRecord(final_relative_stationarity=2.0), 0)
     m = exhume.evaluate(fake, train=(train, None), unseen=unseen, figures=False).metrics
     assert m["verdict"] != "leaks" and any("did not find candidates" in f for f in m["assumption_failures"])
     # a pooled portfolio reports a residual per restart: judged by its best restart
     for per, fails in (([0.92, None, 0.7], True), ([0.92, 0.3], False), ([None], False)):
-        pooled = Reconstruction("kkt", fake.candidates, fake.labels, None, {}, 0,
-                                summary={"final_relative_stationarity_per_restart": per})
+        restarts = tuple(RestartRecord(k, "complete", final_relative_stationarity=r) for k, r in enumerate(per))
+        pooled = Reconstruction("kkt", fake.candidates, fake.labels, None, RunRecord(portfolio=PortfolioRecord(restarts)), 0)
         failures = exhume.evaluate(pooled, train=(train, None), unseen=unseen, figures=False).metrics["assumption_failures"]
         assert any("best final relative residual of its 2 restarts 0.7 > 0.5" in f for f in failures) == fails, per
     view = AttackerView(model=nn.Sequential(nn.Flatten(), nn.Linear(64, 1)), task="binary", input_shape=(1, 8, 8), mean=0.0)
@@ -158,7 +158,8 @@ def test_every_flag_has_help_and_attack_parameters_can_be_listed(capsys):
 
 def _kkt_result(scale: float, **config) -> Reconstruction:
     cfg = {"formulation": "margin", "lambda_scale_value": scale, "homogeneity_degree": 3.0, "theta_squared": 120.0, **config}
-    return Reconstruction(method="kkt", candidates=torch.zeros(2, 1, 4, 4), labels=torch.tensor([1.0, -1.0]), scores=None, seed=0, config=cfg)
+    return Reconstruction(method="kkt", candidates=torch.zeros(2, 1, 4, 4), labels=torch.tensor([1.0, -1.0]), scores=None, seed=0,
+                          record=RunRecord(settings=cfg))
 
 
 def test_without_weight_decay_a_multiplier_scale_far_from_the_margins_makes_finding_nothing_inconclusive():
@@ -173,7 +174,7 @@ def test_without_weight_decay_a_multiplier_scale_far_from_the_margins_makes_find
     # checked only where it was measured: kkt's margin form on models trained without weight decay
     assert scale_failure(_kkt_result(1.0), margins, 5e-3) == []
     assert scale_failure(_kkt_result(1.0, formulation="loss"), margins, 0.0) == []
-    bilevel = Reconstruction(method="bilevel", candidates=torch.zeros(2, 1, 4, 4), labels=torch.tensor([1.0, -1.0]), scores=None, seed=0, config={})
+    bilevel = Reconstruction(method="bilevel", candidates=torch.zeros(2, 1, 4, 4), labels=torch.tensor([1.0, -1.0]), scores=None, seed=0, record=RunRecord())
     assert scale_failure(bilevel, margins, 0.0) == []
     # and it turns "no evidence" into "inconclusive", never a found leak into anything else
     base = {"memorised": 0, "memorised_control": 0, "n_train": 100, "control_size": 100, "pool_size": 900}
@@ -184,8 +185,8 @@ def test_without_weight_decay_a_multiplier_scale_far_from_the_margins_makes_find
 def test_training_images_among_the_unseen_images_are_counted_and_make_nothing_found_inconclusive():
     rng = np.random.default_rng(2)
     train, others = rng.random((12, 10, 10)).astype(np.float32), rng.random((240, 10, 10)).astype(np.float32)
-    noise = Reconstruction("kkt", torch.rand(12, 1, 10, 10, generator=torch.Generator().manual_seed(0)), torch.ones(12), None, {}, 0,
-                           summary={"final_relative_stationarity": 0.01})
+    noise = Reconstruction("kkt", torch.rand(12, 1, 10, 10, generator=torch.Generator().manual_seed(0)), torch.ones(12), None,
+                           RunRecord(final_relative_stationarity=0.01), 0)
     clean = exhume.evaluate(noise, train=(train, None), unseen=others, figures=False).metrics
     assert clean.verdict == "no evidence" and clean["control_exact_copies_of_train"] == 0
     with pytest.warns(UserWarning, match="exact copy in the pool"):
@@ -202,12 +203,12 @@ def test_the_oracle_control_is_what_the_training_images_themselves_would_score()
     train = rng.random((10, 12, 12)).astype(np.float32)
     near = np.clip(train[np.arange(40) % 10] + 0.05 * rng.standard_normal((40, 12, 12)), 0, 1).astype(np.float32)
     unseen = np.concatenate([near, rng.random((40, 12, 12)).astype(np.float32)])
-    exact = Reconstruction("kkt", torch.from_numpy(train[:, None]).clone(), torch.ones(10), None, {}, 0,
-                           summary={"final_relative_stationarity": 0.01})
+    exact = Reconstruction("kkt", torch.from_numpy(train[:, None]).clone(), torch.ones(10), None,
+                           RunRecord(final_relative_stationarity=0.01), 0)
     m = exhume.evaluate(exact, train=(train, None), unseen=unseen, figures=False).metrics
     assert m["memorised_control_oracle"] == m["memorised_control"] >= 2 and "ORACLE" in m["memorised_control_oracle_note"]
-    noise = Reconstruction("kkt", torch.rand(10, 1, 12, 12, generator=torch.Generator().manual_seed(0)), torch.ones(10), None, {}, 0,
-                           summary={"final_relative_stationarity": 0.01})
+    noise = Reconstruction("kkt", torch.rand(10, 1, 12, 12, generator=torch.Generator().manual_seed(0)), torch.ones(10), None,
+                           RunRecord(final_relative_stationarity=0.01), 0)
     m2 = exhume.evaluate(noise, train=(train, None), unseen=unseen, figures=False).metrics
     assert m2["memorised_control_oracle"] == m["memorised_control_oracle"] and m2["memorised_control"] < m2["memorised_control_oracle"]
     rows = dict(summary_rows(m))

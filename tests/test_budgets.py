@@ -179,13 +179,13 @@ def test_a_deadline_stops_a_run_whatever_its_step_budget(victim_dir):
     late = make_plan("kkt", 1, max_seconds=60.0, workers=1).restarts[0]
     past = Deadline.after(1.0, since=time.time() - 2.0)
     recon, row = run_restart(view, "kkt", late, None, False, "cpu", False, end=past, deadline=past)
-    assert recon is None and row["status"] == UNFINISHED  # started after the deadline: not run, not stored
+    assert recon is None and row.status == UNFINISHED  # started after the deadline: not run, not stored
     # the portfolio's first restart in this process: one iteration past the deadline, so a budget spent before any
     # restart began (set-up, the sizing probe) still gives candidates, not "no restart finished"
     t0 = time.perf_counter()
     recon, row = run_restart(view, "kkt", late, None, False, "cpu", False, end=past, deadline=past, at_least_one=True)
     assert recon is not None and recon.summary["iterations"] == 1 and recon.candidates.shape[0] > 0
-    assert row["status"] != UNFINISHED and time.perf_counter() - t0 < 2 * one + 2.0  # a one-step run
+    assert row.status != UNFINISHED and time.perf_counter() - t0 < 2 * one + 2.0  # a one-step run
 
 
 @pytest.mark.slow

@@ -107,7 +107,7 @@ def test_minmax_candidate_scale_matches_a_dimmed_reconstruction_and_treats_the_c
     """A candidate that is a training digit at a third of its brightness: clipped it stays dim, rescaled by its own range it
     is the digit; the control images, judged against the same rescaled candidates, gain nothing."""
     import exhume
-    from exhume.attacks.base import Reconstruction
+    from exhume.attacks import Reconstruction, RunRecord
     from exhume.data.datasets import load_bundled_mnist
     from exhume.evaluation.run import scaled_candidates
 
@@ -115,7 +115,7 @@ def test_minmax_candidate_scale_matches_a_dimmed_reconstruction_and_treats_the_c
     idx = torch.randperm(len(ds.images), generator=torch.Generator().manual_seed(0))
     images = torch.tensor(ds.images)[idx]
     train, unseen = images[:8], images[8:260]
-    recon = Reconstruction("kkt", candidates=train / 3.0, labels=torch.ones(8), scores=None, config={}, seed=0)
+    recon = Reconstruction("kkt", candidates=train / 3.0, labels=torch.ones(8), scores=None, record=RunRecord(), seed=0)
     clip = exhume.evaluate(recon, train=(train, None), unseen=unseen, figures=False).metrics
     minmax = exhume.evaluate(recon, train=(train, None), unseen=unseen, figures=False, candidate_scale="minmax").metrics
     assert minmax["one_to_one_ssim_mean"] > 0.99 > clip["one_to_one_ssim_mean"]

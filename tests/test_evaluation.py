@@ -319,7 +319,7 @@ def test_support_estimate_is_the_participation_ratio_of_the_logistic_multipliers
 def test_support_estimate_of_a_cross_entropy_multiclass_model_weighs_each_point_by_one_minus_p_y():
     # cross-entropy weighs training point i by 1 − p_y(x_i) = σ(−soft margin), not σ(−runner-up margin)
     import exhume
-    from exhume.attacks.base import Reconstruction
+    from exhume.attacks import Reconstruction, RunRecord
     from exhume.data import dataset_of, make_pool
     from exhume.evaluation.run import evaluate, training_margins
     from exhume.victim import TrainConfig, make_victim
@@ -336,7 +336,7 @@ def test_support_estimate_of_a_cross_entropy_multiclass_model_weighs_each_point_
     runner_up = support_estimate(training_margins(victim, train))
     assert abs(runner_up - expected) > 1.0  # the runner-up margin's weights are another estimate on this model
 
-    recon = Reconstruction("kkt", candidates=train.x[:6].clone(), labels=train.y[:6].clone(), scores=None, config={}, seed=0)
+    recon = Reconstruction("kkt", candidates=train.x[:6].clone(), labels=train.y[:6].clone(), scores=None, record=RunRecord(), seed=0)
     got = evaluate(recon, victim, pool_size=60, figures=False).metrics
     assert got["support_estimate"] == pytest.approx(expected, rel=1e-4)
 

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from exhume.attacks import get_attack
 from exhume.attacks.equations import ExactRun
+from exhume.attacks.record import parse_record
 from exhume.errors import ConfigError
 from exhume.evaluation.assumptions import checks_for
 from exhume.evaluation.residuals import exact_run_residual as exact_residual
@@ -316,10 +317,9 @@ def test_a_run_folder_of_the_removed_coarse_simulation_still_loads_and_evaluates
 
     gen = torch.Generator().manual_seed(0)
     train, unseen = torch.rand(4, 1, 4, 4, generator=gen), torch.rand(40, 1, 4, 4, generator=gen)
-    old = Reconstruction("simulate", train + 0.01, torch.ones(4), None,
-                         {"run": "coarse", "steps": 4, "step_scale": 1.0, "m": None, "equation_used": "simulated training",
-                          "threat_model": "the attacker knows the starting weights"}, 0,
-                         summary={"iterations": 10, "final_relative_stationarity": 0.2, "step_sizes": [0.1] * 4})
+    old = Reconstruction("simulate", train + 0.01, torch.ones(4), None, parse_record(
+        {"run": "coarse", "steps": 4, "step_scale": 1.0, "m": None, "equation_used": "simulated training",
+         "threat_model": "the attacker knows the starting weights"}, {"iterations": 10, "final_relative_stationarity": 0.2, "step_sizes": [0.1] * 4}), 0)
     recon = load_reconstruction(old.save(tmp_path / "old"))
     assert isinstance(equation_of(recon.method, recon=recon), KnownStart)  # judged by the endpoints equation, as it was
     scores = exhume.evaluate(recon, train=(train, torch.ones(4)), unseen=unseen, figures=False)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import exhume
-from exhume.attacks import Reconstruction
+from exhume.attacks import Reconstruction, RunRecord
 from exhume.errors import ExhumeError
 from exhume.evaluation import EvalResult, evaluate_images
 from exhume.evaluation.metrics import Metrics
@@ -51,8 +51,8 @@ def evaluated(tmp_path_factory):
     cands = np.concatenate([train[:5], rng.random((5, 8, 8)).astype(np.float32)])[:, None]
     members = torch.zeros(10, 2, dtype=torch.bool)
     members[:6, 0] = members[4:, 1] = True
-    recon = Reconstruction("kkt", torch.from_numpy(cands), torch.ones(10), None, {"pair": (1, 2)}, 0,
-                           summary={"final_relative_stationarity": 0.01}, provenance={"members": members})
+    recon = Reconstruction("kkt", torch.from_numpy(cands), torch.ones(10), None,
+                           RunRecord(final_relative_stationarity=0.01, settings={"pair": (1, 2)}), 0, provenance={"members": members})
     result = exhume.evaluate(recon, train=(train, None), unseen=unseen, margins=np.linspace(-1, 2, 10), out=out / "pooled",
                              figures=False)
     images = evaluate_images(torch.from_numpy(cands), train, match="l2", thresholds=(0.3, 0.4, 0.5))

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from exhume.attacks import Reconstruction
+from exhume.attacks import PortfolioRecord, Reconstruction, RestartRecord, RunRecord
 from exhume.attacks.equations import Stationarity
 from exhume.evaluation.identifiability import identifiability
 from exhume.evaluation.verdict import decide
@@ -92,9 +92,9 @@ def _linear_case(share: float):
 
 def test_identifiability_compares_the_attack_with_the_equation_at_the_training_points():
     model, x, y = _linear_case(share=0.2)
+    pooled = PortfolioRecord(restarts=tuple(RestartRecord(k, "complete", final_relative_stationarity=r) for k, r in enumerate((0.3, 0.1, None))))
     recon = Reconstruction(method="kkt", candidates=torch.zeros(10, *SHAPE), labels=torch.ones(10), scores=None, seed=0,
-                           config={"formulation": "margin", "denoise": "off", "equation_used": "stationary"},
-                           summary={"final_relative_stationarity_per_restart": [0.3, 0.1, None]})
+                           record=RunRecord(settings={"formulation": "margin", "denoise": "off"}, portfolio=pooled))
     got = identifiability(Stationarity(), model, x, y, "logistic", {}, recon)
     assert abs(got["residual_at_training"] - 0.2) < 1e-6  # ‖r‖²/‖θ‖² by construction (gradients in float32)
     assert got["attack_best_residual"] == 0.1 and got["attack_restarts"] == 2
@@ -113,7 +113,7 @@ def test_identifiability_compares_the_attack_with_the_equation_at_the_training_p
 def test_identifiability_is_not_measured_for_a_run_without_a_residual():
     model, x, y = _linear_case(share=0.2)
     recon = Reconstruction(method="inversion", candidates=torch.zeros(3, *SHAPE), labels=torch.ones(3), scores=None, seed=0,
-                           config={}, summary={})
+                           record=RunRecord())
     got = identifiability(Stationarity(), model, x, y, "logistic", {}, recon)
     assert got["attack_to_truth"] is None and got["note"].startswith("not measured")
     assert decide({"memorised": 0, "n_train": 5, "memorised_control": 0, "control_size": 50, "pool_size": 500,

@@ -19,11 +19,12 @@ from _postgres import postgres_dsn
 from torch import nn
 
 import exhume
-from exhume.attacks import Reconstruction, get_attack, load_reconstruction
+from exhume.attacks import Reconstruction, RunRecord, get_attack, load_reconstruction
 from exhume.cli import main
 from exhume.evaluation.matching import ncc_matrix
 from exhume.evaluation.ssim import ssim_pairs
 from exhume.portfolio import make_plan, pool, run_portfolio, starved
+from exhume.portfolio.pool import restart_record
 from exhume.portfolio.report import summary_lines
 from exhume.victim import AttackerView
 
@@ -54,10 +55,11 @@ def _view(seed: int = 0) -> AttackerView:
                         loss="logistic", weight_decay=1e-2, n_train_hint=4)
 
 
-def _recon(images, labels, residual: float) -> Reconstruction:
+def _recon(images, labels, residual: float, init: str = "noise") -> Reconstruction:
     return Reconstruction(method="kkt", candidates=images, labels=torch.tensor(labels, dtype=torch.float32),
-                          scores=torch.full((len(labels),), 0.5), config={"m": len(labels), "alpha": 19.0}, seed=0,
-                          summary={"iterations": 100, "seconds": 1.0, "final_relative_stationarity": residual})
+                          scores=torch.full((len(labels),), 0.5), seed=0, record=RunRecord(
+                              iterations=100, seconds=1.0, final_relative_stationarity=residual, threat_model="weights only",
+                              init=init, settings={"m": len(labels), "alpha": 19.0}))
 
 
 def test_pool_merges_near_duplicates_keeps_provenance_and_round_trips(tmp_path):
@@ -65,10 +67,9 @@ def test_pool_merges_near_duplicates_keeps_provenance_and_round_trips(tmp_path):
     a, b, c = (torch.rand(1, 1, 8, 8, generator=g) for _ in range(3))
     near_a = (a + 0.01 * torch.randn(1, 1, 8, 8, generator=g)).clamp(0, 1)
     r0 = _recon(torch.cat([a, b]), [1, -1], residual=0.2)
-    r1 = _recon(torch.cat([near_a, near_a, c]), [1, -1, 1], residual=0.6)  # the 2nd copy has the other label: kept
+    r1 = _recon(torch.cat([near_a, near_a, c]), [1, -1, 1], residual=0.6, init="partition")  # the 2nd copy has the other label: kept
     plan = make_plan("kkt", 2, seed=5, variants=[{}, {"alpha": 10.0}], attack_kwargs={"iterations": 100})
-    rows = {0: {"restart": 0, "status": "complete", "iterations": 100, "seconds": 1.0},
-            1: {"restart": 1, "status": "complete", "iterations": 100, "seconds": 1.0}}
+    rows = {k: restart_record(plan.restarts[k], r, "complete") for k, r in enumerate((r0, r1))}
     out = pool(_view(), plan, {0: r0, 1: r1}, rows)
     assert out.summary["candidates_before_merge"] == 5 and out.candidates.shape[0] == 4
     p = out.provenance
@@ -84,14 +85,17 @@ def test_pool_merges_near_duplicates_keeps_provenance_and_round_trips(tmp_path):
     kept = p["restart"][i].item()
     assert p["index"][i] == 0 and first_rank[kept] >= first_rank[1 - kept], "the better-ranked copy is kept"
     assert sorted(zip(p["restart"].tolist(), p["index"].tolist())) == sorted([(kept, 0), (0, 1), (1, 1), (1, 2)])
-    assert out.seed == 5 and out.config["alpha"] == 19.0
-    assert out.config["portfolio"]["varied_settings"] == ["m"] and out.config["portfolio"]["merge_threshold"] == 0.95
+    assert out.seed == 5 and out.config["alpha"] == 19.0 and out.record.settings == {"alpha": 19.0}
+    # what the restarts state alike the pooled record states; what differs (the inits here) it leaves out, and names
+    assert out.record.threat_model == "weights only" and out.record.init is None and not out.record.oracle_init
+    assert out.config["portfolio"]["varied_settings"] == ["init", "m", "oracle_init"] and out.config["portfolio"]["merge_threshold"] == 0.95
+    assert (out.record.iterations, out.record.best_residual, out.record.portfolio.restarts_complete) == (200, (0.2, 2), 2)
     out.save(tmp_path / "pooled")
     back = load_reconstruction(tmp_path / "pooled")
     assert set(back.provenance) == {"restart", "index", "iteration", "merged", "members", "rank"}
     for k, v in out.provenance.items():
         assert torch.equal(back.provenance[k], v), k
-    assert back.config["portfolio"] == json.loads(json.dumps(out.config["portfolio"]))
+    assert back.config["portfolio"] == json.loads(json.dumps(out.config["portfolio"])) and back.record == out.record
 
 
 def test_candidates_still_near_the_mean_are_not_merged_copies_of_an_image_are():

@@ -196,7 +196,8 @@ def _record_reads(path: Path):
 
 def test_no_room_above_the_attacks_reads_a_run_record_by_key():
     """Above ``exhume/attacks/`` a Reconstruction's record is read as ``recon.record`` (a typed RunRecord), never
-    ``recon.summary[...]``/``recon.config.get(...)``; the portfolio writes its notes through Reconstruction's methods."""
+    ``recon.summary[...]``/``recon.config.get(...)`` (the JSON views made from it, for files); the portfolio builds its
+    pooled record as objects."""
     found = []
     for path in sorted((ROOT / "exhume").rglob("*.py")):
         rel = path.relative_to(ROOT)

@@ -26,6 +26,7 @@ import torch
 
 from exhume.attacks.base import Reconstruction, attack_model
 from exhume.attacks.formulation import candidate_labels
+from exhume.attacks.record import RunRecord
 from exhume.attacks.stationarity import stationarity_residual
 from exhume.losses import margin
 
@@ -78,6 +79,5 @@ def run_reference(view, seconds: float, iterations: int = 10_000_000, seed: int 
         cands = (x.detach().cpu() + view.mean.to(dtype)).float()
         cands = torch.nan_to_num(cands, nan=0.0)
     return Reconstruction(method="reference-recipe", candidates=cands, labels=y.cpu(), scores=lam.detach().float().cpu(),
-                          config={**RECIPE, "m": m, "n_guess": n}, seed=seed, loss_history=history,
-                          summary={"iterations": done, "seconds": round(time.perf_counter() - t0, 3),
-                                   "diverged_at": diverged})
+                          record=RunRecord(iterations=done, seconds=round(time.perf_counter() - t0, 3), settings={**RECIPE, "m": m, "n_guess": n},
+                                           extras={"diverged_at": diverged}), seed=seed, loss_history=history)

@@ -54,14 +54,15 @@ OLD_KKT = {"average_decay": 0.0, "keep": "last", "lr_schedule": "constant", "lr_
 def pooled(recons, method: str, extra: dict):
     import torch
 
-    from exhume.attacks.base import Reconstruction
+    from exhume.attacks import Reconstruction, RunRecord
 
+    first = recons[0].record
+    record = RunRecord(seconds=round(sum(r.record.seconds for r in recons), 3), equation=first.equation, threat_model=first.threat_model,
+                       init=first.init, oracle_init=first.oracle_init, settings={**first.settings, **extra},
+                       extras={"iterations": [r.record.iterations for r in recons], "kept_iteration": [r.record.kept_iteration for r in recons]})
     return Reconstruction(method=method, candidates=torch.cat([r.candidates for r in recons]),
                           labels=torch.cat([r.labels for r in recons]), scores=torch.cat([r.scores for r in recons]),
-                          config={**recons[0].config, **extra}, seed=recons[0].seed,
-                          summary={"iterations": [r.summary["iterations"] for r in recons],
-                                   "seconds": round(sum(r.summary["seconds"] for r in recons), 3),
-                                   "kept_iteration": [r.summary.get("kept_iteration") for r in recons]})
+                          record=record, seed=recons[0].seed)
 
 
 def restart_results(run) -> list:

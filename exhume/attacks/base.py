@@ -305,8 +305,6 @@ class Attack:
         return {cls.budget: NO_STEP_LIMIT}
 
 
-#: the initialisations built from the victim's data (evaluator-side, oracle tools; exhume.evaluation.inits builds them)
-ORACLE_INITS = ("ground-truth", "partition", "mix")
 #: the attack exhume runs when none is named (exhume.attack, the portfolio, tune, the audit, the command line)
 DEFAULT_METHOD = "kkt"
 
@@ -334,12 +332,6 @@ def initial_candidates(init: torch.Tensor | None, m: int | None, input_shape: tu
     if not torch.isfinite(init).all():
         raise ConfigError("init images contain NaN or inf")
     return init.to(dtype) - mean.to(dtype)
-
-
-def init_record(init_name: str) -> dict[str, Any]:
-    """What a Reconstruction says about its initialisation (oracle when built from real data)."""
-    base = init_name.split("(")[0]
-    return {"init": init_name, "oracle_init": base in ORACLE_INITS}
 
 
 ATTACKS: dict[str, type[Attack]] = {}
@@ -376,50 +368,35 @@ class Reconstruction:
 
     ``candidates`` are in display space (the data mean added back; not clipped, so nothing is
     hidden from the evaluator, which clips). ``scores`` are the attack's per-candidate numbers
-    (the multipliers λ for the stationarity attacks). ``provenance``: per-candidate tensors of a
-    pooled result (which restart, iteration and rank each candidate comes from; see
-    :mod:`exhume.portfolio`), saved as ``provenance_<name>``; empty for a single run.
+    (the multipliers λ for the stationarity attacks). ``record``: what the run did, the typed
+    :class:`~exhume.attacks.record.RunRecord` the attack made (the portfolio's a pooled one), which
+    every room above reads as attributes (tests/test_protocol.py checks it). ``provenance``:
+    per-candidate tensors of a pooled result (which restart, iteration and rank each candidate comes
+    from; see :mod:`exhume.portfolio`), saved as ``provenance_<name>``; empty for a single run.
     ``victim_fingerprint``: :func:`exhume.files.runfolder.fingerprint` of the weights attacked
     (``None`` in runs saved before it was recorded); :func:`exhume.evaluate` refuses another victim.
-
-    ``config`` and ``summary`` are what the attack wrote (its settings and what it resolved; what
-    happened), saved as they are in ``reconstruction.json`` and read by key inside ``exhume/attacks/``
-    only. Everything else reads :attr:`record`, the typed :class:`~exhume.attacks.record.RunRecord`,
-    and a portfolio adds its own notes through :meth:`note_portfolio`, :meth:`note_wall_seconds` and
-    :meth:`note_batched` (tests/test_protocol.py checks both).
     """
 
     method: str
     candidates: torch.Tensor
     labels: torch.Tensor
     scores: torch.Tensor | None
-    config: dict[str, Any]
+    record: RunRecord
     seed: int
     loss_history: list[dict[str, float]] = field(default_factory=list)
-    summary: dict[str, Any] = field(default_factory=dict)
     victim_path: str | None = None
     provenance: dict[str, torch.Tensor] = field(default_factory=dict)
     victim_fingerprint: str | None = None
 
     @property
-    def record(self) -> RunRecord:
-        """What the run did, typed (read from ``config`` and ``summary`` each time: never stale)."""
-        return parse_record(self.config, self.summary)
+    def config(self) -> dict[str, Any]:
+        """``config`` of ``reconstruction.json``, made from :attr:`record` (for files and printing)."""
+        return self.record.config_json()
 
-    def note_portfolio(self, *, batched: dict[str, Any] | None = None, study: str | None = None,
-                       sizing: dict[str, Any] | None = None) -> None:
-        """A pooled result: add the batching and sizing records and the shared study's name to its portfolio record."""
-        notes = {k: v for k, v in (("batched", batched), ("study", study), ("sizing", sizing)) if v is not None}
-        self.config["portfolio"].update(notes)
-
-    def note_wall_seconds(self, seconds: float) -> None:
-        """A pooled result: its wall time is ``seconds``; the restarts' own sum stays as ``restart_seconds_total``."""
-        self.summary["restart_seconds_total"] = self.summary["seconds"]
-        self.summary["seconds"] = round(seconds, 3)
-
-    def note_batched(self, restarts: int) -> None:
-        """This run was one of ``restarts`` run as one batched problem."""
-        self.config["batched_restarts"] = int(restarts)
+    @property
+    def summary(self) -> dict[str, Any]:
+        """``summary`` of ``reconstruction.json``, made from :attr:`record` (for files and printing)."""
+        return self.record.summary_json()
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The tensors of ``reconstruction.safetensors``."""
@@ -445,11 +422,10 @@ class Reconstruction:
         for name, t in [("labels", tensors["labels"]), ("scores", tensors.get("scores")), *provenance.items()]:
             if t is not None and (t.dim() == 0 or t.shape[0] != m):
                 raise ExhumeError(f"{source}: {name} has shape {tuple(t.shape)}, expected {m} rows (one per candidate)")
-        parse_record(meta.get("config") or {}, meta.get("summary") or {}, source)  # one clear error for a record that is not one
-        return cls(method=meta["method"], candidates=tensors["candidates"], labels=tensors["labels"],
-                   scores=tensors.get("scores"), config=meta.get("config") or {}, seed=int(meta.get("seed") or 0),
-                   loss_history=meta.get("loss_history") or [], summary=meta.get("summary") or {},
-                   victim_path=meta.get("victim_path"), provenance=provenance, victim_fingerprint=meta.get("victim_fingerprint"))
+        return cls(method=meta["method"], candidates=tensors["candidates"], labels=tensors["labels"], scores=tensors.get("scores"),
+                   record=parse_record(meta.get("config") or {}, meta.get("summary") or {}, source), seed=int(meta.get("seed") or 0),
+                   loss_history=meta.get("loss_history") or [], victim_path=meta.get("victim_path"), provenance=provenance,
+                   victim_fingerprint=meta.get("victim_fingerprint"))
 
     def save(self, folder: str | Path) -> Path:
         folder = Path(folder)

@@ -39,13 +39,14 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_model, init_record, initial_candidates, register
+from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_model, initial_candidates, register
 from exhume.attacks.checkpoint import resumable_settings
 from exhume.attacks.equations import Stationarity
 from exhume.attacks.formulation import binary_labels
 from exhume.attacks.loop import CANDIDATE_PARAMS, BudgetSpent, RunState, attack_loop, budget_params, budget_spent, make_optimizer, open_run
 from exhume.attacks.lower_level import Stop, extreme_eigenvalues, newton_cg, spectral_damping
 from exhume.attacks.priors import project_range
+from exhume.attacks.record import RunRecord
 from exhume.attacks.surrogate import smooth_activations, soft_activations
 from exhume.deadline import NEVER, Deadline
 from exhume.errors import ConfigError, DivergenceError
@@ -397,13 +398,14 @@ class BilevelAttack(Attack):
             candidates=candidates,
             labels=p.y.float().cpu(),
             scores=(p.y * out_final).detach().float().cpu(),
-            config={**cfg, "m": p.m, "n_guess": p.n, "weight_decay_used": p.wd, "loss_used": p.loss, **init_record(init_name)},
+            record=RunRecord(
+                iterations=end.done, seconds=round(end.elapsed, 3), init=init_name,
+                settings={**cfg, "m": p.m, "n_guess": p.n, "weight_decay_used": p.wd, "loss_used": p.loss},
+                extras={"param_distance": dist, "relative_param_distance": dist / p.theta_sq,
+                        "param_distance_note": "‖θ* − θ‖² with θ trained on the final candidates (warm-started lower-level solve)",
+                        "final_inner_grad_norm": inner_grad, "final_inner_stopped_by_budget": bool(final.get("stopped")),
+                        "logged_steps_with_negative_curvature": negative,
+                        "scores_note": "margins y·Φ(x̂; θ) of the candidates under θ trained on them"}),
             seed=seed,
             loss_history=run.history,
-            summary={"iterations": end.done, "seconds": round(end.elapsed, 3),
-                     "param_distance": dist, "relative_param_distance": dist / p.theta_sq,
-                     "param_distance_note": "‖θ* − θ‖² with θ trained on the final candidates (warm-started lower-level solve)",
-                     "final_inner_grad_norm": inner_grad, "final_inner_stopped_by_budget": bool(final.get("stopped")),
-                     "logged_steps_with_negative_curvature": negative,
-                     "scores_note": "margins y·Φ(x̂; θ) of the candidates under θ trained on them"},
         )

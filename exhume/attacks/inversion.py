@@ -39,6 +39,7 @@ from exhume.attacks.generator import CONDITIONINGS, OUTPUTS, ConditionedGenerato
 from exhume.attacks.inversion_losses import GRAD_MODES, PERTURBATIONS, ce_term, cosine_term, grad_norm_term, kl_term, ortho_term, perturb
 from exhume.attacks.loop import RunState, attack_loop, budget_params, make_optimizer, open_run
 from exhume.attacks.priors import pixel_term, tv_term
+from exhume.attacks.record import RunRecord
 from exhume.deadline import NEVER, Deadline
 from exhume.errors import ConfigError, DivergenceError
 
@@ -266,13 +267,13 @@ class GeneratorAttack(Attack):
             save_file({n: t.detach().cpu().contiguous() for n, t in c.gen.state_dict().items()}, str(Path(out) / "generator.safetensors"))
         return Reconstruction(
             method=self.name, candidates=candidates, labels=labels, scores=scores,
-            config={**self.config, "hot_conditioning": self.hot, "features": c.tap.where, "num_classes": c.k,
-                    "grad_mode_note": self.grad_note()},
+            record=RunRecord(
+                iterations=end.done, seconds=round(end.elapsed, 3),
+                settings={**self.config, "hot_conditioning": self.hot, "features": c.tap.where, "num_classes": c.k,
+                          "grad_mode_note": self.grad_note()},
+                extras={"classifier_accuracy_on_candidates": float((predicted == labels).float().mean()),
+                        "classifier_accuracy_per_class": per_class, "mean_label_probability": float(scores.mean())}),
             seed=seed, loss_history=run.history,
-            summary={"iterations": end.done, "seconds": round(end.elapsed, 3),
-                     "classifier_accuracy_on_candidates": float((predicted == labels).float().mean()),
-                     "classifier_accuracy_per_class": per_class,
-                     "mean_label_probability": float(scores.mean())},
         )
 
     ramped: tuple[str, ...] = ()

@@ -146,4 +146,4 @@ def score_reconstruction(view, recon) -> dict[str, Any]:
     """:func:`attacker_score` of a saved :class:`~exhume.attacks.Reconstruction` (its ``scores`` are the λ)."""
     if recon.scores is None:
         raise ConfigError(f"the reconstruction from {recon.method!r} has no multipliers (scores); the attacker-side score needs them")
-    return attacker_score(view, recon.candidates, recon.labels, recon.scores, recon.config.get("n_guess"))
+    return attacker_score(view, recon.candidates, recon.labels, recon.scores, recon.record.n_guess)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_model, init_record, initial_candidates, register
+from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_model, initial_candidates, register
 from exhume.attacks.checkpoint import resumable_settings
 from exhume.attacks.equations import ExactRun
 from exhume.attacks.exact import Replay, make_replay, relative_gap, replay, train_mode_failures
@@ -34,7 +34,7 @@ from exhume.attacks.exact_lm import ExactLM, check_lm, lm_stepper, one_hot, pars
 from exhume.attacks.formulation import candidate_labels
 from exhume.attacks.loop import BACKGROUND, CANDIDATE_PARAMS, attack_loop, budget_params, descend, make_optimizer, open_run
 from exhume.attacks.priors import background_level, dark_floor, range_penalty
-from exhume.attacks.record import SolvedEquation
+from exhume.attacks.record import RunRecord, SolvedEquation
 from exhume.deadline import NEVER, Deadline
 from exhume.errors import ConfigError, DivergenceError
 from exhume.replay import check_exact, recipe
@@ -104,10 +104,6 @@ class SimulateAttack(Attack):
 
         counted = SimpleNamespace(config={"m": self.config["n_guess"] or view.n_train_hint, "dtype": self.config["dtype"]})
         return int(mem.BASE_BYTES + 5 * mem.generic_peak(counted, view))
-
-    def equation_used(self, view) -> str:
-        """The equation a run solves: the exact training run (its check: :func:`exhume.evaluation.residuals.exact_run_residual`)."""
-        return SolvedEquation.EXACT_RUN.value
 
     def equation_on(self, view) -> ExactRun:
         """The exact run's own equation on ``view`` (its check needs the start and the recipe)."""
@@ -186,14 +182,14 @@ class SimulateAttack(Attack):
             labels = (torch.where(p.logits > 0, 1.0, -1.0) if p.task == "binary" else p.logits.argmax(1)).cpu()
         return Reconstruction(
             method=self.name, candidates=candidates, labels=labels, scores=None,
-            config={**cfg, "m": p.x.shape[0], "threat_model": view.threat_model, "equation_used": self.equation_used(view),
-                    "recipe": recipe(view.training), "replayed_steps": len(p.replay.order), "replay_segment": p.replay.segment,
-                    "replayed_parameters": list(p.replay.names), "start_digest": start_digest(view.start),
-                    **init_record(init_name), "background_used": tau, "background_reason": why},
-            seed=seed, loss_history=run.history,
-            summary={"iterations": end.done, "seconds": round(end.elapsed, 3), "final_relative_stationarity": final,
-                     "final_relative_stationarity_note": "‖Run(θ_0; candidates) − θ_T‖² / ‖θ_T − θ_0‖², the exact run's relative gap",
-                     "threat_model": view.threat_model})
+            record=RunRecord(
+                iterations=end.done, seconds=round(end.elapsed, 3), final_relative_stationarity=final,
+                final_relative_stationarity_note="‖Run(θ_0; candidates) − θ_T‖² / ‖θ_T − θ_0‖², the exact run's relative gap",
+                threat_model=view.threat_model, equation=SolvedEquation.EXACT_RUN, init=init_name,
+                settings={**cfg, "m": p.x.shape[0], "recipe": recipe(view.training), "replayed_steps": len(p.replay.order),
+                          "replay_segment": p.replay.segment, "replayed_parameters": list(p.replay.names),
+                          "start_digest": start_digest(view.start), "background_used": tau, "background_reason": why}),
+            seed=seed, loss_history=run.history)
 
     def problem(self, view, dev: torch.device, seed: int, init: torch.Tensor | None) -> ExactProblem:
         """The replay on the working copy and ``n`` candidates drawn from ``seed`` (or ``init``), their logits at their classes."""

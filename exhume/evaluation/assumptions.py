@@ -230,12 +230,8 @@ def attack_failures(recon) -> list[str]:
     it fails when even its best restart stayed above the limit.
     """
     record = recon.record
-    value = record.final_relative_stationarity
-    what = "its final relative residual"
-    if value is None:
-        per = [float(v) for v in record.residuals_per_restart if v is not None]
-        if per:
-            value, what = min(per), f"the best final relative residual of its {len(per)} restarts"
+    value, count = record.best_residual
+    what = "its final relative residual" if record.portfolio is None else f"the best final relative residual of its {count} restarts"
     if value is None or value <= ATTACK_RESIDUAL_LIMIT:
         return []
     equation = "the stationarity equation" if record.equation.stationary else "the known-start equation"

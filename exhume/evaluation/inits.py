@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from exhume.attacks.base import ORACLE_INITS
+from exhume.attacks.record import ORACLE_INITS
 from exhume.errors import ConfigError
 
 INIT_KINDS = ("noise", *ORACLE_INITS)

@@ -337,13 +337,12 @@ def run_batched(view, plan, pending: list[Restart], store, resume: bool, device:
         seconds = None if share.seconds is None else round(share.seconds, 3)
         records.append({"restarts": [r.index for r in group], "batched": True, "seconds_given": seconds, "tf32": False})
         for mem, recon in done:
-            status = "complete" if recon is not None else "diverged"
-            row = restart_record(mem.restart, recon, status, HOST)
-            row["batch"] = len(group)
             if recon is None:
-                row["error"] = mem.error or "the batch ended without a complete step"
+                row = restart_record(mem.restart, None, "diverged", HOST, batch=len(group),
+                                     error=mem.error or "the batch ended without a complete step")
             else:
-                recon.note_batched(len(group))
+                recon.record = replace(recon.record, batched_restarts=len(group))
+                row = restart_record(mem.restart, recon, "complete", HOST, batch=len(group))
             store.save(mem.restart, recon, row)
             on_done(mem.restart.index, recon, row)
     return records

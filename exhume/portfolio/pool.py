@@ -24,20 +24,21 @@
 
 Per-candidate provenance (``Reconstruction.provenance``): ``restart``, ``index`` (within its
 restart), ``iteration`` (of the kept iterate), ``merged``, ``members`` (candidates × restarts)
-and ``rank``. ``config["portfolio"]`` holds every restart's seed, variant, iterations, seconds
-and status, and the summary flags starved restarts (:func:`starved`).
+and ``rank``. The record's :class:`~exhume.attacks.PortfolioRecord` holds every restart's seed, variant,
+iterations, seconds and status, and flags starved restarts (:func:`starved`).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from exhume.attacks import Reconstruction
+from exhume.attacks import PortfolioRecord, Reconstruction, RestartRecord, RunRecord
 from exhume.evaluation.matching import unit_rows
 from exhume.evaluation.ssim import ssim_pairs_separable
 from exhume.files import LIMITS
@@ -320,9 +321,9 @@ def _concat(results: list[tuple[Any, Reconstruction]], view) -> dict[str, torch.
     return {k: torch.cat(v) for k, v in parts.items()}
 
 
-def pool(view, plan, results: dict[int, Reconstruction], records: dict[int, dict[str, Any]],
+def pool(view, plan, results: dict[int, Reconstruction], records: dict[int, RestartRecord],
          threshold: float = DUPLICATE_NCC) -> Reconstruction:
-    """One Reconstruction from the restarts' ``results`` (by restart index), with provenance."""
+    """One Reconstruction from the restarts' ``results`` and table rows ``records`` (by restart index), with provenance."""
     done = [(r, results[r.index]) for r in plan.restarts if r.index in results]
     if not done:
         from exhume.errors import ExhumeError
@@ -338,45 +339,36 @@ def pool(view, plan, results: dict[int, Reconstruction], records: dict[int, dict
     provenance = {"restart": cat["restart"][kept], "index": cat["index"][kept], "iteration": cat["iteration"][kept],
                   "merged": merged[kept], "members": members[kept], "rank": cat["rank"][kept]}
     has_scores = all(rec.scores is not None for _, rec in done)
-    table = [records[r.index] for r in plan.restarts]
-    iters = {k: rec["iterations"] for k, rec in enumerate(table) if rec.get("status") == "complete"}
-    summary = {
-        "iterations": sum(iters.values()),
-        "seconds": round(sum(rec.get("seconds", 0.0) for rec in table), 3),
-        "restarts": n_restarts,
-        "restarts_complete": len(done),
-        "iterations_per_restart": [rec.get("iterations") for rec in table],
-        "seconds_per_restart": [rec.get("seconds") for rec in table],
-        "starved_restarts": starved(iters),
-        "starved_rule": f"fewer than {STARVED_SHARE:g} x the median iterations of the restarts",
-        "candidates_before_merge": int(cat["candidates"].shape[0]),
-        "candidates": int(kept.shape[0]),
-        "final_relative_stationarity_per_restart": [rec.get("final_relative_stationarity") for rec in table],
-    }
+    table = tuple(records[r.index] for r in plan.restarts)
+    iters = {k: row.iterations for k, row in enumerate(table) if row.status == "complete"}
+    shared, varied = _shared([rec.record for _, rec in done])
+    portfolio = PortfolioRecord(
+        restarts=table, starved_restarts=tuple(starved(iters)),
+        starved_rule=f"fewer than {STARVED_SHARE:g} x the median iterations of the restarts",
+        candidates_before_merge=int(cat["candidates"].shape[0]), candidates=int(kept.shape[0]), pooling={
+            "varied_settings": varied, "max_seconds": plan.max_seconds, "workers": plan.workers,
+            "merge": DEDUP_NOTE if threshold == DUPLICATE_NCC else DEDUP_NOTE.replace(str(DUPLICATE_NCC), str(threshold)),
+            "merge_threshold": threshold, "merge_ssim": DUPLICATE_SSIM, "rank": RANK_NOTE})
+    record = replace(shared, iterations=sum(iters.values()), seconds=round(sum(row.seconds or 0.0 for row in table), 3), portfolio=portfolio)
     return Reconstruction(
         method=plan.method, candidates=cat["candidates"][kept], labels=cat["labels"][kept],
-        scores=cat["scores"][kept] if has_scores else None, config=_config(plan, done, table, threshold),
-        seed=plan.seed, summary=summary, provenance=provenance)
+        scores=cat["scores"][kept] if has_scores else None, record=record, seed=plan.seed, provenance=provenance)
 
 
-def _config(plan, done, table, threshold: float) -> dict[str, Any]:
-    """The settings all restarts share, and the portfolio table (per-restart seeds, variants, budgets)."""
-    configs = [rec.record.config_json() for _, rec in done]
-    common = {k: v for k, v in configs[0].items() if all(k in c and c[k] == v for c in configs[1:])}
-    varied = sorted({k for c in configs for k in c} - set(common))
-    return {**common, "portfolio": {
-        "restarts": table, "varied_settings": varied, "max_seconds": plan.max_seconds, "workers": plan.workers,
-        "merge": DEDUP_NOTE if threshold == DUPLICATE_NCC else DEDUP_NOTE.replace(str(DUPLICATE_NCC), str(threshold)),
-        "merge_threshold": threshold, "merge_ssim": DUPLICATE_SSIM, "rank": RANK_NOTE}}
+def _shared(records: list[RunRecord]) -> tuple[RunRecord, list[str]]:
+    """What every restart's record states alike (its settings, threat model, equation, init...; a typed entry that differs
+    is left unstated), and the names of the saved config entries that differ."""
+    first, configs = records[0], [r.config_json() for r in records]
+    common = {k for k, v in configs[0].items() if all(k in c and c[k] == v for c in configs[1:])}
+    typed = {k: getattr(first, k) for k in ("equation", "threat_model", "init", "start_unused", "batched_restarts")
+             if all(getattr(r, k) == getattr(first, k) for r in records)}
+    return RunRecord(**typed, settings={k: v for k, v in first.settings.items() if k in common}), sorted({k for c in configs for k in c} - common)
 
 
-def restart_record(restart, recon: Reconstruction | None, status: str, host: str | None = None) -> dict[str, Any]:
-    """One row of ``config["portfolio"]["restarts"]``."""
-    row: dict[str, Any] = {"restart": restart.index, "seed": restart.seed, "overrides": restart.overrides, "status": status}
+def restart_record(restart, recon: Reconstruction | None, status: str, host: str | None = None, **more: Any) -> RestartRecord:
+    """One row of the portfolio's table (``more``: its ``error``, ``batch``, ``iterations`` without a result)."""
     if recon is not None:
         record = recon.record
-        row.update(iterations=int(record.iterations or 0), seconds=record.seconds, candidates=int(recon.candidates.shape[0]),
-                   final_relative_stationarity=record.final_relative_stationarity)
-    if host is not None:
-        row["host"] = host
-    return row
+        more.update(iterations=int(record.iterations or 0), seconds=record.seconds, candidates=int(recon.candidates.shape[0]),
+                    final_relative_stationarity=record.final_relative_stationarity)
+    return RestartRecord(restart=restart.index, status=status, seed=restart.seed, overrides=restart.overrides, host=host, **more)

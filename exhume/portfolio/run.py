@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
-from exhume.attacks import Reconstruction
+from exhume.attacks import Reconstruction, RestartRecord
 from exhume.attacks.base import DEFAULT_METHOD
 from exhume.deadline import NEVER, Deadline
 from exhume.errors import ConfigError
@@ -74,14 +75,16 @@ def run_portfolio(victim, method: str = DEFAULT_METHOD, *, request: Request | No
 
         plan, results, rows = run_shared(view, plan, storage, study_name or DEFAULT_STUDY, out, resume, device, progress)
     recon = pool(view, plan, results, rows, merge_threshold)
-    recon.note_portfolio(batched=batching.record())
-    return _pooled(recon, victim, view, t0, None if storage is None else study_name or DEFAULT_STUDY, sizing, out)
+    return _pooled(recon, victim, view, t0, batching, None if storage is None else study_name or DEFAULT_STUDY, sizing, out)
 
 
-def _pooled(recon: Reconstruction, victim, view, t0: float, study: str | None, sizing, out) -> Reconstruction:
-    """The pooled result with the portfolio's records (whole wall time, study, sizing, victim), saved in ``out``."""
-    recon.note_wall_seconds(time.perf_counter() - t0)
-    recon.note_portfolio(study=study, sizing=None if sizing is None else sizing.record())
+def _pooled(recon: Reconstruction, victim, view, t0: float, batching: Batching, study: str | None, sizing, out) -> Reconstruction:
+    """The pooled result with the portfolio's records (whole wall time, batching, study, sizing, victim), saved in ``out``;
+    the restarts' own seconds stay as ``restart_seconds_total``."""
+    record = recon.record
+    portfolio = replace(record.portfolio, restart_seconds_total=record.seconds, batched=batching.record(), study=study,
+                        sizing=None if sizing is None else sizing.record())
+    recon.record = replace(record, seconds=round(time.perf_counter() - t0, 3), portfolio=portfolio)
     victim_path = getattr(victim, "path", None)
     if victim_path is not None:
         recon.victim_path = str(victim_path)
@@ -132,7 +135,7 @@ def run_local(view, plan: Plan, out, resume: bool, device: str, progress: bool, 
 
     store = LocalStore(out)
     results: dict[int, Reconstruction] = {}
-    rows: dict[int, dict[str, Any]] = {}
+    rows: dict[int, RestartRecord] = {}
     pending = []
     for r in plan.restarts:
         got = store.load(r) if resume else None
@@ -141,7 +144,7 @@ def run_local(view, plan: Plan, out, resume: bool, device: str, progress: bool, 
             continue
         if got[0] is not None:
             results[r.index] = got[0]
-        rows[r.index] = {**got[1], "reused": True}
+        rows[r.index] = replace(got[1], reused=True)
     parallel = min(plan.workers, len(pending)) > 1 and batches is None
     bar = tqdm(total=len(plan.restarts), initial=len(plan.restarts) - len(pending), desc=f"{plan.method} portfolio",
                unit="restart", disable=not (progress and parallel))
@@ -151,7 +154,7 @@ def run_local(view, plan: Plan, out, resume: bool, device: str, progress: bool, 
             results[k] = recon
         rows[k] = row
         bar.update(1)
-        bar.set_postfix({"last": f"#{k} {row.get('iterations', row['status'])} it"}, refresh=False)
+        bar.set_postfix({"last": f"#{k} {row.status if row.iterations is None else row.iterations} it"}, refresh=False)
 
     try:
         if batches is not None:
@@ -163,7 +166,7 @@ def run_local(view, plan: Plan, out, resume: bool, device: str, progress: bool, 
     finally:
         bar.close()
     if not results:
-        errors = sorted({row.get("error", row["status"]) for row in rows.values()})
+        errors = sorted({row.error or row.status for row in rows.values()})
         raise ConfigError(f"no restart of the {plan.method} portfolio finished: {'; '.join(errors)}")
     return results, rows
 

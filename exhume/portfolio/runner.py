@@ -62,16 +62,14 @@ def run_restart(view, method: str, restart: Restart, folder, resume: bool, devic
     if end.passed():
         end = deadline if deadline.bounded else end
         if end.passed() and not at_least_one:
-            return None, {**restart_record(restart, None, UNFINISHED, HOST), "iterations": 0}
+            return None, restart_record(restart, None, UNFINISHED, HOST, iterations=0)
         # past it with at_least_one: the loop's one iteration, then it stops
     atk = get_attack(method, **restart.kwargs)
     try:
         recon = atk.run(view, out=folder, seed=restart.seed, device=device, resume=resume and folder is not None,
                         progress=progress, deadline=end.sooner(restart.seconds), checkpoint_every=every[0], log_every=every[1])
     except DivergenceError as e:
-        row = restart_record(restart, None, "diverged", HOST)
-        row["error"] = str(e)
-        return None, row
+        return None, restart_record(restart, None, "diverged", HOST, error=str(e))
     return recon, restart_record(restart, recon, "complete", HOST)
 
 
@@ -150,7 +148,7 @@ def _run_local(method: str, rec: dict[str, Any], folder, resume: bool, device: s
         os._exit(130)
     finally:
         _STATE["busy"] = False
-    if folder is not None and row["status"] != UNFINISHED:
+    if folder is not None and row.status != UNFINISHED:
         LocalStore(folder.parent.parent).save(restart, recon, row)
     return rec["restart"], recon, row
 
@@ -222,7 +220,7 @@ def run_pending(view, plan, pending: list[Restart], store, workers: int, resume:
             stop_workers(pool)
         pool.shutdown(wait=True)
     for restart in futures.values():
-        on_done(restart.index, None, {**restart_record(restart, None, UNFINISHED, HOST), "iterations": 0})
+        on_done(restart.index, None, restart_record(restart, None, UNFINISHED, HOST, iterations=0))
 
 
 def _run_here(view, plan, restart: Restart, store, resume: bool, device: str, progress: bool, end: Deadline,
@@ -238,7 +236,7 @@ def _run_here(view, plan, restart: Restart, store, resume: bool, device: str, pr
                                  at_least_one, plan.every)
     finally:
         torch.set_num_threads(before)
-    if row["status"] != UNFINISHED:
+    if row.status != UNFINISHED:
         store.save(restart, recon, row)
     on_done(restart.index, recon, row)
 

@@ -19,7 +19,6 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from exhume.errors import ConfigError
 from exhume.portfolio.plan import Plan
@@ -86,7 +85,7 @@ def _restart_objective(view, plan: Plan, table: ResultTable, local: LocalStore, 
                                  every=plan.every)
         table.save(restart.index, recon, row, trial.number, HOST)
         ran[0] += 1
-        return float(row.get("iterations", 0))
+        return float(row.iterations or 0)
 
     return objective
 
@@ -150,9 +149,9 @@ def run_shared(view, plan: Plan, storage: str, study_name: str, out, resume: boo
     finally:
         table.dispose()
     results = {k: rec for k, (rec, _) in loaded.items() if rec is not None}
-    rows: dict[int, dict[str, Any]] = {k: row for k, (_, row) in loaded.items()}
+    rows = {k: row for k, (_, row) in loaded.items()}
     if not results:
-        errors = sorted({row.get("error", row["status"]) for row in rows.values()})
+        errors = sorted({row.error or row.status for row in rows.values()})
         raise ConfigError(f"no restart of the {plan.method} portfolio in study {study_name!r} finished: {'; '.join(errors)}")
     return plan, results, rows
 

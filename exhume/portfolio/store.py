@@ -18,7 +18,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from exhume.attacks import Reconstruction, load_reconstruction
+from exhume.attacks import Reconstruction, RestartRecord, load_reconstruction
+from exhume.attacks.record import parse_restart
 from exhume.errors import ConfigError, ExhumeError
 from exhume.files.jsonio import read_json, write_json
 
@@ -34,7 +35,7 @@ class LocalStore:
     def folder(self, k: int) -> Path | None:
         return None if self.root is None else self.root / str(k)
 
-    def load(self, restart) -> tuple[Reconstruction | None, dict[str, Any]] | None:
+    def load(self, restart) -> tuple[Reconstruction | None, RestartRecord] | None:
         """The stored result of ``restart`` if it finished (or failed) with the same settings, else None."""
         folder = self.folder(restart.index)
         if folder is None or not (folder / "restart.json").is_file():
@@ -44,18 +45,17 @@ class LocalStore:
             raise ExhumeError(f"{folder / 'restart.json'}: expected an object with 'plan' and 'row'; delete the folder to run that restart again")
         if _as_planned(saved.get("plan")) != json.loads(json.dumps(restart.record())):
             return None  # other settings: run it again (its checkpoint decides whether it can resume)
-        if saved["row"].get("status") != "complete":
-            return None, saved["row"]
-        return load_reconstruction(folder), saved["row"]
+        row = parse_restart(saved["row"], str(folder / "restart.json"), "its row")
+        return (load_reconstruction(folder) if row.status == "complete" else None), row
 
-    def save(self, restart, recon: Reconstruction | None, row: dict[str, Any]) -> None:
+    def save(self, restart, recon: Reconstruction | None, row: RestartRecord) -> None:
         folder = self.folder(restart.index)
         if folder is None:
             return
         folder.mkdir(parents=True, exist_ok=True)
         if recon is not None:
             recon.save(folder)
-        write_json(folder / "restart.json", {"plan": restart.record(), "row": row}, default=str)  # atomic, written last
+        write_json(folder / "restart.json", {"plan": restart.record(), "row": row.json()}, default=str)  # atomic, written last
 
 
 def _as_planned(rec: Any) -> Any:
@@ -111,11 +111,11 @@ class ResultTable:
 
                 time.sleep(0.3 * (attempt + 1))
 
-    def save(self, restart: int, recon: Reconstruction | None, row: dict[str, Any], trial: int | None, host: str | None) -> None:
+    def save(self, restart: int, recon: Reconstruction | None, row: RestartRecord, trial: int | None, host: str | None) -> None:
         """Store one finished restart (a failed one as its row and no tensors)."""
         from safetensors.torch import save as to_bytes
 
-        meta = json.dumps({"reconstruction": None if recon is None else recon.meta(), "row": row}, default=str)
+        meta = json.dumps({"reconstruction": None if recon is None else recon.meta(), "row": row.json()}, default=str)
         blob = b"" if recon is None else to_bytes(recon.tensors())
         with self.engine.begin() as conn:
             conn.execute(self.table.insert().values(study=self.study, restart=restart, trial=trial, host=host,
@@ -128,27 +128,25 @@ class ResultTable:
             rows = conn.execute(sa.select(self.table.c.restart).where(self.table.c.study == self.study))
             return {int(r[0]) for r in rows}
 
-    def load_all(self) -> dict[int, tuple[Reconstruction | None, dict[str, Any]]]:
+    def load_all(self) -> dict[int, tuple[Reconstruction | None, RestartRecord]]:
         """Every finished restart (the first row stored when a restart ran twice); None for a failed one."""
         import sqlalchemy as sa
         from safetensors.torch import load as from_bytes
 
-        out: dict[int, tuple[Reconstruction, dict[str, Any]]] = {}
+        out: dict[int, tuple[Reconstruction | None, RestartRecord]] = {}
         query = sa.select(self.table).where(self.table.c.study == self.study).order_by(self.table.c.id)
         with self.engine.connect() as conn:
             for row in conn.execute(query):
                 if int(row.restart) in out:
                     continue
+                source = f"restart {row.restart} of study {self.study!r}"
                 try:
                     meta = json.loads(row.meta)
-                    if meta["reconstruction"] is None:
-                        out[int(row.restart)] = (None, meta["row"])
-                        continue
-                    tensors = from_bytes(bytes(row.tensors))
+                    tensors = None if meta["reconstruction"] is None else from_bytes(bytes(row.tensors))
                 except Exception as e:  # noqa: BLE001 - a corrupt row is one clear error
-                    raise ExhumeError(f"restart {row.restart} of study {self.study!r}: its stored result is unreadable ({e})") from None
-                recon = Reconstruction.from_parts(meta["reconstruction"], tensors, f"restart {row.restart} of study {self.study!r}")
-                out[int(row.restart)] = (recon, meta["row"])
+                    raise ExhumeError(f"{source}: its stored result is unreadable ({e})") from None
+                recon = None if tensors is None else Reconstruction.from_parts(meta["reconstruction"], tensors, source)
+                out[int(row.restart)] = (recon, parse_restart(meta["row"], source, "its row"))
         return out
 
     def dispose(self) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from exhume.attacks.base import Attack, Reconstruction, RestartPlan, init_record, register
+from exhume.attacks.base import Attack, Reconstruction, RestartPlan, register
 from exhume.attacks.checkpoint import BUDGET_SETTINGS, resumable_settings
 from exhume.attacks.equations import Equation, KnownStart, Stationarity
 from exhume.attacks.formulation import form_for
@@ -18,7 +18,7 @@ from exhume.attacks.kkt.step import Step, stationarity_for
 from exhume.attacks.kkt.terms import residual, solved_u, terms
 from exhume.attacks.loop import attack_loop, make_optimizer, open_run
 from exhume.attacks.priors import background_level, dark_floor
-from exhume.attacks.record import SolvedEquation
+from exhume.attacks.record import RunRecord, SolvedEquation
 from exhume.attacks.snapshots import IterateTracker
 from exhume.attacks.subspace import Subspace
 from exhume.attacks.trajectory import StartEquation, forgotten_start
@@ -171,31 +171,32 @@ class KKTAttack(Attack):
             candidates = dark_floor((kept_x + p.mean).float(), tau).cpu()
         lam = (p.form.scale * kept_u).detach().float().cpu()
         averaged = f"exponential moving average (decay {cfg['average_decay']:g})" if cfg["average_decay"] > 0 else "iterate"
+        threat, start = self.threat(p, view)
         return Reconstruction(
             method=self.name,
             candidates=candidates,
             labels=p.y.cpu(),
             scores=lam if lam.dim() == 1 else lam[:, -1],
-            config={**cfg, "m": p.m, "n_guess": p.n, "lambda_scale_value": p.form.scale, "lr_lambda_used": p.lr_lambda, **p.form.info,
-                    **init_record(init_name), **p.span.info, **self.threat(p, view), "background_used": tau, "background_reason": why},
+            record=RunRecord(
+                iterations=end.done, seconds=round(end.elapsed, 3), final_relative_stationarity=final_stat,
+                final_relative_stationarity_note="with the exact ReLU derivative, of the returned iterate"
+                + ("; of the known-start equation (what training added)" if p.eq is not None else ""),
+                kept_iteration=tracker.best_iteration, init=init_name, **threat,
+                settings={**cfg, "m": p.m, "n_guess": p.n, "lambda_scale_value": p.form.scale, "lr_lambda_used": p.lr_lambda,
+                          **p.form.info, **p.span.info, **start, "background_used": tau, "background_reason": why},
+                extras={"kept_criterion": tracker.best_score, "kept_iterate": f"{averaged}, best snapshot every {SNAPSHOT_EVERY} iterations"}),
             seed=seed,
             loss_history=run.history,
-            summary={"iterations": end.done, "seconds": round(end.elapsed, 3), "final_relative_stationarity": final_stat,
-                     "final_relative_stationarity_note": "with the exact ReLU derivative, of the returned iterate"
-                     + ("; of the known-start equation (what training added)" if p.eq is not None else ""),
-                     "threat_model": view.threat_model,
-                     "kept_iteration": tracker.best_iteration, "kept_criterion": tracker.best_score,
-                     "kept_iterate": f"{averaged}, best snapshot every {SNAPSHOT_EVERY} iterations"},
         )
 
     @staticmethod
-    def threat(p: Problem, view) -> dict[str, Any]:
-        """What the attacker knew and which equation it solved (recorded in the config)."""
-        rec: dict[str, Any] = {"threat_model": view.threat_model, "equation_used": SolvedEquation.STATIONARY.value if p.eq is None else p.eq.info["equation"]}
-        if p.eq is not None:
-            rec.update({f"start_{k}" if not k.startswith("start_") else k: v for k, v in p.eq.info.items() if k != "equation"})
-            rec["start_digest"] = start_digest(view.start)
-            rec["training_settings"] = None if view.training is None else view.training.record()
-        elif getattr(view, "start", None) is not None:
-            rec["start_unused"] = forgotten_start(view.model, view.start) or "the stationary equation (start_equation='stationary' was given)"
-        return rec
+    def threat(p: Problem, view) -> tuple[dict[str, Any], dict[str, Any]]:
+        """What the attacker knew, the equation it solved and why a known start went unused (its record's), and what it
+        took from a known start (its settings)."""
+        if p.eq is None:
+            unused = None if getattr(view, "start", None) is None else (
+                forgotten_start(view.model, view.start) or "the stationary equation (start_equation='stationary' was given)")
+            return {"threat_model": view.threat_model, "equation": SolvedEquation.STATIONARY, "start_unused": unused}, {}
+        start = {f"start_{k}" if not k.startswith("start_") else k: v for k, v in p.eq.info.items() if k != "equation"}
+        start.update(start_digest=start_digest(view.start), training_settings=None if view.training is None else view.training.record())
+        return {"threat_model": view.threat_model, "equation": SolvedEquation(p.eq.info["equation"])}, start
