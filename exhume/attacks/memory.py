@@ -237,10 +237,5 @@ def generic_peak(attack, view) -> int:
 BASE_BYTES = 24 * MiB
 
 
-def largest_matrix(model: torch.nn.Module) -> int:
-    """Elements of the largest parameter with two or more dimensions (what one SVD of the weights holds)."""
-    return max((p.numel() for p in model.parameters() if p.dim() >= 2), default=0)
-
-
 def dtype_bytes(name: str | None) -> int:
     return 8 if name == "float64" else 4

@@ -42,18 +42,6 @@ def negative_loss_objective(loss: str) -> Objective:
     return objective
 
 
-def weighted_gradient(
-    model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, lam: torch.Tensor,
-    alpha: float | None = None, objective: Objective = margin,
-) -> dict[str, torch.Tensor]:
-    """``Σ_j λ_j ∇_θ h_j`` as a dict shaped like ``params`` (differentiable in ``x``, ``λ``).
-
-    ``h_j`` is the margin by default (Haim's binary and Buzaglo's multiclass KKT conditions).
-    """
-
-    return weighted_gradient_and_objective(model, params, x, y, lam, alpha, objective)[0]
-
-
 def weighted_gradient_and_objective(
     model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, lam: torch.Tensor,
     alpha: float | None = None, objective: Objective = margin,

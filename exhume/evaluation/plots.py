@@ -46,15 +46,6 @@ def _hwc(img: np.ndarray) -> tuple[np.ndarray, dict]:
     raise DataError(f"can only draw 1- or 3-channel images, got {img.shape[0]} channels")
 
 
-def _show(ax, img: np.ndarray, title: str | None = None) -> None:
-    arr, kw = _hwc(img)
-    ax.imshow(arr, interpolation="nearest", **kw)
-    ax.set_xticks([])
-    ax.set_yticks([])
-    if title:
-        ax.set_title(title, fontsize=7)
-
-
 def _thresholds(metrics: dict) -> list[float]:
     return sorted(float(k[len("ssim>="):]) for k in metrics if k.startswith("ssim>="))
 

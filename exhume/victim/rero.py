@@ -110,8 +110,3 @@ def kappa_from_control(matched: int, total: int, confidence: float = 0.95) -> fl
         return 1.0
     return float(stats.beta.ppf(confidence, matched + 1, total - matched))
 
-
-def bounds_of(privacy: dict, kappa: float) -> dict[str, float | None]:
-    """Both bounds for a victim's recorded DP-SGD (``train_config["dp"]`` of :mod:`exhume.victim.private`) at ``kappa``."""
-    sigma, q, steps = privacy["noise_multiplier"], privacy["sample_rate"], privacy["steps"]
-    return {"kappa": kappa, "hayes_2023": hayes_bound(sigma, q, steps, kappa), "balle_2022_rdp": rdp_bound(sigma, q, steps, kappa)}
