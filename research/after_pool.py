@@ -44,7 +44,7 @@ from exhume.attacks import Reconstruction, load_reconstruction  # noqa: E402
 from exhume.attacks.formulation import candidate_labels  # noqa: E402
 from exhume.attacks.kkt import KKTAttack  # noqa: E402
 from exhume.evaluation.matching import ncc_matrix  # noqa: E402
-from exhume.evaluation.run import training_margins  # noqa: E402
+from exhume.evaluation.run import margins_of  # noqa: E402
 from exhume.portfolio.pool import near_duplicates, rank_scores  # noqa: E402
 
 VARIANTS = [{}, {"lr_lambda": 1e-4}]
@@ -68,7 +68,8 @@ def bands(victim, rs) -> None:
     result = exhume.evaluate(pooled(rs, "kkt", {}), victim, pool_size=1000, figures=False)
     mem = np.asarray(result.arrays["memorised"]).astype(bool)
     best, unseen = np.asarray(result.arrays["ssim"]), np.asarray(result.arrays["pool_ssim"])
-    margins = training_margins(victim, victim.load_train_set())
+    train = victim.load_train_set()
+    margins = margins_of(victim.model.float().eval(), train.centred.float(), train.y, victim.task, victim.loss)[0]
     wd, n = float(victim.weight_decay or 0.0), len(margins)
     if wd > 0 and victim.task == "binary":
         s = rs[0].config["lambda_scale_value"]

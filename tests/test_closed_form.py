@@ -11,7 +11,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 from exhume.attacks import get_attack
-from exhume.attacks.closed_form import closed_form_residual, gradient_rows, projection_residual
+from exhume.attacks.closed_form import RIDGE, closed_form_residual, gradient_rows
 from exhume.attacks.trajectory import build_equation
 from exhume.errors import ConfigError
 from exhume.evaluation.ssim import ssim_matrix
@@ -54,6 +54,14 @@ def test_the_closed_form_multipliers_are_the_reference_least_squares(nonnegative
     assert np.allclose(lam.numpy(), ref, rtol=1e-5, atol=1e-8)
     if nonnegative:
         assert (lam >= 0).all()
+
+
+def projection_residual(J: torch.Tensor, w: torch.Tensor, ridge: float = RIDGE) -> torch.Tensor:
+    """``(‖w‖² − vᵀ(A + εI)⁻¹v) / ‖w‖²`` written out (``v = Jw``, ``A = JJᵀ``): the reference :func:`closed_form_residual` is tested against."""
+    gram = J @ J.T
+    gram = gram + ridge * gram.diagonal().mean().detach() * torch.eye(len(gram), dtype=J.dtype)
+    v = J @ w
+    return (w @ w - v @ torch.linalg.solve(gram, v)) / (w @ w)
 
 
 def test_the_gradient_through_the_solve_is_the_explicit_formula_s():

@@ -321,7 +321,7 @@ def test_support_estimate_of_a_cross_entropy_multiclass_model_weighs_each_point_
     import exhume
     from exhume.attacks import Reconstruction, RunRecord
     from exhume.data import dataset_of, make_pool
-    from exhume.evaluation.run import evaluate, training_margins
+    from exhume.evaluation.run import evaluate, margins_of
     from exhume.victim import TrainConfig, make_victim
 
     torch.manual_seed(0)
@@ -333,7 +333,7 @@ def test_support_estimate_of_a_cross_entropy_multiclass_model_weighs_each_point_
         p = torch.softmax(victim.model.float()(train.centred.float()), 1).double()
     w = (1.0 - p.gather(1, train.y.long()[:, None]).squeeze(1)).numpy()
     expected = w.sum() ** 2 / (w**2).sum()
-    runner_up = support_estimate(training_margins(victim, train))
+    runner_up = support_estimate(margins_of(victim.model, train.centred.float(), train.y, victim.task, victim.loss)[0])
     assert abs(runner_up - expected) > 1.0  # the runner-up margin's weights are another estimate on this model
 
     recon = Reconstruction("kkt", candidates=train.x[:6].clone(), labels=train.y[:6].clone(), scores=None, record=RunRecord(), seed=0)

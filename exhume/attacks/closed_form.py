@@ -63,14 +63,6 @@ def closed_form_residual(model: nn.Module, x: torch.Tensor, y: torch.Tensor, obj
     return (rest ** 2).sum(), lam.detach()
 
 
-def projection_residual(J: torch.Tensor, w: torch.Tensor, ridge: float = RIDGE) -> torch.Tensor:
-    """``(‖w‖² − vᵀ(A + εI)⁻¹v) / ‖w‖²`` written out (``v = Jw``, ``A = JJᵀ``): the reference the fast path is tested against."""
-    gram = J @ J.T
-    gram = gram + ridge * gram.diagonal().mean().detach() * torch.eye(len(gram), dtype=J.dtype)
-    v = J @ w
-    return (w @ w - v @ torch.linalg.solve(gram, v)) / (w @ w)
-
-
 def one_point(model: nn.Module, eq: StartEquation, mean: torch.Tensor, labels: torch.Tensor, objective: Objective) -> StartEquation:
     """``eq`` with its gradient points merged into the last one where every trained parameter's ``∇_θ h`` is the same at
     each (the trained parameters enter linearly, e.g. a readout on frozen features): checked on probe images drawn from the

@@ -23,13 +23,6 @@ from exhume.files.runfolder import holding_output
 from exhume.losses import margin, soft_margin, weighs_by_soft_margin
 
 
-def training_margins(victim, train) -> np.ndarray | None:
-    """Each training image's margin ``y_i Φ(x_i)`` under the victim (evaluator-side); None for regression."""
-    if victim.task == "regression":
-        return None
-    return margins_of(_float32(victim.model), train.centred.float(), train.y, victim.task, victim.loss)[0]
-
-
 def _float32(model):
     """``model`` in float32 for the margins, a copy when it is not (a victim's weights are never converted in place:
     its fingerprint stays the one its attacks recorded)."""

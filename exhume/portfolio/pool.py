@@ -257,30 +257,6 @@ def certain_gap(ssim_threshold: float) -> float:
     return math.sqrt(0.5 * max(0.0, 1.0 - ssim_threshold) / (1.0 / K1**2 + 1.0 / K2**2))
 
 
-def flagged_pairs(flat: torch.Tensor, labels: torch.Tensor, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pairs ``i < j`` of rows of ``flat`` (m, d) with the same label whose Pearson correlation is above ``threshold``.
-
-    The correlation of :func:`exhume.evaluation.matching.ncc_matrix` (its :func:`unit_rows`), computed
-    over blocks of rows against the rows from the block on.
-    """
-    m = flat.shape[0]
-    if m == 0:
-        return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
-    z = unit_rows(flat)
-    lab = labels.reshape(m, -1)
-    rows = max(1, min(m, LIMITS.candidates_x_pool_block // max(m, 1)))
-    out_i, out_j = [], []
-    for s in range(0, m, rows):
-        e = min(m, s + rows)
-        hit = (z[s:e] @ z[s:].T).clamp_(-1.0, 1.0) > threshold
-        hit &= (lab[s:e, None, :] == lab[None, s:, :]).all(dim=-1)
-        a, b = torch.nonzero(hit, as_tuple=True)
-        upper = b > a  # columns start at row s: the block's own diagonal and below are not pairs
-        out_i.append(a[upper] + s)
-        out_j.append(b[upper] + s)
-    return torch.cat(out_i), torch.cat(out_j)
-
-
 def _confirmed_by_ssim(images: torch.Tensor, i: torch.Tensor, j: torch.Tensor, threshold: float) -> torch.Tensor:
     """Which pairs ``(i, j)`` (the correlation flagged) have an SSIM above ``threshold`` (a mask)."""
     keep = torch.zeros(i.numel(), dtype=torch.bool)
