@@ -329,15 +329,3 @@ def test_a_start_for_an_attack_that_ignores_it_is_refused():
     model, start, _ = _fine_tuned()
     with pytest.raises(ConfigError, match="'tldr' attack does not use the starting weights; attacks that do: kkt, simulate"):
         exhume.attack(_view(model), method="tldr", restarts=1, start=start, progress=False)
-
-
-def test_adam_s_second_moment_estimated_from_other_images_has_the_model_s_names_and_shapes():
-    from exhume.attacks.trajectory import estimate_second_moment
-
-    model, start, x = _fine_tuned()
-    moment = estimate_second_moment(_view(model, start), torch.rand(70, 1, 4, 4))
-    assert {k: tuple(v.shape) for k, v in moment.items()} == {k: tuple(v.shape) for k, v in model.named_parameters()}
-    assert all(bool((v >= 0).all()) and bool(v.sum() > 0) for v in moment.values())
-    view = _view(model, start, training={"optimizer": "adam", "second_moment": moment})
-    eq = build_equation(view, model, {k: v.detach() for k, v in model.named_parameters()}, "endpoints", 4)
-    assert eq.info["preconditioner"].startswith("adam second moment")

@@ -292,32 +292,3 @@ def added_inputs_layer(eq: StartEquation, params: dict[str, torch.Tensor], start
             info[f"subspace_start_decay[{k}]"] = c
     return out, info
 
-
-def estimate_second_moment(view, images: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    """Adam's second moment estimated from images of the kind the model was trained on (not its training images).
-
-    For an owner who did not keep the optimiser state, or an attacker with public data of the same
-    kind (e.g. what a public checkpoint was pre-trained on): ``mean_i (∇_θ h(θ_T; x_i))²`` per
-    parameter, which gives ``P`` the shape Adam's ``v̂`` had; its overall scale does not matter.
-    ``images``: display space ``(N, *input_shape)``; ``labels``: exhume's (±1 or class ids), default
-    the model's own predictions. Pass the result as ``training={"second_moment": ...}``.
-    """
-    from exhume.attacks.formulation import resolve
-    from exhume.attacks.workcopy import attack_model
-
-    model, params = attack_model(view.model, "cpu", torch.float64)
-    x = torch.as_tensor(images).double() - view.mean.double()
-    if labels is None:
-        with torch.no_grad():
-            out = model(x)
-        labels = out.argmax(1) if out.dim() == 2 else torch.where(out >= 0, 1.0, -1.0).double()
-    form = resolve(view, model, "auto", 1.0, params, len(x), len(x), torch.float64)
-    eq = StartEquation(tuple(params), [params], params, None, 1.0)
-    labels = torch.as_tensor(labels)
-    g2 = sum(per_sample(model, eq, x[s:s + 64], labels[s:s + 64], form.objective).double().pow(2).sum(0)
-             for s in range(0, len(x), 64)) / len(x)  # 64 images' gradients at a time
-    out, i = {}, 0
-    for k, v in params.items():
-        out[k] = g2[i:i + v.numel()].reshape(v.shape).float()
-        i += v.numel()
-    return out
