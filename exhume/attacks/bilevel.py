@@ -216,7 +216,7 @@ class BilevelAttack(Attack):
         "damping": Param(None, float, "δ added to the Hessian in the CG solve (None: from the spectrum, "
                          "0 when H is positive definite; 0: exact implicit gradient)", low=0.0, allow_none=True),
         "inner_steps": Param(100, int, "at most this many damped Newton-CG iterations of inner training per outer step "
-                             "(they stop at inner_tol)", low=1),
+                             "(they stop at inner_tol; docs/defaults.md#bilevel-inner_steps)", low=1),
         "inner_tol": Param(1e-9, float, "stop inner training at ‖∇_θ E‖ below this", low=0.0),
         "smooth": Param(100.0, float, "lower level on softplus(β·z)/β instead of ReLU (value and derivatives), "
                         "so that it has a stationary point; None: exact activations", low=0.0, allow_none=True),

@@ -7,17 +7,15 @@ known function of the training points::
 
     θ_T = Run(θ_0; x_1 … x_n, y_1 … y_n)          (T steps, each on the batch the sampler drew)
 
-with no slack: at the training images it holds to rounding. :func:`replay` computes ``Run`` on candidates
-with soft labels ``q`` (probabilities: one-hot at the truth), differentiably in both. The unrolled run is cut
-into segments of ``segment`` steps, each under ``torch.utils.checkpoint`` (recomputed in the backward pass):
-memory holds ``T/segment`` copies of the parameters and optimiser state plus one segment's graph (default: the
-shortest segments whose copies fit :data:`STATE_BYTES`). One
-evaluation costs about ``4·T`` forward-backward passes of a batch (the replay, its recomputation and the
-double backward). The run is replayed with exact ReLU derivatives (a surrogate would change the run itself);
-:class:`smoothed_step` smooths only the derivative of ReLU's step, through which the candidates move the
-activation patterns (without it, a Gauss-Newton step from 18 % off the truth diverges). The model runs as given
-(eval mode): layers that train differently (BatchNorm on batch statistics, dropout) are refused
-(:func:`train_mode_failures`). The evaluator's check at the training data is
+with no slack: at the training images it holds to rounding. :func:`replay` computes ``Run`` on candidates with soft
+labels ``q`` (probabilities: one-hot at the truth), differentiably in both. The unrolled run is cut into segments of
+``segment`` steps, each under ``torch.utils.checkpoint`` (recomputed in the backward pass): memory holds ``T/segment``
+copies of the parameters and optimiser state plus one segment's graph (default: the shortest segments whose copies fit
+:data:`STATE_BYTES`). One evaluation costs about ``4·T`` forward-backward passes of a batch (the replay, its
+recomputation and the double backward). The run is replayed with exact ReLU derivatives (a surrogate would change the
+run itself); :class:`smoothed_step` smooths only the derivative of ReLU's step, through which the candidates move the
+activation patterns. The model runs as given (eval mode): layers that train differently (BatchNorm on batch
+statistics, dropout) are refused (:func:`train_mode_failures`). The evaluator's check at the training data is
 :func:`exhume.evaluation.residuals.exact_run_residual`.
 """
 
@@ -113,8 +111,7 @@ class smoothed_step(TorchFunctionMode):  # noqa: N801 - used as a context manage
 
 
 #: the parameters and optimiser states kept at the segments' starts stay below this (default segment: the shortest that
-#: does; one step's graph is far larger than its state: 45 MB against 0.3 MB for a 16-2048-1 MLP on batches of 32, so
-#: memory grew 5× from segments of 1 to segments of 11 steps)
+#: does, since one step's graph is far larger than its state)
 STATE_BYTES = 1 << 30
 
 

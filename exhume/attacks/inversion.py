@@ -13,11 +13,9 @@ for each term. The features for the cosine and orthogonality terms are the class
 hidden layer: the input of its last ``nn.Linear`` (found generically), or the output of the
 module named by ``feature_layer``.
 
-Defaults measured here (1 CPU thread, ``convnet:32,64;fc=128`` on 1,000 bundled MNIST digits):
-300 steps of batch 64 at lr 3e-3 with a width-32 generator. ``output="sigmoid"`` keeps images in
-[0, 1] (the pixel-range term is then zero; it acts with ``output="linear"``): with a linear output
-and no warm-up, tldr stalled at chance (TV and pixel terms of 10³ at initialisation swamped the
-cross-entropy); with ``warmup=0.3`` it reached 84% class accuracy, with sigmoid 98%.
+``output="sigmoid"`` keeps images in [0, 1] (the pixel-range term then acts only with ``output="linear"``), and tldr's
+added terms ramp up over ``warmup``: without both, those terms swamp the cross-entropy at initialisation
+(docs/defaults.md#tldr-generator-and-output).
 """
 
 from __future__ import annotations

@@ -48,10 +48,7 @@ CANDIDATE_PARAMS: dict[str, Param] = {
 #: weight_decay is the view's now: Attack.retired_on)
 RETIRED_CANDIDATE_SETTINGS: dict[str, tuple[Any, ...]] = {"momentum": (SGD_MOMENTUM,)}
 
-#: the known start's decay c and the output's soft threshold, as kkt and simulate declare them
-START_DECAY = Param("auto", float, "known start: c in θ_T − c·θ_0, the start's share left by weight decay: 'auto' "
-                    "(from the training settings when they fix it, else fitted), 'fit', or a number in (0, 2]",
-                    low=0.0, low_open=True, high=2.0, words=("auto", "fit"))
+#: the output's soft threshold, as kkt and simulate declare it
 BACKGROUND = Param("auto", float, "soft threshold τ on the returned candidates, v ← max(v − τ, 0)/(1 − τ) in "
                    "display space (a number in [0, 0.5]), or 'auto': 0.03 where the data mean shows a dark "
                    "background, else 0 (see exhume/attacks/priors.py: background_level); output only, the "

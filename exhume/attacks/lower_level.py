@@ -1,14 +1,10 @@
 """The bilevel attack's lower level: reach a stationary point of ``E(x̂, ·)``, and read its spectrum.
 
-Why this is needed on ReLU networks (measured, ``exhume/attacks/bilevel.py``'s history): with the
-exact ReLU the training objective of a one-hidden-layer network is piecewise smooth, and its
-minimiser on a few candidates sits *on* the kinks: after L-BFGS stalls (``‖∇E‖ ≈ 2e-3`` on a
-784-32-1 victim and 20 noise candidates, float64), several pre-activations are ``|z| < 1e-7`` and
-collapsing units have norms ``1e-5``. There ``∇E`` jumps, no point has ``∇E = 0``, the Hessian
-(zero ReLU curvature) says nothing about the jump, and the implicit function theorem does not
-apply. The lower level therefore replaces ReLU by ``softplus(β·z)/β`` (value *and* derivatives,
-:class:`exhume.attacks.surrogate.smooth_activations`) — a smooth victim that tends to the ReLU
-one as ``β → ∞`` — and solves it with :func:`newton_cg`, which drives ``‖∇E‖`` below a tolerance.
+Why: on a ReLU network the training objective's minimiser on a few candidates sits *on* the kinks, where ``∇E``
+jumps, no point has ``∇E = 0`` and the implicit function theorem does not apply
+(docs/usage.md#bilevel-reconstruction-and-the-initialisation-study). The lower level therefore replaces ReLU by
+``softplus(β·z)/β`` (value *and* derivatives, :class:`exhume.attacks.surrogate.smooth_activations`), a smooth victim
+that tends to the ReLU one as ``β → ∞``, and solves it with :func:`newton_cg`, which drives ``‖∇E‖`` below a tolerance.
 
 - :func:`newton_cg`: Levenberg–Marquardt-damped Newton with conjugate-gradient inner solves on
   Hessian-vector products (``H`` never formed), truncated on negative curvature (Steihaug), step

@@ -11,10 +11,8 @@ training point, and move the candidates so that the replayed run lands on the fi
 Levenberg–Marquardt with the run's whole Jacobian, for problems small enough to form it
 (:mod:`exhume.attacks.exact_lm`). Every trained parameter's start must be known.
 
-The name is the registry's since the coarse simulation (SimuDy's idea: a few full-batch steps with
-learnt step sizes), which was removed as weaker than kkt's endpoints equation on every victim measured
-(research/README.md, "What left the package"); older run folders of method ``simulate`` still load and
-evaluate, and a checkpoint or a setting of the exact run written with ``run="exact"`` still resumes.
+``simulate`` names the exact run alone (the coarse simulation left the package: research/README.md); older run folders
+of method ``simulate`` load and evaluate, and an exact run's checkpoint or settings with ``run="exact"`` resume.
 """
 
 from __future__ import annotations

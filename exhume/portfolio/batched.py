@@ -17,10 +17,9 @@ variants do); other groups run one after another, the deadline's time split by t
 restart leaves the batch and is recorded as diverged, as a lone one is. A module that ``vmap``
 cannot run (control flow on tensor values) leaves the group to the usual path.
 
-``batch_restarts="auto"`` (:func:`use_batched`) picks this path on a CUDA device, where one
-process per restart wasted the device (docs/defaults.md); on CPU, forked one-thread workers stay
-the default (measured no slower there; ``--batch-restarts on`` asks for this path). TF32 stays off:
-no measurement yet shows it gives equal results.
+``batch_restarts="auto"`` (:func:`use_batched`) picks this path on a CUDA device, which one process per restart
+shares badly; on CPU forked one-thread workers stay the default (docs/defaults.md#portfolio-workers; ``--batch-restarts
+on`` asks for this path). TF32 stays off (:func:`no_tf32`).
 """
 
 from __future__ import annotations

@@ -14,8 +14,7 @@ decides:
   ``SECONDS_PER_RESTART`` seconds each (the number of waves rounded) where the rate allows more.
   Rounded rather than floored: two shorter restarts found more than one twice as long;
 - when even one wave of parallel restarts would leave each below that floor, and the caller did
-  not fix the number of workers, the budget goes to **one run with all the cores**, which is the
-  old single run with kkt's current defaults.
+  not fix the number of workers, the budget goes to **one run with all the cores**.
 
 The decision and the measurement are kept in ``config["portfolio"]["sizing"]``; a resumed
 portfolio reuses the stored decision (``OUT/restarts/sizing.json``) instead of probing again, so

@@ -8,7 +8,7 @@ from typing import Any
 
 from exhume.attacks.base import Param
 from exhume.attacks.formulation import FORMULATIONS, MARGIN_FORMS
-from exhume.attacks.loop import BACKGROUND, CANDIDATE_PARAMS, RETIRED_CANDIDATE_SETTINGS, START_DECAY, budget_params
+from exhume.attacks.loop import BACKGROUND, CANDIDATE_PARAMS, RETIRED_CANDIDATE_SETTINGS, budget_params
 from exhume.attacks.trajectory import EQUATIONS, PRECONDITIONERS, forgotten_start
 from exhume.errors import ConfigError
 
@@ -84,7 +84,9 @@ PARAMS: dict[str, Param] = {
                          "'closed-form': at every step λ minimises the equation's residual by least squares (signed, or "
                          "non-negative where the formulation's sign holds), the coefficient-free loss of "
                          "exhume/attacks/closed_form.py: no S, lr_lambda, lambda_min or dual term", choices=MULTIPLIER_MODES),
-    "start_decay": START_DECAY,
+    "start_decay": Param("auto", float, "known start: c in θ_T − c·θ_0, the start's share left by weight decay: 'auto' "
+                           "(from the training settings when they fix it, else fitted), 'fit', or a number in (0, 2]",
+                           low=0.0, low_open=True, high=2.0, words=("auto", "fit")),
     "preconditioner": Param("auto", str, "known start: Adam's √v̂ + ε applied to what training added ('state': from the "
                             "second moment in the view's training settings; 'auto': 'state' when the view has it and at "
                             "least half the start survives in the weights)", choices=PRECONDITIONERS),
