@@ -30,7 +30,6 @@ checkpointed (a private victim cut in its training is trained again: Opacus's st
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import math
 import time
@@ -39,7 +38,7 @@ from typing import Any
 
 from exhume.attacks.base import DEFAULT_METHOD
 from exhume.errors import ConfigError
-from exhume.experiments.registry import register_experiment
+from exhume.experiments.registry import command_line, positive_numbers, register_experiment, seed_list, write_csv
 from exhume.files.jsonio import read_json, write_json
 from exhume.victim.recipe import PAPER_ARCH, PAPER_TRAIN
 
@@ -85,31 +84,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="reuse the finished cells in --out and continue the one in progress")
 
 
-def _numbers(text: str, kind, what: str) -> list:
-    try:
-        values = [kind(t) for t in str(text).split(",") if t.strip()]
-    except ValueError:
-        raise ConfigError(f"--{what} must be numbers separated by commas, got {text!r}") from None
-    if not values or any(not v > 0 for v in values):
-        raise ConfigError(f"--{what} must be positive numbers separated by commas, got {text!r}")
-    return values
-
-
 def settings(args: argparse.Namespace) -> dict[str, Any]:
     """The run's settings: the CPU default or ``--full``, with the flags given on top (checked)."""
     s = {k: list(v) if isinstance(v, list) else v for k, v in (FULL if args.full else DEFAULTS).items()}
     s["seeds"] = s["seeds"] if args.full else [args.seed]
     if getattr(args, "seeds", None) is not None:
-        try:
-            s["seeds"] = [int(v) for v in str(args.seeds).split(",") if v.strip()]
-        except ValueError:
-            s["seeds"] = []
-        if not s["seeds"] or min(s["seeds"]) < 0:
-            raise ConfigError(f"--seeds must be integers >= 0 separated by commas, got {args.seeds!r}")
+        s["seeds"] = seed_list(args.seeds)
     if getattr(args, "epsilons", None) is not None:
-        s["epsilons"] = sorted(_numbers(args.epsilons, float, "epsilons"), reverse=True)
+        s["epsilons"] = sorted(positive_numbers(args.epsilons, float, "epsilons"), reverse=True)
     if getattr(args, "noise_multipliers", None) is not None:
-        s["noise_multipliers"] = sorted(_numbers(args.noise_multipliers, float, "noise-multipliers"))
+        s["noise_multipliers"] = sorted(positive_numbers(args.noise_multipliers, float, "noise-multipliers"))
     if getattr(args, "settings", None) is not None:
         s["settings"] = [v.strip() for v in args.settings.split(",") if v.strip()]
     if not s["settings"] or any(v not in SETTINGS for v in s["settings"]):
@@ -124,17 +108,8 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     return s
 
 
-def command_line(args: argparse.Namespace) -> str:
-    """The command that reproduces this run (its settings; not its output folder)."""
-    flags = ["--full"] if args.full else []
-    for key in ("settings", "epsilons", "noise_multipliers", "seeds", "iterations", "restarts", "max_grad_norm", "epochs", "n"):
-        if getattr(args, key, None) is not None:
-            flags.append(f"{'-n' if key == 'n' else '--' + key.replace('_', '-')} {getattr(args, key)}")
-    if getattr(args, "no_clip_only", False):
-        flags.append("--no-clip-only")
-    if getattr(args, "seeds", None) is None and not args.full and args.seed != 0:
-        flags.append(f"--seed {args.seed}")
-    return " ".join(["exhume experiment dp", *flags])
+#: the flags that reproduce a run (:func:`~exhume.experiments.registry.command_line`)
+FLAGS = ("settings", "epsilons", "noise_multipliers", "seeds", "iterations", "restarts", "max_grad_norm", "epochs", "n")
 
 
 def levels(s: dict[str, Any]) -> list[str]:
@@ -331,11 +306,7 @@ def figure(points: list[dict], path: Path) -> None:
 
 
 def _write(rows: list[dict], points: list[dict], s: dict, out: Path, command: str, seconds: float) -> dict[str, Any]:
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    with open(out / "dp.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(out / "dp.csv", rows)
     (out / "dp.md").write_text(table(points) + "\n")
     figure(points, out / "dp.png")
     measured_on = (f"bundled MNIST odd/even, n = {s['n']}, seed(s) {', '.join(map(str, s['seeds']))}; {s['restarts']} kkt "
@@ -384,7 +355,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 rows.append(run_cell(setting, level, seed, s, out, args.resume, getattr(args, "device", "cpu"), progress))
     rows = with_bounds(rows)
     points = curve(rows)
-    result = _write(rows, points, s, out, command_line(args), time.perf_counter() - t0)
+    command = command_line("dp", args, FLAGS, ["--no-clip-only"] if getattr(args, "no_clip_only", False) else [])
+    result = _write(rows, points, s, out, command, time.perf_counter() - t0)
     result["paper_finding"] = ("DP-SGD bounds what an informed adversary reconstructs (Balle et al. 2022; Hayes et al. 2023): "
                                "success at most the bound, which tends to the prior's κ as ε falls")
     result["this_run"] = threshold_line(points)

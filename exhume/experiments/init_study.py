@@ -16,7 +16,6 @@ These initialisations use the training set: they are evaluator tools, labelled o
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ import numpy as np
 import torch
 
 from exhume.errors import ConfigError
-from exhume.experiments.registry import register_experiment
+from exhume.experiments.registry import register_experiment, write_csv
 from exhume.files.jsonio import read_json, write_json
 
 GRID = (0.0, 0.25, 0.5, 0.75, 1.0)  # the paper's 5x5 grid (--full)
@@ -306,11 +305,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for attack in s["attacks"]:
         rows += _grid_rows(attack, victims[attack].attacker_view(), refs, held, s, out, args.resume, progress)
     seconds = time.perf_counter() - t_start
-    keys = sorted({k for r in rows for k in r})
-    with open(out / "table.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(out / "table.csv", rows, sorted({k for r in rows for k in r}))
     victim_info = {a: f"{v.arch} trained on {s['n']} MNIST odd/even digits (GD, wd 5e-3): train acc "
                       f"{v.metrics.get('train_accuracy', float('nan')):.3f}, relative stationarity "
                       f"{v.metrics.get('stationarity_residual')}" for a, v in victims.items()}

@@ -10,7 +10,6 @@ Defaults are sized for a CPU (each experiment's help states its cases, epochs an
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import time
@@ -22,7 +21,7 @@ import numpy as np
 import torch
 
 from exhume.evaluation.plots import subplots
-from exhume.experiments.registry import register_experiment
+from exhume.experiments.registry import register_experiment, write_csv
 from exhume.victim.recipe import PAPER_ARCH, PAPER_ARCH_FULL, PAPER_TRAIN
 
 
@@ -115,16 +114,9 @@ def _save_case(folder: Path, row: dict[str, Any], arrays: dict[str, Any], victim
     write_json(folder / "case.json", {"row": row, "victim": os.path.relpath(victim.path, folder)})  # relative: the run folder may move
 
 
-def write_table(rows: list[dict[str, Any]], out: Path, name: str) -> None:
-    with open(out / f"{name}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-
-
 def finish(out: Path, name: str, rows: list[dict[str, Any]], paper_finding: str, this_run: str, agrees: bool | None,
            settings: dict[str, Any]) -> dict[str, Any]:
-    write_table(rows, out, name)
+    write_csv(out / f"{name}.csv", rows, list(rows[0]))
     summary = {"experiment": name, "paper_finding": paper_finding, "this_run": this_run,
                "agrees_with_paper": agrees, "settings": settings, "rows": rows,
                "figure": str(out / f"{name}.png"), "table": str(out / f"{name}.csv")}

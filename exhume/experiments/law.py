@@ -19,7 +19,6 @@ a chunk checkpointed.
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any
 import torch
 
 from exhume.errors import ConfigError
-from exhume.experiments.registry import register_experiment
+from exhume.experiments.registry import command_line, positive_numbers, register_experiment, seed_list, write_csv
 from exhume.files.jsonio import read_json, write_json
 
 #: the attack measured (one run, the start known)
@@ -62,25 +61,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="reuse the finished runs in --out and continue the one in progress")
 
 
-def _numbers(text: str, kind, what: str) -> list:
-    try:
-        values = [kind(t) for t in str(text).split(",") if t.strip()]
-    except ValueError:
-        raise ConfigError(f"--{what} must be numbers separated by commas, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise ConfigError(f"--{what} must be positive numbers separated by commas, got {text!r}")
-    return values
-
-
 def settings(args: argparse.Namespace) -> dict[str, Any]:
     """The run's settings: the CPU default or ``--full``, with the flags given on top (checked)."""
     from exhume.victim.law import FAMILIES
 
     s = {k: list(v) if isinstance(v, list) else v for k, v in (FULL if args.full else DEFAULTS).items()}
     s["seeds"] = [args.seed] if not args.full else s["seeds"]
-    for key, kind in (("ratios", float), ("ns", int), ("seeds", int)):
+    for key, kind in (("ratios", float), ("ns", int)):
         if getattr(args, key, None) is not None:
-            s[key] = _numbers(getattr(args, key), kind, key) if key != "seeds" else [int(v) for v in str(args.seeds).split(",")]
+            s[key] = positive_numbers(getattr(args, key), kind, key)
+    if getattr(args, "seeds", None) is not None:
+        s["seeds"] = seed_list(args.seeds)
     if getattr(args, "variants", None) is not None:
         s["variants"] = [v.strip() for v in args.variants.split(",") if v.strip()]
         if not s["variants"] or any(v not in VARIANTS for v in s["variants"]):
@@ -101,15 +92,8 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     return s
 
 
-def command_line(args: argparse.Namespace) -> str:
-    """The command that reproduces this run (its settings; not its output folder)."""
-    flags = ["--full"] if args.full else []
-    for key in ("families", "ratios", "ns", "seeds", "data", "iterations", "victim_steps", "variants"):
-        if getattr(args, key, None) is not None:
-            flags.append(f"--{key.replace('_', '-')} {getattr(args, key)}")
-    if getattr(args, "seeds", None) is None and not args.full and args.seed != 0:
-        flags.append(f"--seed {args.seed}")
-    return " ".join(["exhume experiment law", *flags])
+#: the flags that reproduce a run (:func:`~exhume.experiments.registry.command_line`)
+FLAGS = ("families", "ratios", "ns", "seeds", "data", "iterations", "victim_steps", "variants")
 
 
 def dataset(name: str):
@@ -232,11 +216,7 @@ def figure(points: list[dict], path: Path, title: str) -> None:
 
 
 def _write(rows: list[dict], points: list[dict], s: dict, out: Path, command: str, seconds: float) -> dict[str, Any]:
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    with open(out / "law.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(out / "law.csv", rows)
     measured_on = (f"{'sklearn 8x8 digits' if s['data'] == 'digits' else 'bundled MNIST digits'} (0 against 1), "
                    f"n = {', '.join(map(str, s['ns']))}, seeds {', '.join(map(str, s['seeds']))}, "
                    f"{s['iterations']} kkt iterations per run (one run, the start known)")
@@ -261,7 +241,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     rows = all_rows(s, out, args.resume, getattr(args, "device", "cpu"), not args.no_progress)
     points = curve(rows)
-    result = _write(rows, points, s, out, command_line(args), time.perf_counter() - t0)
+    result = _write(rows, points, s, out, command_line("law", args, FLAGS), time.perf_counter() - t0)
     above = [p for p in points if p["p_over_dn"] >= 4]
     below = [p for p in points if p["p_over_dn"] < 1]
     result["paper_finding"] = ("with the start known and p well above d·n, what training added determines every training "
