@@ -16,9 +16,10 @@ Three things beside the verdict (``metrics.json``'s ``dp``, the printed summary,
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
+
+from exhume.audit.curve import load_curve, read_at
 
 #: the measured curve the audit reads (``dp-curve.json`` of ``exhume experiment dp`` at its CPU default)
 MEASURED = Path(__file__).with_name("dp_measured.json")
@@ -29,14 +30,8 @@ LEVELS_NOT_PRIVATE = ("none", "clip")
 
 def load_measured(path: Path = MEASURED) -> dict[str, Any]:
     """The measured curve (checked: its points and provenance)."""
-    from exhume.errors import DataError
-    from exhume.files.jsonio import read_json
-
-    table = read_json(path, DataError, what="the DP measured curve (dp-curve.json of exhume experiment dp)")
-    keys = ("points", "settings", "measured_on", "date", "command")
-    if not isinstance(table, dict) or any(k not in table for k in keys) or not isinstance(table["points"], list):
-        raise DataError(f"{path}: expected the DP measured curve with {', '.join(keys)}")
-    return table
+    return load_curve(path, "the DP measured curve (dp-curve.json of exhume experiment dp)",
+                      ("points", "settings", "measured_on", "date", "command"))
 
 
 def setting_for(start_known: bool, table: dict[str, Any]) -> str | None:
@@ -73,15 +68,7 @@ def measured_reading(epsilon: float, start_known: bool, table: dict[str, Any] | 
 
 
 def _read(points: list[dict], epsilon: float, setting: str, table: dict, source: dict) -> dict[str, Any]:
-    near = [p for p in points if max(p["epsilon"], epsilon) / min(p["epsilon"], epsilon) <= SAME_EPSILON]
-    if near:
-        pair = [min(near, key=lambda p: abs(math.log(p["epsilon"] / epsilon)))] * 2
-    else:
-        pair = [max((p for p in points if p["epsilon"] < epsilon), key=lambda p: p["epsilon"]),
-                min((p for p in points if p["epsilon"] > epsilon), key=lambda p: p["epsilon"])]
-    percent = sorted(round(100 * p["fraction"]) for p in pair)
-    at = [p["epsilon"] for p in pair]
-    amount = f"{percent[0]} %" if percent[0] == percent[1] else f"{percent[0]}–{percent[1]} %"
+    percent, at, amount = read_at(points, "epsilon", epsilon, SAME_EPSILON)
     where = f"at ε = {at[0]:.3g}" if at[0] == at[1] else f"between ε = {at[0]:.3g} and {at[1]:.3g}"
     plain = next((p for p in table["points"] if p["setting"] == setting and p["level"] == "none"), None)
     versus = "" if plain is None else f", against {round(100 * plain['fraction'])} % trained without privacy"

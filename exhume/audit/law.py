@@ -20,6 +20,7 @@ from typing import Any
 
 from torch import nn
 
+from exhume.audit.curve import load_curve, read_at
 from exhume.starts import frozen_names
 
 #: the measured curve the audit reads (``law-curve.json`` of ``exhume experiment law`` at its CPU default)
@@ -56,14 +57,8 @@ def law_record(model: nn.Module, start: dict | None, input_shape, n: int) -> dic
 
 def load_measured(path: Path = MEASURED) -> dict[str, Any]:
     """The measured curve (checked: its points, method, variants and provenance)."""
-    from exhume.errors import DataError
-    from exhume.files.jsonio import read_json
-
-    table = read_json(path, DataError, what="the law's measured curve (law-curve.json of exhume experiment law)")
-    keys = ("points", "method", "variants", "measured_on", "date", "command")
-    if not isinstance(table, dict) or any(k not in table for k in keys) or not isinstance(table["points"], list):
-        raise DataError(f"{path}: expected the law's measured curve with {', '.join(keys)}")
-    return table
+    return load_curve(path, "the law's measured curve (law-curve.json of exhume experiment law)",
+                      ("points", "method", "variants", "measured_on", "date", "command"))
 
 
 def formulation(variants: dict[str, dict], attack_args: dict[str, Any]) -> str | None:
@@ -112,15 +107,7 @@ def measured_reading(record: dict[str, Any], family: str | None, start_known: bo
 
 
 def _read(points: list[dict], ratio: float, family: str, variant: str, table: dict, source: dict) -> dict[str, Any]:
-    near = [p for p in points if max(p["p_over_dn"], ratio) / min(p["p_over_dn"], ratio) <= SAME_RATIO]
-    if near:
-        pair = [min(near, key=lambda p: abs(math.log(p["p_over_dn"] / ratio)))] * 2
-    else:
-        pair = [max((p for p in points if p["p_over_dn"] < ratio), key=lambda p: p["p_over_dn"]),
-                min((p for p in points if p["p_over_dn"] > ratio), key=lambda p: p["p_over_dn"])]
-    percent = sorted(round(100 * p["fraction"]) for p in pair)
-    at = [p["p_over_dn"] for p in pair]
-    amount = f"{percent[0]} %" if percent[0] == percent[1] else f"{percent[0]}–{percent[1]} %"
+    percent, at, amount = read_at(points, "p_over_dn", ratio, SAME_RATIO)
     where = f"at p/(d·n) = {at[0]:g}" if at[0] == at[1] else f"between p/(d·n) = {at[0]:g} and {at[1]:g}"
     text = (f"in this regime exhume recovered {amount} of training sets like yours: {amount} of the training samples of "
             f"{family} models memorised {where}, {table['method']} with {variant} multipliers and the start known "
