@@ -16,19 +16,15 @@ import importlib
 import importlib.util
 import inspect
 import sys
-import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from torch import nn
 
 from exhume.errors import ConfigError, DataError, VictimError
-
-WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
-_NESTED_KEYS = ("state_dict", "model_state_dict", "model")
+from exhume.files.weights import read_tensors
 
 
 def _one_line(e: BaseException) -> str:
@@ -83,54 +79,10 @@ def load_model_class(spec: str, model_args: dict[str, Any] | None = None) -> nn.
                           "arguments with --model-args '{\"name\": value}' or [model_args] in the config") from None
 
 
-def _sniff(path: Path) -> str:
-    head = path.read_bytes()[:8] if path.stat().st_size >= 8 else path.read_bytes()
-    if head[:2] == b"PK":
-        return "a torch.save file (zip)"
-    if head[:1] == b"\x80":
-        return "a Python pickle"
-    return "not a safetensors file"
-
-
-def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    if not path.is_file():
-        raise VictimError(f"weights file {path} does not exist; expected {', '.join(WEIGHT_SUFFIXES)}")
-    if path.suffix not in WEIGHT_SUFFIXES:
-        raise VictimError(f"weights file {path}: unknown suffix {path.suffix!r}; expected .safetensors, or a .pt/.pth state dict")
-    if path.suffix == ".safetensors":
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        try:
-            return load_file(str(path))
-        except (SafetensorError, OSError, ValueError) as e:
-            raise VictimError(f"weights file {path} is not a readable safetensors file ({_sniff(path)}: {_one_line(e)}); "
-                              "save it with safetensors.torch.save_file(model.state_dict(), PATH), or name a "
-                              "torch.save(model.state_dict()) file .pt") from None
-    import pickle
-
-    try:
-        with warnings.catch_warnings():  # exhume's one line below says what torch would warn about
-            warnings.simplefilter("ignore")
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        raise VictimError(f"weights file {path} holds pickled Python objects (e.g. a whole model saved with torch.save(model)), "
-                          "which exhume never unpickles; save the weights only: torch.save(model.state_dict(), PATH) "
-                          "or safetensors.torch.save_file(model.state_dict(), PATH)") from None
-    except (RuntimeError, OSError, EOFError, zipfile.BadZipFile, ValueError) as e:
-        raise VictimError(f"weights file {path} is not a readable torch.save state dict ({_one_line(e)}); is it truncated?") from None
-    if isinstance(obj, dict) and not any(isinstance(v, torch.Tensor) for v in obj.values()):
-        nested = [k for k in _NESTED_KEYS if isinstance(obj.get(k), dict)]
-        obj = obj[nested[0]] if nested else obj
-    if not isinstance(obj, dict) or not obj or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise VictimError(f"weights file {path} is not a state dict of tensors; save model.state_dict(), not {type(obj).__name__}")
-    return obj
-
-
 def load_weights(model: nn.Module, path: str | Path) -> nn.Module:
     """Load ``path`` into ``model`` (strict: every name and shape must match), as float32 in eval mode."""
     path = Path(path)
-    tensors = _read_state_dict(path)
+    tensors = read_tensors(path, "weights file")
     expected = model.state_dict()
     missing, extra = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
     if missing or extra:
