@@ -191,17 +191,14 @@ def trace(f, args) -> Any:
     None when it cannot be traced or its replay disagrees (as :class:`~exhume.attacks.stationarity.TracedResidual`)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    from exhume.attacks.stationarity import replay_agrees
+
     try:
         graph = make_fx(f, tracing_mode=TRACING_MODE, _allow_non_fake_inputs=True)(*args)
         got = graph(*args)
     except Exception:  # noqa: BLE001 - any failure to trace or replay leaves the batch eager
         return None
-    tol = 1e-4 if args[0].dtype in (torch.float32, torch.float16, torch.bfloat16) else 1e-9
-    for a, b in zip(got, f(*args)):
-        scale = float(torch.nan_to_num(b, nan=0.0, posinf=0.0, neginf=0.0).abs().max())
-        if not torch.allclose(a, b, rtol=tol, atol=tol * scale, equal_nan=True):
-            return None
-    return graph
+    return graph if replay_agrees(got, f(*args)) else None
 
 
 def evaluate(batch: Batch) -> tuple[torch.Tensor, ...]:
