@@ -9,7 +9,7 @@ import time
 import torch
 
 import exhume
-from exhume.evaluation.assumptions import relative_stationarity
+from exhume.evaluation.residuals import relative_stationarity
 from exhume.evaluation.verdict import fisher_p
 from exhume.victim import TrainConfig, make_victim
 

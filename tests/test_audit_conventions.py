@@ -15,7 +15,8 @@ from exhume.attacks import PortfolioRecord, Reconstruction, RestartRecord, RunRe
 from exhume.audit import Audited
 from exhume.audit.facade import _labels
 from exhume.cli import build_parser, main
-from exhume.evaluation.assumptions import relative_stationarity, unmodelled_layers
+from exhume.evaluation.assumptions import unmodelled_layers
+from exhume.evaluation.residuals import relative_stationarity
 from exhume.evaluation.run import summary_rows
 from exhume.evaluation.verdict import decide, fisher_p
 from exhume.victim import AttackerView

@@ -32,7 +32,7 @@ from torch.overrides import TorchFunctionMode
 
 from exhume.attacks.equations import Equation, ExactRun, KnownStart, Stationarity
 from exhume.attacks.formulation import MARGIN_FORMS
-from exhume.evaluation.residuals import kkt_residual_nnls, relative_stationarity  # noqa: F401 (named here for older imports)
+from exhume.evaluation.residuals import relative_stationarity
 
 #: models above this relative stationarity residual on their own training data are "far from a stationary point"
 STATIONARITY_LIMIT = 0.5
