@@ -46,7 +46,7 @@ from exhume.losses import margin, soft_margin, weighs_by_soft_margin
 
 FORMULATIONS = ("auto", "margin", "soft-margin", "loss", "output")
 MARGIN_FORMS = ("margin", "soft-margin")  # the forms whose h is a classifier's margin (λ ≥ 0)
-AUTO_SCALE_FACTOR = 5.0 / 3.0  # measured on the demo victim, see exhume/attacks/kkt.py
+AUTO_SCALE_FACTOR = 5.0 / 3.0  # with weight decay; measured on the demo victim (docs/defaults.md, kkt: lambda_scale)
 # Without weight decay the training margins are not tied to the weights, so S assumes margin q₀.
 # Chosen on the zoo's two Haim victims (docs/defaults.md, kkt: lambda_scale).
 NO_DECAY_MARGIN = 30.0

@@ -55,7 +55,7 @@ class _SoftReLU(torch.autograd.Function):
 
 
 #: below this many elements :func:`soft_relu` uses the composite: the one node's fixed cost under torch.func
-#: (about 0.3 ms a step) outweighs the passes it saves (crossover measured between 5e4 and 6e4, docs/defaults.md)
+#: (about 0.3 ms a step) outweighs the passes it saves (docs/defaults.md#constants-surrogate-node)
 ONE_NODE_MIN_ELEMENTS = 1 << 16
 
 

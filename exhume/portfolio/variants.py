@@ -18,8 +18,8 @@ from typing import Any
 from exhume.attacks import ATTACKS, RestartPlan
 
 # Seconds one restart should get before a further restart pays more than a longer run, for an
-# attack whose plan does not say: where a kkt run on the demo victim plateaus (measured: see
-# exhume/portfolio/sizing.py).
+# attack whose plan does not say: where a kkt run on the demo victim plateaus
+# (docs/defaults.md#portfolio-seconds-per-restart).
 SECONDS_PER_RESTART = 45.0
 MAX_AUTO_RESTARTS = 64
 
