@@ -7,6 +7,7 @@ refactoring that claims "results unchanged" is held to this: equal hashes, not c
 Iterations, not seconds, bound each run, so the load of the machine does not enter the result.
 
     python benchmarks/bit_identity.py REV_A REV_B VICTIM [VICTIM ...] --scratch /tmp/bitid [-p trace=off]
+        [--start-weights VICTIM_NAME=FILE]      # the known start of one victim (--start-weights of exhume attack)
 
 ``-p KEY=VALUE`` goes to every attack (``trace=off`` to compare with a revision before 2026-11-27's
 trace rule, whose switch to the traced step came after 5 s by the clock).
@@ -62,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scratch", type=Path, required=True, help="folder for the worktrees and the runs")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE", help="an attack parameter for every run")
+    ap.add_argument("--start-weights", action="append", default=[], metavar="VICTIM_NAME=FILE",
+                    help="attack the victim of that folder name with this known start")
     args = ap.parse_args(argv)
+    starts = dict(kv.split("=", 1) for kv in args.start_weights)
     repo = Path(__file__).resolve().parents[1]
     args.scratch.mkdir(parents=True, exist_ok=True)
     trees = {rev: _tree(repo, rev, args.scratch) for rev in (args.rev_a, args.rev_b)}
@@ -71,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     for victim in args.victims:
         for name, extra in SETTINGS.items():
             extra = [*extra, *(a for kv in args.param for a in ("-p", kv))]
+            if victim.name in starts:
+                extra += ["--start-weights", str(Path(starts[victim.name]).resolve())]
             got = {rev: _attack(tree, victim.resolve(), args.scratch / f"{victim.name}-{rev}-{len(extra)}", extra, args.seed)
                    for rev, tree in trees.items()}
             a, b = got[args.rev_a], got[args.rev_b]
