@@ -200,6 +200,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     import torch
 
     from exhume.data import DEFAULT_LOSS, task_kind
+    from exhume.evaluation.layers import layer_diagnostics, layers_text
     from exhume.victim import TrainConfig, make_victim
 
     loss = DEFAULT_LOSS[task_kind(args.task)] if args.loss == "auto" else args.loss
@@ -215,10 +216,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
                         can_resume=False):
         victim = make_victim(args.data, args.task, args.n, args.arch, cfg, seed=args.seed, root=args.root,
                              progress=not args.no_progress, dtype=getattr(torch, args.dtype), device=check_device(args.device))
+        victim.metrics["layers"] = layer_diagnostics(victim.model, victim.train_set.centred.float(), args.n)
         victim.save(args.out)
     m = victim.metrics
     print(f"victim saved to {args.out}: train accuracy {m['train_accuracy']:.3f}, test accuracy {m.get('test_accuracy', float('nan')):.3f}, "
           f"final loss {m['final_loss']:.4g}, relative stationarity residual {m['stationarity_residual']}, {m['epochs']} epochs in {m['seconds']} s")
+    print(layers_text(m["layers"]))
     return 0
 
 
