@@ -74,6 +74,9 @@ def _add_train(sub) -> None:
     p.add_argument("--loss-threshold", type=float, default=None, help="stop once the training loss is below this")
     p.add_argument("--residual-threshold", type=float, default=None,
                    help="stop once the relative stationarity residual is below this (with weight decay)")
+    p.add_argument("--span-threshold", type=float, default=None,
+                   help="stop once every weight layer that sees more than n directions has σ_{n+1}/σ_1 below this: its "
+                        "spectrum collapsed to the training inputs' span (e.g. 1e-4 for a CNN near a stationary point)")
     p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32", help="training precision (default float32)")
     p.add_argument("--force", action="store_true", help="replace a victim (or a run) already in --out")
 
@@ -205,7 +208,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     loss = DEFAULT_LOSS[task_kind(args.task)] if args.loss == "auto" else args.loss
     cfg = TrainConfig(loss=loss, optimizer=args.optimizer, lr=args.lr, weight_decay=args.wd, max_epochs=args.epochs,
-                      max_seconds=args.seconds, loss_threshold=args.loss_threshold, residual_threshold=args.residual_threshold)
+                      max_seconds=args.seconds, loss_threshold=args.loss_threshold, residual_threshold=args.residual_threshold,
+                      span_threshold=args.span_threshold)
     from exhume.device import check_device
     from exhume.files.runfolder import RUN_FILES, own_run_folder
     from exhume.victim.victim import VICTIM_FILES

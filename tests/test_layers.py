@@ -67,3 +67,13 @@ def test_near_zero_preactivations_are_counted_at_the_training_inputs():
 def test_n_must_be_positive():
     with pytest.raises(ValueError, match="positive number of training points"):
         layer_spectra(nn.Linear(3, 2), 0)
+
+
+def test_training_stops_once_the_layer_above_the_convolutions_shows_the_span():
+    from exhume.victim import TrainConfig, make_victim
+
+    cfg = TrainConfig(loss="logistic", lr=0.5, weight_decay=5e-2, max_epochs=3000, span_threshold=1e-5, log_every=50)
+    victim = make_victim("digits", "odd-even", 8, "cnn:8;fc=64;pool=avg", cfg, seed=0, progress=False, test_size=0)
+    assert victim.metrics["stop_reason"] == "span_threshold" and victim.metrics["epochs"] < 3000
+    report = layer_diagnostics(victim.model, victim.train_set.centred.float())
+    assert report["span_layer"] == "head.0.weight" and report["layers"][1]["input_distance_median"] < 0.02

@@ -10,8 +10,10 @@ point, where its inputs have stopped moving and weight decay has forgotten those
 
 :func:`layer_spectra` reports, for every parameter of two or more dimensions (a convolution as ``out × in·k·k``):
 the directions its rows live in, how many hold ``SPAN_ENERGY`` of its energy, ``σ_n/σ_1`` and ``σ_{n+1}/σ_1``, and
-whether it shows the span (``shows_span``: more than ``n`` directions, at most ``n`` of them holding
-``SPAN_ENERGY``); ``span_layer`` is the first that does, in the module's parameter order. Attacker-side: it reads
+whether it shows the span (``shows_span``: more than ``n`` directions and ``σ_{n+1}/σ_1 ≤ SPAN_GAP``; the energy
+count alone is no test, a few large directions hold 99.9 % long before the rest have settled); ``span_layer`` is the
+first that does, in the module's parameter order. :func:`span_gap` is the stopping rule ``exhume train
+--span-threshold`` uses. Attacker-side: it reads
 the weights only. The evaluator's side (the training inputs' distance to each row space, near-zero pre-activations)
 is :mod:`exhume.evaluation.layers`. Measurements: ``benchmarks/notes`` on the CNN row, docs/METHODS.md §1.
 """
@@ -23,8 +25,10 @@ from typing import Any
 import torch
 from torch import nn
 
-#: a layer shows the span when at most n of its directions hold this share of its energy
+#: the share of a layer's energy whose directions are counted (``rank_999``), against n
 SPAN_ENERGY = 0.999
+#: a layer that sees more than n directions shows the span when σ_{n+1}/σ_1 is at most this
+SPAN_GAP = 1e-3
 #: larger weight tensors are not decomposed (their SVD would cost more than a diagnostic should)
 MAX_ELEMENTS = 1 << 24
 
@@ -44,10 +48,20 @@ def spectrum_row(name: str, w: torch.Tensor, n: int) -> dict[str, Any]:
         row["sigma_after_n"] = float(s[n] / s[0]) if n < p else None
     if p <= n:
         return {**row, "shows_span": False, "why": f"it sees {p} direction{'' if p == 1 else 's'}, no more than n = {n}: the data may fill them"}
-    if row["rank_999"] > n:
-        return {**row, "shows_span": False, "why": f"{row['rank_999']} directions hold {SPAN_ENERGY:.1%} of its energy, more "
-                "than n: its spectrum has not collapsed to the training inputs' span"}
-    return {**row, "shows_span": True, "why": f"{row['rank_999']} directions hold {SPAN_ENERGY:.1%} of its energy (n = {n})"}
+    gap = row.get("sigma_after_n")
+    if gap is None or gap > SPAN_GAP:
+        return {**row, "shows_span": False, "why": f"σ_{n + 1}/σ_1 = {gap:.2g} is above {SPAN_GAP:g}: its spectrum has not "
+                "collapsed to rank ≤ n, the training inputs' span"}
+    return {**row, "shows_span": True, "why": f"σ_{n + 1}/σ_1 = {gap:.2g}: its spectrum collapses to rank ≤ n"}
+
+
+def span_gap(model: nn.Module, n: int) -> float | None:
+    """The largest σ_{n+1}/σ_1 over the weight layers that see more than ``n`` directions (None: no such layer): below
+    :data:`SPAN_GAP` every one of them shows the training inputs' span (a stopping rule for training, weights only)."""
+    gaps = [r.get("sigma_after_n") for r in (spectrum_row(k, w, n) for k, w in model.named_parameters() if w.dim() >= 2)
+            if r["directions"] > n]
+    gaps = [g for g in gaps if g is not None]
+    return max(gaps) if gaps else None
 
 
 def layer_spectra(model: nn.Module, n: int) -> dict[str, Any]:
@@ -65,12 +79,12 @@ def span_finding(rows: list[dict[str, Any]], span: str | None, n: int) -> str:
     if span is not None:
         row = next(r for r in rows if r["name"] == span)
         first = " (the first weight layer)" if rows and rows[0]["name"] == span else " (a layer above the first)"
-        return (f"The weights show the training inputs' span at {span}{first}: {row['rank_999']} directions hold "
-                f"{SPAN_ENERGY:.1%} of its energy, n = {n}.")
-    wide = [r for r in rows if r["directions"] > n and "rank_999" in r]
+        return (f"The weights show the training inputs' span at {span}{first}: σ_{n + 1}/σ_1 = {row['sigma_after_n']:.2g} "
+                f"(≤ {SPAN_GAP:g}), {row['rank_999']} directions hold {SPAN_ENERGY:.1%} of its energy, n = {n}.")
+    wide = [r for r in rows if r["directions"] > n and r.get("sigma_after_n") is not None]
     if not wide:
         return f"No weight layer sees more than n = {n} directions, so none can show the training inputs' span."
-    near = min(wide, key=lambda r: r["rank_999"])
-    return (f"No weight layer shows the training inputs' span: the closest, {near['name']}, needs {near['rank_999']} "
-            f"directions for {SPAN_ENERGY:.1%} of its energy against n = {n} (a layer above the first shows it only near "
-            "a stationary point).")
+    near = min(wide, key=lambda r: r["sigma_after_n"])
+    return (f"No weight layer shows the training inputs' span: at the closest, {near['name']}, σ_{n + 1}/σ_1 = "
+            f"{near['sigma_after_n']:.2g} (above {SPAN_GAP:g}) and {near['rank_999']} directions hold {SPAN_ENERGY:.1%} of "
+            f"its energy, n = {n} (a layer above the first shows it only near a stationary point).")
