@@ -27,8 +27,9 @@ from torch import nn
 
 #: the share of a layer's energy whose directions are counted (``rank_999``), against n
 SPAN_ENERGY = 0.999
-#: a layer that sees more than n directions shows the span when σ_{n+1}/σ_1 is at most this
-SPAN_GAP = 1e-3
+#: a layer that sees more than n directions shows the span when σ_{n+1}/σ_1 is at most this (kkt's feature stage uses
+#: the same rule: exhume/attacks/feature_stage.py, where the measurements behind the value are)
+SPAN_GAP = 1e-2
 #: larger weight tensors are not decomposed (their SVD would cost more than a diagnostic should)
 MAX_ELEMENTS = 1 << 24
 

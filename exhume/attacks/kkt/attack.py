@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
+from exhume.attacks import feature_stage
 from exhume.attacks.base import Attack, Reconstruction, RestartPlan, init_record, register
 from exhume.attacks.checkpoint import BUDGET_SETTINGS, resumable_settings
 from exhume.attacks.equations import Equation, KnownStart, Stationarity
@@ -15,14 +17,20 @@ from exhume.attacks.kkt import problem as problem_mod
 from exhume.attacks.kkt.problem import Problem
 from exhume.attacks.kkt.settings import PARAMS, PRESETS, RETIRED, SNAPSHOT_EVERY, candidate_count, check, equation_for, resolve_lr_lambda
 from exhume.attacks.kkt.step import Step, stationarity_for
-from exhume.attacks.kkt.terms import residual, solved_u, terms
-from exhume.attacks.loop import attack_loop, make_optimizer, open_run
+from exhume.attacks.kkt.terms import criterion, residual, solved_u, terms
+from exhume.attacks.loop import LoopEnd, attack_loop, make_optimizer, open_run
 from exhume.attacks.priors import background_level, dark_floor
 from exhume.attacks.record import SolvedEquation
 from exhume.attacks.snapshots import IterateTracker
 from exhume.attacks.subspace import Subspace
 from exhume.attacks.trajectory import StartEquation, forgotten_start
 from exhume.starts import start_digest
+
+
+class _Finished(NamedTuple):
+    """What :meth:`KKTAttack.result` reads of a run's state, for a run whose loop happened elsewhere (the feature stage)."""
+
+    history: list[dict[str, Any]]
 
 
 @register
@@ -108,6 +116,11 @@ class KKTAttack(Attack):
         self.check(view)
         cfg = self.config
         p = self.problem(view, torch.device(device), seed, init)
+        staged = None if init is not None or resume else self.staged(view, p, seed, progress)
+        if staged is not None:  # the span one layer up (exhume/attacks/feature_stage.py)
+            if callback is not None:
+                callback(int(staged.summary["iterations"]), float(staged.summary["seconds"]), staged.candidates)
+            return staged
         opts, tracker, run = self.open_state(view, p, out, resume, seed)
         step = self.stepper(p, opts, run.history, tracker, trace)
         tau, why = background_level(cfg["background"], view.mean, tuple(view.input_shape))
@@ -121,6 +134,43 @@ class KKTAttack(Attack):
                           emit_every=callback_every)
         step.close(end.done)
         return self.result(p, end, run, tracker, (tau, why), seed, init_name, view)
+
+    def staged(self, view, p: Problem, seed: int, progress: bool) -> Reconstruction | None:
+        """Where the input enters through no linear map (a convolution first) but a layer above shows the span
+        (``subspace="auto"``, the stationary equation, no start): kkt on the layers from there up for features in its
+        row space, the features inverted to images through the layers below (:mod:`exhume.attacks.feature_stage`); None
+        elsewhere (MLPs keep their first layer's rule, measured on the zoo)."""
+        cfg = self.config
+        if (cfg["subspace"] != "auto" or p.eq is not None or view.start is not None
+                or "subspace_layer" in p.span.info):  # the input enters through a linear map: its span, or none, is read there
+            return None
+        t0 = time.perf_counter()
+        trained_in = next((w.dtype for w in view.model.parameters()), None)
+        found = feature_stage.layer_above(p.model, tuple(view.input_shape), p.mean, p.n, trained_in)
+        if found is None:
+            return None
+        above, span = found
+        stage_s, invert_s = feature_stage.stage_budget(cfg)
+        inner = type(self)(**{**cfg, "max_seconds": stage_s, "background": 0.0, "tv_weight": 0.0, "m": p.m, "n_guess": p.n})
+        stage = inner.run(feature_stage.feature_view(view, above), seed=seed, device=str(p.mean.device), progress=progress)
+        target = stage.candidates.reshape(stage.candidates.shape[0], -1).to(p.mean) * above.scale
+        spent = time.perf_counter() - t0
+        images, inversion = feature_stage.invert(p.model, above.layer, target, p.mean, seed,
+                                                 None if invert_s is None else max(invert_s + stage_s - spent, 1.0))
+        with torch.no_grad():
+            p.x.copy_(images - p.mean)
+            p.u.copy_(stage.scores.to(p.u).reshape(p.u.shape) / p.form.scale)
+        p.span = Subspace(None, feature_stage.summary_of(stage, above, span, spent, inversion))
+        end = LoopEnd(int(stage.summary.get("iterations") or 0), time.perf_counter() - t0)
+        tracker = IterateTracker({"x": p.x, "u": p.u}, 0.0, SNAPSHOT_EVERY)
+        tracker.consider(end.done, criterion(cfg, p))
+        tau, why = background_level(cfg["background"], view.mean, tuple(view.input_shape))
+        rec = self.result(p, end, _Finished(stage.loss_history), tracker, (tau, why), seed, "noise", view)
+        # the equation the stage solved, at its features: the images' features differ by the inversion's error
+        rec.summary.update(final_relative_stationarity=stage.summary.get("final_relative_stationarity"),
+                           final_relative_stationarity_note=f"of the layers from {above.layer} up, at the features the "
+                           "stage found (the returned images' features differ from them by the inversion's error)")
+        return rec
 
     def problem(self, view, dev: torch.device, seed: int, init: torch.Tensor | None) -> Problem:
         """The working copy of the victim, the equation and the starting unknowns (:func:`exhume.attacks.kkt.problem.build`)."""

@@ -1,0 +1,89 @@
+"""kkt's span one layer up: the network above a layer, the layer whose weights show the span, the inversion, the run."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from exhume.attacks import get_attack
+from exhume.attacks.feature_stage import Above, features_of, invert, layer_above
+from exhume.data import load_dataset
+from exhume.data.tasks import select_task
+from exhume.models import build_model
+from exhume.victim import AttackerView
+
+
+def _digits(n: int):
+    task = select_task(load_dataset("digits"), "odd-even", n, seed=0)
+    return task.x.float(), task.centred.float(), task.mean.float(), task.y.float()
+
+
+def _planted(n: int = 6):
+    """A CNN on 8×8 digits whose fully connected layer is Σ_i d_i φ_iᵀ over n images' features (a stationary point's form)."""
+    _, x, mean, _ = _digits(n)
+    torch.manual_seed(0)
+    model = build_model("cnn:8;fc=32;pool=avg", (1, 8, 8), 1)
+    with torch.no_grad():
+        phi = features_of(model, "head.0", x)
+        model.head[0].weight.copy_(torch.randn(32, n) @ phi / phi.norm(dim=1).mean())
+    return model, x, mean
+
+
+def test_above_is_the_network_from_that_layer_on_with_only_its_parameters():
+    model, x, _ = _planted()
+    feats = features_of(model, "head.0", x)
+    above = Above(model, "head.0", (1, 8, 8), scale=2.0)
+    assert [k for k, _ in above.named_parameters()] == ["net.head.0.weight", "net.head.2.weight"]
+    assert torch.allclose(above(feats / 2.0), model(x), atol=1e-6)
+
+
+class _Skip(nn.Module):
+    """The input reaches the output around the fully connected layer as well: no cut there."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner, self.side = inner, nn.Linear(64, 1, bias=False)
+
+    def forward(self, x):
+        return self.inner(x) + self.side(x.flatten(1)).squeeze(-1)
+
+
+def test_the_layer_above_is_found_where_its_weights_hold_the_features_only():
+    model, _, mean = _planted()
+    found = layer_above(model, (1, 8, 8), mean, 6)
+    assert found is not None and found[0].layer == "head.0" and 0 < found[1].basis.shape[1] <= 6
+    assert layer_above(build_model("cnn:8;fc=32;pool=avg", (1, 8, 8), 1), (1, 8, 8), mean, 6) is None  # random weights
+    assert layer_above(_Skip(model), (1, 8, 8), mean, 6) is None
+
+
+def test_features_invert_to_the_images_they_came_from():
+    raw, x, mean, _ = _digits(4)
+    torch.manual_seed(0)
+    model = build_model("cnn:8;pool=avg", (1, 8, 8), 1)  # 128 features of 64 pixels, read at the output layer
+    with torch.no_grad():
+        target = features_of(model, "head.0", x)
+    images, info = invert(model, "head.0", target, mean, seed=0)
+    a, b = images.reshape(4, -1), raw.reshape(4, -1)
+    a, b = a - a.mean(1, keepdim=True), b - b.mean(1, keepdim=True)
+    corr = (a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1))
+    assert corr.min() > 0.9 and info["inversion_feature_error_median"] < 0.05
+
+
+def test_a_kkt_run_solves_in_feature_space_where_only_a_layer_above_shows_the_span():
+    model, _, mean = _planted()
+    view = AttackerView(model=model, task="binary", input_shape=(1, 8, 8), mean=mean, loss="logistic", weight_decay=5e-3,
+                        n_train_hint=6)
+    staged = get_attack("kkt", iterations=40).run(view, progress=False)
+    cfg = staged.config
+    assert cfg["subspace_used"] == "layer above" and cfg["subspace_layer"] == "net.head.0.weight" and cfg["subspace_rank"] <= 6
+    assert staged.candidates.shape == (12, 1, 8, 8) and torch.isfinite(staged.candidates).all()
+    assert cfg["feature_stage_iterations"] == 40 and cfg["inversion_steps"] > 0
+    plain = get_attack("kkt", iterations=40, subspace="off").run(view, progress=False)
+    assert "feature_stage_iterations" not in plain.config and plain.summary["iterations"] == 40
+
+
+def test_the_stage_and_the_diagnostic_read_the_span_by_one_rule():
+    from exhume.attacks import feature_stage
+    from exhume.victim import diagnostics
+
+    assert feature_stage.SPAN_GAP == diagnostics.SPAN_GAP
