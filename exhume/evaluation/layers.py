@@ -121,12 +121,12 @@ def _finding(report: dict[str, Any]) -> str:
 def layers_text(report: dict[str, Any]) -> str:
     """:func:`layer_diagnostics`'s report as a few lines for a terminal: one per weight layer, then the finding."""
     n = report["n"]
-    lines = [f"{'weight layer':<28} {'out x in':>12} {'99.9% in':>9} {f'σ{n}/σ1':>9} {'|z|<1e-2':>9} {'inputs outside top-n':>21}"]
+    lines = [f"{'weight layer':<28} {'out x in':>12} {'99.9% in':>9} {f'σ{n + 1}/σ1':>9} {'|z|<1e-2':>9} {'inputs outside top-n':>21}"]
     for r in report["layers"]:
         shape = "x".join(str(d) for d in r["shape"])
         within = r.get("preactivations_within_0.01")
         dist = r.get("input_distance_median")
-        sig = r.get("sigma_n")
+        sig = r.get("sigma_after_n")
         lines.append(f"{r['name'][:28]:<28} {shape:>12} {r.get('rank_999', '-'):>9} {'-' if sig is None else f'{sig:.2g}':>9} "
                      f"{'-' if within is None else f'{within:.1%}':>9} {'-' if dist is None else f'{dist:.2%} (median)':>21}")
     return "\n".join(lines + [report["finding"]])

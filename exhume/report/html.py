@@ -326,13 +326,13 @@ def _layers_section(metrics) -> str:
     if not isinstance(layers, dict) or not isinstance(layers.get("layers"), list):
         return ""
     n = layers.get("n")
-    head = ("<tr><th>weight layer</th><th>out × in</th><th>directions for 99.9 % of the energy</th><th>σ<sub>n</sub>/σ<sub>1</sub></th>"
+    head = ("<tr><th>weight layer</th><th>out × in</th><th>directions for 99.9 % of the energy</th><th>σ<sub>n+1</sub>/σ<sub>1</sub></th>"
             "<th>pre-activations within 1e-2 of 0</th><th>training inputs outside the top-n row space (median)</th></tr>")
     body = []
     for r in layers["layers"]:
         if not isinstance(r, dict):
             continue
-        cells = [r.get("name"), "×".join(str(d) for d in r.get("shape") or []), r.get("rank_999"), r.get("sigma_n"),
+        cells = [r.get("name"), "×".join(str(d) for d in r.get("shape") or []), r.get("rank_999"), r.get("sigma_after_n"),
                  r.get("preactivations_within_0.01"), r.get("input_distance_median")]
         body.append("<tr>" + "".join(f"<td>{_e(_fmt(c))}</td>" for c in cells) + "</tr>")
     return (f"<h2 id=\"layers\">Where the weights show the training inputs' span (n = {_e(_fmt(n))})</h2><p class=\"note\">"
