@@ -152,7 +152,8 @@ class KKTAttack(Attack):
         above, span = found
         stage_s, invert_s = feature_stage.stage_budget(cfg)
         inner = type(self)(**{**cfg, "max_seconds": stage_s, "background": 0.0, "tv_weight": 0.0, "m": p.m, "n_guess": p.n})
-        stage = inner.run(feature_stage.feature_view(view, above), seed=seed, device=str(p.mean.device), progress=progress)
+        fview = feature_stage.feature_view(view, above)
+        stage = inner.run(fview, seed=seed, device=str(p.mean.device), progress=progress)
         target = stage.candidates.reshape(stage.candidates.shape[0], -1).to(p.mean) * above.scale
         spent = time.perf_counter() - t0
         images, inversion = feature_stage.invert(p.model, above.layer, target, p.mean, seed,
@@ -166,11 +167,19 @@ class KKTAttack(Attack):
         tracker.consider(end.done, criterion(cfg, p))
         tau, why = background_level(cfg["background"], view.mean, tuple(view.input_shape))
         rec = self.result(p, end, _Finished(stage.loss_history), tracker, (tau, why), seed, "noise", view)
-        # the equation the stage solved, at its features: the images' features differ by the inversion's error
-        rec.summary.update(final_relative_stationarity=stage.summary.get("final_relative_stationarity"),
-                           final_relative_stationarity_note=f"of the layers from {above.layer} up, at the features the "
-                           "stage found (the returned images' features differ from them by the inversion's error)")
+        rec.summary.update(final_relative_stationarity=self._above_residual(inner, fview, stage, p, above),
+                           final_relative_stationarity_note=f"the equation of the layers from {above.layer} up (the stage's), "
+                           "with the exact ReLU derivative, at the returned images' features and the stage's multipliers")
         return rec
+
+    @staticmethod
+    def _above_residual(inner: KKTAttack, fview, stage: Reconstruction, p: Problem, above) -> float:
+        """The stage's equation at the features of ``p.x`` (the inverted images) with the stage's multipliers."""
+        q = inner.problem(fview, p.x.device, 0, None)
+        with torch.no_grad():
+            feats = feature_stage.features_of(p.model, above.layer, p.x).to(q.x) / above.scale
+            u = stage.scores.to(q.u).reshape(q.u.shape) / q.form.scale
+            return float(residual(q, feats, u, None)[0] / q.norm2)
 
     def problem(self, view, dev: torch.device, seed: int, init: torch.Tensor | None) -> Problem:
         """The working copy of the victim, the equation and the starting unknowns (:func:`exhume.attacks.kkt.problem.build`)."""
