@@ -76,6 +76,9 @@ def _add_train(sub) -> None:
     p.add_argument("--loss-threshold", type=float, default=None, help="stop once the training loss is below this")
     p.add_argument("--residual-threshold", type=float, default=None,
                    help="stop once the relative stationarity residual is below this (with weight decay)")
+    p.add_argument("--span-threshold", type=float, default=None,
+                   help="stop once every weight layer that sees more than n directions has σ_{n+1}/σ_1 below this: its "
+                        "spectrum collapsed to the training inputs' span (e.g. 1e-4 for a CNN near a stationary point)")
     p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32", help="training precision (default float32)")
     p.add_argument("--batch-size", type=int, default=None, help="mini-batch training (SGD with --optimizer gd, else Adam) "
                    "instead of full batch; with differential privacy the expected (Poisson) batch")
@@ -232,8 +235,9 @@ def _train_configs(args: argparse.Namespace):
                           "--dp-epsilon (or --dp-noise-multiplier) too")
     if private and args.epochs is None:
         raise ConfigError("differentially private training needs --epochs: the accountant solves the noise for the steps planned")
-    if args.batch_size is not None and (args.loss_threshold is not None or args.residual_threshold is not None):
-        raise ConfigError("--loss-threshold and --residual-threshold stop full-batch training; mini-batch training runs --epochs")
+    if args.batch_size is not None and any(t is not None for t in (args.loss_threshold, args.residual_threshold, args.span_threshold)):
+        raise ConfigError("--loss-threshold, --residual-threshold and --span-threshold stop full-batch training; mini-batch "
+                          "training runs --epochs")
     if args.momentum is not None and args.batch_size is None:
         raise ConfigError("--momentum is SGD's with mini-batches: give --batch-size too (full-batch gradient descent has none)")
     loss = DEFAULT_LOSS[task_kind(args.task)] if args.loss == "auto" else args.loss
@@ -244,7 +248,8 @@ def _train_configs(args: argparse.Namespace):
                               weight_decay=args.wd, max_seconds=seconds)
     else:
         cfg = TrainConfig(loss=loss, optimizer=args.optimizer, lr=args.lr, weight_decay=args.wd, max_epochs=args.epochs or 1_000_000,
-                          max_seconds=seconds, loss_threshold=args.loss_threshold, residual_threshold=args.residual_threshold)
+                          max_seconds=seconds, loss_threshold=args.loss_threshold, residual_threshold=args.residual_threshold,
+                          span_threshold=args.span_threshold)
     dp = DPConfig(epsilon=args.dp_epsilon, noise_multiplier=args.dp_noise_multiplier,
                   **{k: v for k, v in (("delta", args.dp_delta), ("max_grad_norm", args.max_grad_norm),
                                        ("accountant", args.dp_accountant)) if v is not None}) if private else None
@@ -254,6 +259,7 @@ def _train_configs(args: argparse.Namespace):
 def _cmd_train(args: argparse.Namespace) -> int:
     import torch
 
+    from exhume.evaluation.layers import layer_diagnostics, layers_text
     from exhume.victim import make_victim
 
     cfg, private = _train_configs(args)
@@ -268,6 +274,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         victim = make_victim(args.data, args.task, args.n, args.arch, cfg, seed=args.seed, root=args.root,
                              progress=not args.no_progress, dtype=getattr(torch, args.dtype), device=check_device(args.device),
                              private=private, keep_start=args.keep_start)
+        victim.metrics["layers"] = layer_diagnostics(victim.model, victim.train_set.centred.float(), args.n)
         victim.save(args.out)
     m = victim.metrics
     print(f"victim saved to {args.out}: train accuracy {m['train_accuracy']:.3f}, test accuracy {m.get('test_accuracy', float('nan')):.3f}, "
@@ -278,6 +285,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         print(f"privacy ({dp['library']}, {dp['accountant']} accountant): ε = {spent} at δ = {dp['delta']:g}, noise multiplier "
               f"{dp['noise_multiplier']:.4g}, clipping norm {dp['max_grad_norm']:g}, sampling rate {dp['sample_rate']:.4g}, "
               f"{dp['steps']} steps; start kept in {Path(args.out) / 'start.safetensors'}")
+    print(layers_text(m["layers"]))
     return 0
 
 

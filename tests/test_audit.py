@@ -103,6 +103,7 @@ def test_audit_cli_on_a_users_own_model_writes_a_verdict_and_a_report(user, tmp_
     assert got["ready"] == "complete" and f"Verdict: {m['verdict'].upper()}" in got["verdict"]
     assert len(got["images"]) == 6 and all(c and w > 0 for c, w, _, _ in got["images"])  # the five figures and the membership ROC
     assert "membership ROC" in [alt for _, _, _, alt in got["images"]]
+    assert m["layers"]["n"] == 20 and 'id="layers"' in (out / "report.html").read_text()
     assert got["errors"] == [] and [r for r in got["resources"] if not r.startswith("data:")] == []
     argv = cmd[3:]  # the same command in this process: the subprocess above is what tests the entry point
     capsys.readouterr()
@@ -143,6 +144,9 @@ def test_a_model_that_leaks_gets_leaks(leaky):
     # measured with two restarts (not as many as 300 s would buy): memorised 9, 9, 11 of 20 at audit seeds 0-2, control 0 of 20, p <= 6e-4
     assert r.verdict == "leaks", r.reason
     assert r.metrics["p_value"] < 0.01 and r.metrics["memorised"] > r.metrics["memorised_control"]
+    layers = r.metrics["layers"]  # the first layer of a small-init MLP shows the span; the reason says so
+    assert layers["span_layer"] == layers["layers"][0]["name"] and layers["finding"] in r.reason
+    assert 0 <= layers["layers"][0]["preactivations_within_0.01"] <= 1
 
 
 def test_a_model_that_never_saw_the_images_never_gets_leaks(leaky):

@@ -15,6 +15,8 @@ from exhume.cli import main
 def test_train_attack_evaluate_end_to_end(tmp_path, capsys):
     v, a = tmp_path / "victim", tmp_path / "attack"
     assert main(["train", "-o", str(v), "-n", "10", "--arch", "mlp:32;init=1e-4", "--epochs", "300", "--seconds", "30", "--no-progress"]) == 0
+    layers = json.loads((v / "victim.json").read_text())["metrics"]["layers"]  # where the span shows, printed and recorded
+    assert layers["n"] == 10 and layers["finding"] in capsys.readouterr().out
     assert main(["attack", str(v), "-o", str(a), "--iterations", "60", "-p", "lr=0.5", "--checkpoint-every", "20", "--restarts", "1", "--no-progress"]) == 0
     assert (a / "reconstruction.safetensors").exists() and (a / "checkpoint.pt").exists()
     assert main(["attack", str(v), "-o", str(a), "--iterations", "80", "-p", "lr=0.5", "--checkpoint-every", "20", "--restarts", "1",

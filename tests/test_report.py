@@ -77,6 +77,21 @@ def test_report_escapes_text_and_shows_membership(run_dir, tmp_path):
     assert "membership AUC" in page and "0.731" in page
 
 
+def test_report_shows_where_the_weights_show_the_span(run_dir, tmp_path):
+    from exhume.evaluation.layers import layer_diagnostics
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir / "run", run)
+    mpath = run / "evaluation" / "metrics.json"
+    m = json.loads(mpath.read_text())
+    victim = load_victim(run_dir / "victim")
+    m["layers"] = layer_diagnostics(victim.model, victim.train_set.centred.float())
+    mpath.write_text(json.dumps(m))
+    page = render(run)
+    assert 'id="layers"' in page and html.escape(m["layers"]["finding"]) in page
+    assert f"<td>{m['layers']['layers'][0]['name']}</td>" in page
+
+
 def test_verdict_distinguishes_leak_from_chance():
     base = {"n_train": 100, "pool_size": 1000, "memorised_control": 2, "control_size": 100, "ssim>=0.4": 43, "pool_ssim>=0.4": 97}
     text, leaks = verdict({**base, "memorised": 4})

@@ -264,6 +264,11 @@ class Attack:
 
         return generic_peak(self, view)
 
+    def unbatched_on(self, view) -> str | None:
+        """Why this attack's restarts on ``view`` cannot share one batched problem (None: they can, where the class is
+        :attr:`batchable`; :mod:`exhume.portfolio.batched`)."""
+        return None
+
     def effective(self, view, name: str) -> Any:
         """The value setting ``name`` takes on ``view`` (a count left at None resolved as the run would)."""
         return self.config.get(name)

@@ -386,13 +386,16 @@ MEMBERSHIP_NONMEMBERS = 1000
 
 def _owner_findings(data: _Audited, recon, cfg: AuditConfig) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """What only the owner can measure (EVALUATOR-SIDE: it reads the training images): the equation's identifiability
-    (:mod:`exhume.evaluation.identifiability`) and the membership exposure from the weights
-    (:mod:`exhume.evaluation.weights_membership`) on the training images and up to ``MEMBERSHIP_NONMEMBERS`` unseen ones."""
+    (:mod:`exhume.evaluation.identifiability`), the membership exposure from the weights
+    (:mod:`exhume.evaluation.weights_membership`) on the training images and up to ``MEMBERSHIP_NONMEMBERS`` unseen ones,
+    and each layer's spectrum, near-zero pre-activations and inputs' distance to its row space (:mod:`exhume.evaluation.layers`)."""
     from exhume.evaluation.identifiability import identifiability
+    from exhume.evaluation.layers import layer_diagnostics
 
     ident = identifiability(data.equation, data.wrapped, data.centred, data.y, data.loss, data.measured, recon)
     exposure, scores = data.membership if data.membership is not None else _membership(data, cfg)[0]
-    return {"identifiability": ident, "membership_exposure": exposure}, scores
+    layers = layer_diagnostics(data.wrapped, data.centred, len(data.x))  # where the weights show the training inputs' span
+    return {"identifiability": ident, "membership_exposure": exposure, "layers": layers}, scores
 
 
 def _membership(data: _Audited, cfg: AuditConfig) -> tuple[tuple[dict[str, Any], dict[str, np.ndarray]], int]:

@@ -115,6 +115,7 @@ class Metrics(Record):
     # what only the owner's audit measures (exhume.evaluation.identifiability, exhume.evaluation.weights_membership)
     identifiability: dict[str, Any] | None = entry(group="verdict", omit_none=True)
     membership_exposure: dict[str, Any] | None = entry(group="verdict", omit_none=True)
+    layers: dict[str, Any] | None = entry(group="verdict", omit_none=True)  # where the span shows (exhume.evaluation.layers)
     evaluation_seconds: float | None = entry(omit_none=True, low=0.0)
     audit: dict[str, Any] | None = entry(omit_none=True)  # the audit's settings (exhume.audit)
     law: dict[str, Any] | None = entry(omit_none=True)  # p, d, n and p/(d·n) (exhume.audit.law)

@@ -78,7 +78,8 @@ def evaluate(recon, victim=None, *, train=None, unseen=None, margins=None, assum
     stationarity and layers), else *no evidence*. With ``out``, writes ``metrics.json``,
     ``arrays.npz`` and the figures there. ``threat_model``: what the attacker knew, in words (default:
     what the run recorded, e.g. ``"weights only"``); metrics.json and the verdict's reason state it.
-    ``owner_findings``: fields the verdict reads, measured by the audit (``identifiability``, ``membership_exposure``).
+    ``owner_findings``: fields the verdict reads, measured by the audit (``identifiability``, ``membership_exposure``,
+    ``layers``).
     ``candidate_scale``: ``"clip"`` (default) or ``"minmax"``, each candidate rescaled by its own range before
     matching, the same candidate images against training images, pool and control (:data:`CANDIDATE_SCALES`).
     """

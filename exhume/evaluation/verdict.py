@@ -124,7 +124,7 @@ def _reason(word: str, counts: Counts, p: float | None, alpha: float, failures: 
 
 
 def _owner_findings(metrics: Mapping[str, Any], word: str) -> str:
-    """The identifiability (unless the failures already state it) and membership findings, as sentences of the reason."""
+    """The identifiability (unless the failures already state it), membership and layers' span findings, as sentences of the reason."""
     ident, out = metrics.get("identifiability"), ""
     line = identifiability_line(ident)
     if line and not (word == "inconclusive" and ident.get("admits_other_images")):
@@ -132,6 +132,9 @@ def _owner_findings(metrics: Mapping[str, Any], word: str) -> str:
     exposure = metrics.get("membership_exposure")
     if exposure and exposure.get("finding"):
         out += " " + exposure["finding"]
+    layers = metrics.get("layers")
+    if layers and layers.get("finding"):
+        out += " " + layers["finding"]
     return out
 
 

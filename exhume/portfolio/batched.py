@@ -44,13 +44,14 @@ TRACING_MODE = "real"
 PER_RESTART = ("lr", "lr_lambda")
 
 
-def use_batched(setting: str, device: str, method: str, storage: str | None) -> tuple[bool, str]:
-    """``(batched?, why)`` for ``batch_restarts=setting``; 'on' where it cannot apply is one clear error."""
+def use_batched(setting: str, device: str, method: str, storage: str | None, unbatched: str | None = None) -> tuple[bool, str]:
+    """``(batched?, why)`` for ``batch_restarts=setting``; 'on' where it cannot apply is one clear error. ``unbatched``:
+    why this attack's runs on this victim have no batched path (:meth:`~exhume.attacks.base.Attack.unbatched_on`)."""
     if setting not in BATCH_CHOICES:
         raise ConfigError(f"batch_restarts must be one of {', '.join(BATCH_CHOICES)}, got {setting!r}")
     batchable = sorted(name for name, cls in ATTACKS.items() if cls.batchable)
     cannot = (f"the {method} attack has no batched path (only {', '.join(batchable)})" if method not in batchable
-              else "a shared study (storage) runs its restarts one per process, on any machine" if storage is not None else None)
+              else "a shared study (storage) runs its restarts one per process, on any machine" if storage is not None else unbatched)
     if setting == "on":
         if cannot:
             raise ConfigError(f"batch_restarts='on' cannot apply: {cannot}; use 'auto' or 'off'")
@@ -73,8 +74,8 @@ class Batching:
     groups: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
-    def choose(cls, setting: str, device: str, method: str, storage: str | None) -> Batching:
-        return cls(*use_batched(setting, device, method, storage))
+    def choose(cls, setting: str, device: str, method: str, storage: str | None, unbatched: str | None = None) -> Batching:
+        return cls(*use_batched(setting, device, method, storage, unbatched))
 
     def record(self) -> dict[str, Any]:
         return {"used": self.used, "why": self.why, **({"groups": self.groups} if self.groups else {})}

@@ -66,7 +66,10 @@ def run_portfolio(victim, method: str = DEFAULT_METHOD, *, request: Request | No
         sizing = measured_sizing(view, method, attack_kwargs, deadline, workers, seed, device, out, resume, variants)
         restarts, workers, seconds = sizing.restarts, sizing.workers, sizing.seconds
     plan = make_plan(method, restarts, max_seconds=seconds, workers=workers, **plan_kw)
-    batching = Batching.choose(asked.batch_restarts, device, method, storage)
+    from exhume.attacks import get_attack
+
+    batching = Batching.choose(asked.batch_restarts, device, method, storage,
+                               get_attack(method, **plan.restarts[0].kwargs).unbatched_on(view))
     if storage is None:
         ends = NEVER if not deadline.bounded else deadline.reserve(pooling_reserve(view, plan, deadline.seconds))
         results, rows = run_local(view, plan, out, resume, device, progress, batching.groups if batching.used else None, ends)

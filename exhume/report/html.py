@@ -154,7 +154,7 @@ def render(run: str | Path) -> str:
     ev = run / "evaluation"
     metrics, attack = _load(run, ev)
     parts = [_head(run, attack), _first_screen(metrics, attack, ev), _counts_section(metrics), _victim_section(metrics),
-             _law_section(metrics), _dp_section(metrics), _attack_section(attack)]
+             _layers_section(metrics), _law_section(metrics), _dp_section(metrics), _attack_section(attack)]
     portfolio = (attack.get("config") or {}).get("portfolio")
     if isinstance(portfolio, dict):
         parts.append(_portfolio_section(portfolio, attack, metrics))
@@ -318,6 +318,26 @@ def _victim_section(metrics) -> str:
     if metrics.get("assumption_failures"):
         rows.append(("assumptions of the attack that fail", "; ".join(metrics["assumption_failures"]), False))
     return "<h2>The model (victim)</h2>" + _rows(rows)
+
+
+def _layers_section(metrics) -> str:
+    """Where the weights show the training inputs' span, layer by layer (an audit's ``layers``; nothing without one)."""
+    layers = metrics.get("layers")
+    if not isinstance(layers, dict) or not isinstance(layers.get("layers"), list):
+        return ""
+    n = layers.get("n")
+    head = ("<tr><th>weight layer</th><th>out × in</th><th>directions for 99.9 % of the energy</th><th>σ<sub>n+1</sub>/σ<sub>1</sub></th>"
+            "<th>pre-activations within 1e-2 of 0</th><th>training inputs outside the top-n row space (median)</th></tr>")
+    body = []
+    for r in layers["layers"]:
+        if not isinstance(r, dict):
+            continue
+        cells = [r.get("name"), "×".join(str(d) for d in r.get("shape") or []), r.get("rank_999"), r.get("sigma_after_n"),
+                 r.get("preactivations_within_0.01"), r.get("input_distance_median")]
+        body.append("<tr>" + "".join(f"<td>{_e(_fmt(c))}</td>" for c in cells) + "</tr>")
+    return (f"<h2 id=\"layers\">Where the weights show the training inputs' span (n = {_e(_fmt(n))})</h2><p class=\"note\">"
+            + _e(layers.get("finding")) + " The spectra read the weights only; the pre-activations and distances are "
+            "EVALUATOR-side (the training inputs); see docs/audit.md.</p><table>" + head + "".join(body) + "</table>")
 
 
 def _law_section(metrics) -> str:

@@ -20,6 +20,7 @@ from exhume.interrupts import whole_step
 from exhume.losses import check_loss, per_sample_loss
 from exhume.losses import relative_objective_gradient as stationarity_residual  # ‖∇ objective‖ / ‖w·θ‖
 from exhume.progress import Progress
+from exhume.victim.diagnostics import span_gap
 
 
 def check_training(loss: str, optimizer: str, known: tuple[str, ...], lr: float, weight_decay: float, what: str = "optimizer",
@@ -41,7 +42,11 @@ class TrainConfig:
     The objective is ``mean_i loss_i + (weight_decay / 2) · ‖θ‖²`` (weight decay on every
     parameter, as in the stationarity equation the attack inverts). Training stops at the first
     of: ``max_epochs``, ``max_seconds``, the training loss below ``loss_threshold``, or the
-    relative stationarity residual below ``residual_threshold`` (only with weight decay).
+    relative stationarity residual below ``residual_threshold`` (only with weight decay), or every weight layer that
+    sees more than ``n`` directions with ``σ_{n+1}/σ_1`` below ``span_threshold``: its spectrum collapsed to the
+    training inputs' span (:func:`exhume.victim.diagnostics.span_gap`), what a layer above a CNN's convolutions
+    shows only near a stationary point, where the residual of a ReLU network may not fall (docs/METHODS.md §1).
+    Both are checked every ``log_every`` epochs.
     """
 
     loss: str = "logistic"
@@ -52,6 +57,7 @@ class TrainConfig:
     max_seconds: float | None = None
     loss_threshold: float | None = None
     residual_threshold: float | None = None
+    span_threshold: float | None = None
     log_every: int = 100
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -64,6 +70,7 @@ class TrainConfig:
         check_setting("max_epochs", self.max_epochs, integer=True, low=1)
         check_setting("loss_threshold", self.loss_threshold, low=0.0, optional=True)
         check_setting("residual_threshold", self.residual_threshold, low=0.0, optional=True)
+        check_setting("span_threshold", self.span_threshold, low=0.0, optional=True)
         check_setting("log_every", self.log_every, integer=True, low=1)
 
     def to_dict(self) -> dict[str, Any]:
@@ -137,6 +144,10 @@ def _stop_reason(model: nn.Module, x, y, config: TrainConfig, epoch: int, value:
     if (config.residual_threshold is not None and config.weight_decay > 0 and epoch % config.log_every == 0
             and stationarity_residual(model, x, y, config.loss, config.weight_decay) < config.residual_threshold):
         return "residual_threshold"
+    if config.span_threshold is not None and epoch % config.log_every == 0:
+        gap = span_gap(model, x.shape[0])
+        if gap is not None and gap < config.span_threshold:
+            return "span_threshold"
     return None
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
+from exhume.attacks import feature_stage
 from exhume.attacks.base import Attack, Reconstruction, RestartPlan, register
 from exhume.attacks.checkpoint import BUDGET_SETTINGS, resumable_settings
 from exhume.attacks.equations import Equation, KnownStart, Stationarity
@@ -15,8 +18,8 @@ from exhume.attacks.kkt import problem as problem_mod
 from exhume.attacks.kkt.problem import Problem
 from exhume.attacks.kkt.settings import PARAMS, PRESETS, RETIRED, SNAPSHOT_EVERY, candidate_count, check, equation_for, resolve_lr_lambda
 from exhume.attacks.kkt.step import Step, stationarity_for
-from exhume.attacks.kkt.terms import residual, solved_u, terms
-from exhume.attacks.loop import attack_loop, make_optimizer, open_run
+from exhume.attacks.kkt.terms import criterion, residual, solved_u, terms
+from exhume.attacks.loop import LoopEnd, attack_loop, make_optimizer, open_run
 from exhume.attacks.priors import background_level, dark_floor
 from exhume.attacks.record import RunRecord, SolvedEquation
 from exhume.attacks.snapshots import IterateTracker
@@ -24,6 +27,12 @@ from exhume.attacks.subspace import Subspace
 from exhume.attacks.trajectory import StartEquation, forgotten_start
 from exhume.deadline import NEVER, Deadline
 from exhume.starts import start_digest
+
+
+class _Finished(NamedTuple):
+    """What :meth:`KKTAttack.result` reads of a run's state, for a run whose loop happened elsewhere (the feature stage)."""
+
+    history: list[dict[str, Any]]
 
 
 @register
@@ -91,6 +100,19 @@ class KKTAttack(Attack):
     def check(self, view) -> None:
         check(self.config, view)
 
+    def unbatched_on(self, view) -> str | None:
+        """A run that takes the feature stage (:meth:`staged`: a convolution first, ``subspace="auto"``, no start, a layer
+        above that shows the span) has no batched path."""
+        cfg = self.config
+        if (cfg["subspace"] == "auto" and getattr(view, "start", None) is None and equation_for(cfg["start_equation"], view) == "stationary"
+                and feature_stage.may_stage(view.model)):
+            n = int(cfg["n_guess"] or view.n_train_hint or 100)
+            found = feature_stage.layer_above(view.model, tuple(view.input_shape), view.mean, n)
+            if found is not None:
+                return (f"the input enters through no linear map and {found[0].layer}'s weights show the span: each kkt run "
+                        "solves it one layer up (exhume/attacks/feature_stage.py), one restart per process")
+        return None
+
     def run(self, view, out: str | Path | None = None, seed: int = 0, device: str = "cpu", resume: bool = False,
             progress: bool = True, callback=None, callback_every: int = 1000, init: torch.Tensor | None = None,
             init_name: str = "noise", callback_multipliers: bool = False, trace: bool | None = None,
@@ -113,6 +135,11 @@ class KKTAttack(Attack):
         self.check(view)
         every = self.cadence(checkpoint_every, log_every)
         p = self.problem(view, torch.device(device), seed, init)
+        staged = None if init is not None or resume else self.staged(view, p, seed, progress, deadline)
+        if staged is not None:  # the span one layer up (exhume/attacks/feature_stage.py)
+            if callback is not None:
+                callback(staged.record.iterations, staged.record.seconds, staged.candidates)
+            return staged
         opts, tracker, run = self.open_state(view, p, out, resume, seed, owner)
         step = self.stepper(p, opts, run.history, tracker, trace, deadline.seconds)
         tau, why = background_level(self.config["background"], view.mean, tuple(view.input_shape))
@@ -126,6 +153,53 @@ class KKTAttack(Attack):
                           emit=None if callback is None else emit, emit_every=callback_every)
         step.close(end.done)
         return self.result(p, end, run, tracker, (tau, why), seed, init_name, view)
+
+    def staged(self, view, p: Problem, seed: int, progress: bool, deadline: Deadline = NEVER) -> Reconstruction | None:
+        """Where the input enters through no linear map (a convolution first) but a layer above shows the span
+        (``subspace="auto"``, the stationary equation, no start): kkt on the layers from there up for features in its
+        row space, the features inverted to images through the layers below (:mod:`exhume.attacks.feature_stage`); None
+        elsewhere (MLPs keep their first layer's rule, measured on the zoo). The stage gets
+        :data:`~exhume.attacks.feature_stage.STAGE_SHARE` of ``deadline``, the inversion the rest."""
+        cfg = self.config
+        if (cfg["subspace"] != "auto" or p.eq is not None or view.start is not None
+                or "subspace_layer" in p.span.info):  # the input enters through a linear map: its span, or none, is read there
+            return None
+        t0 = time.perf_counter()
+        trained_in = next((w.dtype for w in view.model.parameters()), None)
+        found = feature_stage.layer_above(p.model, tuple(view.input_shape), p.mean, p.n, trained_in)
+        if found is None:
+            return None
+        above, span = found
+        inner = type(self)(**{**cfg, "background": 0.0, "tv_weight": 0.0, "m": p.m, "n_guess": p.n})
+        fview = feature_stage.feature_view(view, above)
+        stage = inner.run(fview, seed=seed, device=str(p.mean.device), progress=progress,
+                          deadline=deadline.share(feature_stage.STAGE_SHARE))
+        target = stage.candidates.reshape(stage.candidates.shape[0], -1).to(p.mean) * above.scale
+        spent = time.perf_counter() - t0
+        images, inversion = feature_stage.invert(p.model, above.layer, target, p.mean, seed, deadline)
+        with torch.no_grad():
+            p.x.copy_(images - p.mean)
+            p.u.copy_(stage.scores.to(p.u).reshape(p.u.shape) / p.form.scale)
+        p.span = Subspace(None, feature_stage.summary_of(stage, above, span, spent, inversion))
+        end = LoopEnd(stage.record.iterations or 0, time.perf_counter() - t0)
+        tracker = IterateTracker({"x": p.x, "u": p.u}, 0.0, SNAPSHOT_EVERY)
+        tracker.consider(end.done, criterion(cfg, p))
+        tau, why = background_level(cfg["background"], view.mean, tuple(view.input_shape))
+        rec = self.result(p, end, _Finished(stage.loss_history), tracker, (tau, why), seed, "noise", view)
+        rec.record = dataclasses.replace(
+            rec.record, final_relative_stationarity=self._above_residual(inner, fview, stage, p, above),
+            final_relative_stationarity_note=f"the equation of the layers from {above.layer} up (the stage's), with the exact "
+            "ReLU derivative, at the returned images' features and the stage's multipliers")
+        return rec
+
+    @staticmethod
+    def _above_residual(inner: KKTAttack, fview, stage: Reconstruction, p: Problem, above) -> float:
+        """The stage's equation at the features of ``p.x`` (the inverted images) with the stage's multipliers."""
+        q = inner.problem(fview, p.x.device, 0, None)
+        with torch.no_grad():
+            feats = feature_stage.features_of(p.model, above.layer, p.x).to(q.x) / above.scale
+            u = stage.scores.to(q.u).reshape(q.u.shape) / q.form.scale
+            return float(residual(q, feats, u, None)[0] / q.norm2)
 
     def problem(self, view, dev: torch.device, seed: int, init: torch.Tensor | None) -> Problem:
         """The working copy of the victim, the equation and the starting unknowns (:func:`exhume.attacks.kkt.problem.build`)."""

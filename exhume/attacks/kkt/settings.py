@@ -68,7 +68,9 @@ PARAMS: dict[str, Param] = {
                            f"decay (0 = the iterate itself), the snapshot (every {SNAPSHOT_EVERY} iterations) the attack's "
                            "own loss ranks lowest", low=0.0, high=0.99999),
     "subspace": Param("auto", str, "'auto': project the candidates onto the training inputs' span as the first "
-                      "layer's weights show it (where they do; see exhume/attacks/subspace.py); 'off': do not",
+                      "layer's weights show it (where they do; see exhume/attacks/subspace.py), or, where the input enters "
+                      "through a convolution and a layer above shows the span, solve for that layer's input in its row "
+                      "space and invert it to images (exhume/attacks/feature_stage.py); 'off': neither",
                       choices=("off", "auto")),
     "denoise": Param("auto", str, "'auto': the stationarity equation explains each weight matrix's part above its "
                      "initialisation's noise where that noise still shows (see exhume/attacks/subspace.py: learned_part); "
