@@ -114,6 +114,11 @@ def test_architecture_specs():
     assert m.net[0].weight.abs().max() < 1e-2
     with pytest.raises(ConfigError, match="cnn pool must be"):
         build_model("cnn:3;pool=median", (1, 8, 8), 2)
+    gelu = build_model("cnn:3;fc=4;act=gelu", (1, 8, 8), 2)  # a smooth activation everywhere, the same weights' shapes
+    assert sum(isinstance(m, torch.nn.GELU) for m in gelu.modules()) == 2 and not any(isinstance(m, torch.nn.ReLU) for m in gelu.modules())
+    assert [p.shape for p in gelu.parameters()] == [p.shape for p in build_model("cnn:3;fc=4", (1, 8, 8), 2).parameters()]
+    with pytest.raises(ConfigError, match="cnn act must be one of relu, gelu, softplus"):
+        build_model("cnn:3;act=tanh", (1, 8, 8), 2)
     with pytest.raises(ConfigError, match="image inputs"):
         build_model("cnn:3", (64,), 2)
     for bad, msg in [("rnn:3", "unknown architecture"), ("mlp:a,b", "integers"), ("mlp:", "at least one"),

@@ -1,6 +1,6 @@
 """Turn an architecture spec (a string on the CLI, a dict in victim.json) into an ``nn.Module``.
 
-Spec strings: ``cnn:16,32;fc=64;pool=max;bias=none`` (see :mod:`exhume.models.cnn`),
+Spec strings: ``cnn:16,32;fc=64;pool=max;bias=none;act=gelu`` (see :mod:`exhume.models.cnn`),
 ``mlp:1000,1000`` (bias-free MLP with those hidden widths), options after ``;``:
 ``mlp:1000,1000;bias=first`` (bias in the first layer only), ``bias=all``, ``bias=none``,
 ``init=1e-4`` (first-layer N(0,1)·scale initialisation), e.g. ``mlp:256,256;bias=none;init=1e-4``.
@@ -21,7 +21,7 @@ from torch import nn
 from exhume.errors import ConfigError
 from exhume.files.limits import LIMITS
 from exhume.models.affine import Affine
-from exhume.models.cnn import CNN
+from exhume.models.cnn import ACTIVATIONS, CNN
 from exhume.models.convnet import build_convnet, parse_convnet
 from exhume.models.mlp import MLP
 
@@ -58,8 +58,11 @@ def _build_cnn(spec: dict[str, Any], input_shape: tuple[int, ...], out_features:
     bias = spec.get("bias", "none")
     if bias not in ("none", "all"):
         raise ConfigError(f"cnn bias must be 'none' or 'all', got {bias!r}")
+    act = spec.get("act", "relu")
+    if act not in ACTIVATIONS:
+        raise ConfigError(f"cnn act must be one of {', '.join(ACTIVATIONS)}, got {act!r}")
     return CNN(input_shape, spec["channels"], spec.get("fc", []), out_features, pool=pool, bias=bias == "all",
-               kernel=int(spec.get("kernel", 3)))
+               kernel=int(spec.get("kernel", 3)), act=act)
 
 
 def _build_affine(spec: dict[str, Any], input_shape: tuple[int, ...], out_features: int) -> nn.Module:
@@ -120,8 +123,8 @@ def parse_arch(text: str) -> dict[str, Any]:
         key = key.strip()
         if key == "bias":
             spec["bias"] = value.strip()
-        elif key in ("pool",) and kind == "cnn":
-            spec["pool"] = value.strip()
+        elif key in ("pool", "act") and kind == "cnn":
+            spec[key] = value.strip()
         elif key == "fc" and kind == "cnn":
             spec["fc"] = _int_list(value, "cnn fc widths", text)
         elif key == "kernel" and kind == "cnn":
@@ -132,7 +135,7 @@ def parse_arch(text: str) -> dict[str, Any]:
             except ValueError:
                 raise ConfigError(f"init must be a number, got {value!r}") from None
         else:
-            known = "bias, init" + (", pool, fc, kernel" if kind == "cnn" else "")
+            known = "bias, init" + (", pool, fc, kernel, act" if kind == "cnn" else "")
             raise ConfigError(f"unknown architecture option {key!r} in {text!r}; known: {known}")
     return spec
 
