@@ -17,7 +17,7 @@ second (``restarts × iterations / wall``) and CPU milliseconds per restart iter
 reaped workers; steadier than wall time on a loaded machine), median over rounds; and the largest difference between the two
 paths' pooled candidates (they must agree: same seeds, equal iterations).
 
-    nice -n 10 python benchmarks/bench_batched.py --json /work/runs-batched/bench_batched.json
+    nice -n 10 python benchmarks/bench_batched.py --json runs/batched/bench_batched.json
     python benchmarks/bench_batched.py --device cuda --restarts 8 --iterations 500 --arms workers batched   # on a GPU
 """
 

@@ -1,6 +1,6 @@
 """Memorised against kkt iterations on the CNN victims: one run's trajectory, judged at each checkpoint.
 
-    V=/work/runs-cnn   # outputs (not in the repository)
+    V=runs/cnn   # outputs (not in the repository)
     nice -n 15 env OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 python research/cnn_curve.py build digits-cnn-wd5e-3 --out $V
     nice -n 15 env OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 python research/cnn_curve.py curve digits-cnn-wd5e-3 --out $V \\
         --seed 0 --checkpoints 500 1000 2000 5000 10000 20000

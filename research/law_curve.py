@@ -7,7 +7,7 @@ width/(64·n)``. For each ratio and seed, exhume's kkt with the start known, lea
 multipliers at equal iterations, judged by ``exhume.evaluate`` against the training digits with the
 other 0s and 1s as pool and control: the memorised fraction and the one-to-one SSIM.
 
-    python research/law_curve.py --out /work/runs-law/law --n 8 --ratios 0.25,0.5,1,2,4,8,16 --seeds 0,1 \
+    python research/law_curve.py --out runs/law/law --n 8 --ratios 0.25,0.5,1,2,4,8,16 --seeds 0,1 \
         --figure docs/figures/law-random-features.png
 """
 

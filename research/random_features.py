@@ -13,7 +13,7 @@ is judged by ``exhume.evaluate`` against the training digits and 1,000 unseen bu
 does) printed beside the counts, and judged again with ``candidate_scale="minmax"``. Budgets: equal seconds (``--seconds``) and equal iterations
 (``--iterations``) for every variant, each in its own run.
 
-    python research/random_features.py --n 5 --width 40000 --seconds 110 --iterations 1200 --out /work/runs-law/rf5
+    python research/random_features.py --n 5 --width 40000 --seconds 110 --iterations 1200 --out runs/law/rf5
 """
 
 from __future__ import annotations
