@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from exhume.attacks.base import DEFAULT_METHOD
-from exhume.choices import BATCH_CHOICES, DTYPE_NAMES, FULL_BATCH_OPTIMIZERS, TRAINING_OPTIMIZERS
+from exhume.choices import BATCH_CHOICES, DTYPE_NAMES, TRAINING_OPTIMIZERS
 from exhume.errors import ConfigError, DivergenceError, ExhumeError, VictimError
 from exhume.params import parse_params, parse_restarts
 
@@ -25,7 +25,11 @@ def _common(p: argparse.ArgumentParser, out_default: str | None = None) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="exhume", description="Reconstruct training data from a network's weights and measure the leak.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_demo, _add_train, _add_attack, _add_evaluate, _add_tune, _add_report):
+    _add_demo(sub)
+    from exhume.commands.train import add_parser as add_train_parser
+
+    add_train_parser(sub, _common)  # exhume train: flags and training configs in exhume/commands/train.py
+    for add in (_add_attack, _add_evaluate, _add_tune, _add_report):
         add(sub)
     from exhume.audit.command import add_parser as add_audit_parser
 
@@ -51,57 +55,6 @@ def _add_demo(sub) -> None:
                         "the evaluation's estimate need it")
     p.add_argument("--resume", action="store_true", help="reuse the victim and continue the attack from its checkpoint")
     p.add_argument("--force", action="store_true", help="replace a demo already in --out")
-
-
-def _add_train(sub) -> None:
-    """``exhume train``."""
-    from exhume.victim.recipe import PAPER_ARCH, PAPER_ARCH_FULL, PAPER_TRAIN
-
-    p = sub.add_parser("train", help="train a victim and save it as a folder")
-    _common(p)
-    p.add_argument("--data", default="mnist", help="mnist (bundled), fashion-mnist, cifar10, digits, folder")
-    p.add_argument("--root", default=None, help="dataset location (IDX folder, CIFAR archive, image folder)")
-    p.add_argument("--task", default="odd-even", help="odd-even, vehicles-animals, a split like 1,3,5/0,2,4, multiclass, or regression (class id on [-1, 1])")
-    p.add_argument("-n", type=int, default=100, help="training-set size, balanced over the two labels")
-    p.add_argument("--arch", default=PAPER_ARCH, help=f"default: the paper victim at CPU scale; e.g. {PAPER_ARCH_FULL}")
-    p.add_argument("--loss", default="auto", help="logistic, cross-entropy or squared (auto: by task)")
-    p.add_argument("--optimizer", default=PAPER_TRAIN["optimizer"], choices=FULL_BATCH_OPTIMIZERS,
-                   help=f"full-batch gradient descent or Adam (default {PAPER_TRAIN['optimizer']})")
-    p.add_argument("--lr", type=float, default=PAPER_TRAIN["lr"], help=f"learning rate (default {PAPER_TRAIN['lr']})")
-    p.add_argument("--wd", type=float, default=PAPER_TRAIN["weight_decay"], help="weight decay w in mean loss + w/2 |theta|^2 (0 for none)")
-    p.add_argument("--epochs", type=int, default=None, help="maximum epochs (default 1,000,000, stopped by --seconds; with "
-                   "--batch-size 10; with --dp-epsilon required: the steps the accountant plans for)")
-    p.add_argument("--seconds", type=float, default=None, help="maximum training time (default 60; with differential privacy "
-                   "none: the planned epochs run)")
-    p.add_argument("--loss-threshold", type=float, default=None, help="stop once the training loss is below this")
-    p.add_argument("--residual-threshold", type=float, default=None,
-                   help="stop once the relative stationarity residual is below this (with weight decay)")
-    p.add_argument("--span-threshold", type=float, default=None,
-                   help="stop once every weight layer that sees more than n directions has σ_{n+1}/σ_1 below this: its "
-                        "spectrum collapsed to the training inputs' span (e.g. 1e-4 for a CNN near a stationary point)")
-    p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32", help="training precision (default float32)")
-    p.add_argument("--batch-size", type=int, default=None, help="mini-batch training (SGD with --optimizer gd, else Adam) "
-                   "instead of full batch; with differential privacy the expected (Poisson) batch")
-    p.add_argument("--momentum", type=float, default=None, help="SGD's momentum with --batch-size (default 0.9)")
-    p.add_argument("--keep-start", action="store_true", help="keep the weights training started from (start.safetensors), "
-                   "for the known-start threat model (always kept with differential privacy)")
-    p.add_argument("--force", action="store_true", help="replace a victim (or a run) already in --out")
-    add_dp_arguments(p)
-
-
-def add_dp_arguments(p: argparse.ArgumentParser) -> None:
-    """``exhume train``'s differential privacy: DP-SGD through Opacus (exhume.victim.private)."""
-    from exhume.victim.private import ACCOUNTANTS
-
-    g = p.add_argument_group("differential privacy", 'DP-SGD through Opacus (pip install "exhume[dp]"): Poisson sampling, '
-                             "per-sample clipping, Gaussian noise; the victim records its privacy and keeps its start")
-    g.add_argument("--dp-epsilon", type=float, default=None, help="target ε: Opacus's accountant solves the noise multiplier "
-                   "for it over the planned --epochs")
-    g.add_argument("--dp-delta", type=float, default=None, help="target δ (default 1e-5)")
-    g.add_argument("--dp-noise-multiplier", type=float, default=None, help="the noise multiplier itself instead of "
-                   "--dp-epsilon; 0 clips without noise (not private: the control for clipping's own effect)")
-    g.add_argument("--max-grad-norm", type=float, default=None, help="the per-sample clipping norm C (default 1.0)")
-    g.add_argument("--dp-accountant", default=None, choices=ACCOUNTANTS, help="Opacus's accountant (default rdp)")
 
 
 def _add_attack(sub) -> None:
@@ -219,73 +172,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     run_demo(out=args.out, seed=args.seed, device=args.device, dtype=args.dtype, train_seconds=args.train_seconds,
              attack_seconds=args.attack_seconds, resume=args.resume, progress=not args.no_progress, force=args.force,
              deadline=command_deadline(demo_seconds(args.train_seconds, args.attack_seconds)))
-    return 0
-
-
-def _train_configs(args: argparse.Namespace):
-    """``exhume train``'s training config (full batch, or mini-batch with --batch-size) and its DP config (or None)."""
-    from exhume.data import DEFAULT_LOSS, task_kind
-    from exhume.victim import MiniBatchConfig, TrainConfig
-    from exhume.victim.private import DPConfig
-
-    given = {k: getattr(args, k) for k in ("dp_epsilon", "dp_noise_multiplier", "dp_delta", "max_grad_norm", "dp_accountant")}
-    private = given["dp_epsilon"] is not None or given["dp_noise_multiplier"] is not None
-    if not private and any(v is not None for v in given.values()):
-        raise ConfigError("--dp-delta, --max-grad-norm and --dp-accountant set differentially private training: give "
-                          "--dp-epsilon (or --dp-noise-multiplier) too")
-    if private and args.epochs is None:
-        raise ConfigError("differentially private training needs --epochs: the accountant solves the noise for the steps planned")
-    if args.batch_size is not None and any(t is not None for t in (args.loss_threshold, args.residual_threshold, args.span_threshold)):
-        raise ConfigError("--loss-threshold, --residual-threshold and --span-threshold stop full-batch training; mini-batch "
-                          "training runs --epochs")
-    if args.momentum is not None and args.batch_size is None:
-        raise ConfigError("--momentum is SGD's with mini-batches: give --batch-size too (full-batch gradient descent has none)")
-    loss = DEFAULT_LOSS[task_kind(args.task)] if args.loss == "auto" else args.loss
-    seconds = args.seconds if args.seconds is not None or private else 60.0
-    if args.batch_size is not None:
-        cfg = MiniBatchConfig(loss=loss, optimizer="sgd" if args.optimizer == "gd" else "adam", lr=args.lr, batch_size=args.batch_size,
-                              momentum=0.9 if args.momentum is None else args.momentum, epochs=args.epochs or 10,
-                              weight_decay=args.wd, max_seconds=seconds)
-    else:
-        cfg = TrainConfig(loss=loss, optimizer=args.optimizer, lr=args.lr, weight_decay=args.wd, max_epochs=args.epochs or 1_000_000,
-                          max_seconds=seconds, loss_threshold=args.loss_threshold, residual_threshold=args.residual_threshold,
-                          span_threshold=args.span_threshold)
-    dp = DPConfig(epsilon=args.dp_epsilon, noise_multiplier=args.dp_noise_multiplier,
-                  **{k: v for k, v in (("delta", args.dp_delta), ("max_grad_norm", args.max_grad_norm),
-                                       ("accountant", args.dp_accountant)) if v is not None}) if private else None
-    return cfg, dp
-
-
-def _cmd_train(args: argparse.Namespace) -> int:
-    import torch
-
-    from exhume.evaluation.layers import layer_diagnostics, layers_text
-    from exhume.victim import make_victim
-
-    cfg, private = _train_configs(args)
-    from exhume.device import check_device
-    from exhume.files.runfolder import RUN_FILES, own_run_folder
-    from exhume.victim.victim import VICTIM_FILES
-
-    # locked while training and saving, as an attack's folder; a victim (or a run) already there is replaced only with
-    # --force: the attack runs written for it would be orphaned
-    with own_run_folder(args.out, force=args.force, run_files=(*VICTIM_FILES, *RUN_FILES, "restarts"), holds="a victim or a run",
-                        can_resume=False):
-        victim = make_victim(args.data, args.task, args.n, args.arch, cfg, seed=args.seed, root=args.root,
-                             progress=not args.no_progress, dtype=getattr(torch, args.dtype), device=check_device(args.device),
-                             private=private, keep_start=args.keep_start)
-        victim.metrics["layers"] = layer_diagnostics(victim.model, victim.train_set.centred.float(), args.n)
-        victim.save(args.out)
-    m = victim.metrics
-    print(f"victim saved to {args.out}: train accuracy {m['train_accuracy']:.3f}, test accuracy {m.get('test_accuracy', float('nan')):.3f}, "
-          f"final loss {m['final_loss']:.4g}, relative stationarity residual {m['stationarity_residual']}, {m['epochs']} epochs in {m['seconds']} s")
-    dp = victim.privacy
-    if dp is not None:
-        spent = "∞ (no noise: not private)" if dp["epsilon_spent"] is None else f"{dp['epsilon_spent']:.4g}"
-        print(f"privacy ({dp['library']}, {dp['accountant']} accountant): ε = {spent} at δ = {dp['delta']:g}, noise multiplier "
-              f"{dp['noise_multiplier']:.4g}, clipping norm {dp['max_grad_norm']:g}, sampling rate {dp['sample_rate']:.4g}, "
-              f"{dp['steps']} steps; start kept in {Path(args.out) / 'start.safetensors'}")
-    print(layers_text(m["layers"]))
     return 0
 
 
@@ -459,6 +345,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
     path = write_report(args.run, out=args.out, against=args.against)
     print(f"report written to {path}")
     return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from exhume.commands.train import run
+
+    return run(args)
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-
 #: the activations a cnn spec may name (``act=``)
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "softplus": nn.Softplus}
 
