@@ -105,6 +105,28 @@ def test_a_staged_run_keeps_its_deadline_and_has_no_batched_path():
     assert get_attack("kkt").unbatched_on(flat) is None
 
 
+def test_a_staged_run_resumes_its_stage_from_its_checkpoint(tmp_path, monkeypatch):
+    """Cut at 30 iterations and resumed to 50 (20 more steps), the staged run returns what an uninterrupted
+    50-iteration run does."""
+    from exhume.attacks.kkt.step import Step
+
+    steps: list[int] = []
+    call = Step.__call__
+    monkeypatch.setattr(Step, "__call__", lambda self, it, *a: (steps.append(it), call(self, it, *a))[1])
+    model, _, mean = _planted()
+    view = AttackerView(model=model, task="binary", input_shape=(1, 8, 8), mean=mean, loss="logistic", weight_decay=5e-3,
+                        n_train_hint=6)
+    get_attack("kkt", iterations=30).run(view, tmp_path / "cut", progress=False, checkpoint_every=10)
+    assert (tmp_path / "cut" / "feature_stage" / "checkpoint.pt").is_file()
+    steps.clear()
+    resumed = get_attack("kkt", iterations=50).run(view, tmp_path / "cut", resume=True, progress=False, checkpoint_every=10)
+    assert steps == list(range(31, 51))
+    whole = get_attack("kkt", iterations=50).run(view, tmp_path / "whole", progress=False, checkpoint_every=10)
+    assert resumed.config["feature_stage_iterations"] == 50 and torch.equal(resumed.candidates, whole.candidates)
+    fresh = get_attack("kkt", iterations=50).run(view, tmp_path / "cut", progress=False)  # a new run drops the old checkpoint
+    assert torch.equal(fresh.candidates, whole.candidates)
+
+
 def test_the_stage_and_the_diagnostic_read_the_span_by_one_rule():
     from exhume.attacks import feature_stage
     from exhume.victim import diagnostics

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -174,6 +175,18 @@ def feature_view(view, above: Above):
     fview.model, fview.input_shape, fview.mean = above, (d,), torch.zeros(d, dtype=view.mean.dtype)
     fview.start, fview.training = None, None
     return fview
+
+
+def stage_folder(out, resume: bool) -> Path | None:
+    """Where a staged run's stage checkpoints: ``out/feature_stage`` (None without ``out``); a fresh run first drops
+    a checkpoint an earlier run left there, so that a later ``resume`` cannot pick it up."""
+    if out is None:
+        return None
+    folder = Path(out) / "feature_stage"
+    folder.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        (folder / "checkpoint.pt").unlink(missing_ok=True)
+    return folder
 
 
 def summary_of(stage, above: Above, span, seconds: float, inversion: dict[str, Any]) -> dict[str, Any]:

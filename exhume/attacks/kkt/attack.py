@@ -135,7 +135,7 @@ class KKTAttack(Attack):
         self.check(view)
         every = self.cadence(checkpoint_every, log_every)
         p = self.problem(view, torch.device(device), seed, init)
-        staged = None if init is not None or resume else self.staged(view, p, seed, progress, deadline)
+        staged = None if init is not None else self.staged(view, p, seed, progress, deadline, out, resume, (checkpoint_every, log_every), owner)
         if staged is not None:  # the span one layer up (exhume/attacks/feature_stage.py)
             if callback is not None:
                 callback(staged.record.iterations, staged.record.seconds, staged.candidates)
@@ -154,12 +154,14 @@ class KKTAttack(Attack):
         step.close(end.done)
         return self.result(p, end, run, tracker, (tau, why), seed, init_name, view)
 
-    def staged(self, view, p: Problem, seed: int, progress: bool, deadline: Deadline = NEVER) -> Reconstruction | None:
+    def staged(self, view, p: Problem, seed: int, progress: bool, deadline: Deadline = NEVER, out=None, resume: bool = False,
+               every: tuple[int | None, int | None] = (None, None), owner=None) -> Reconstruction | None:
         """Where the input enters through no linear map (a convolution first) but a layer above shows the span
         (``subspace="auto"``, the stationary equation, no start): kkt on the layers from there up for features in its
         row space, the features inverted to images through the layers below (:mod:`exhume.attacks.feature_stage`); None
         elsewhere (MLPs keep their first layer's rule, measured on the zoo). The stage gets
-        :data:`~exhume.attacks.feature_stage.STAGE_SHARE` of ``deadline``, the inversion the rest."""
+        :data:`~exhume.attacks.feature_stage.STAGE_SHARE` of ``deadline``, the inversion the rest. The stage checkpoints in
+        ``out/feature_stage`` and resumes from there; the inversion (1,000 steps at most) runs again."""
         cfg = self.config
         if (cfg["subspace"] != "auto" or p.eq is not None or view.start is not None
                 or "subspace_layer" in p.span.info):  # the input enters through a linear map: its span, or none, is read there
@@ -172,8 +174,10 @@ class KKTAttack(Attack):
         above, span = found
         inner = type(self)(**{**cfg, "background": 0.0, "tv_weight": 0.0, "m": p.m, "n_guess": p.n})
         fview = feature_stage.feature_view(view, above)
-        stage = inner.run(fview, seed=seed, device=str(p.mean.device), progress=progress,
-                          deadline=deadline.share(feature_stage.STAGE_SHARE))
+        folder = feature_stage.stage_folder(out, resume)
+        stage = inner.run(fview, folder, seed=seed, device=str(p.mean.device), resume=resume, progress=progress,
+                          deadline=deadline.share(feature_stage.STAGE_SHARE), checkpoint_every=every[0], log_every=every[1],
+                          owner=owner)
         target = stage.candidates.reshape(stage.candidates.shape[0], -1).to(p.mean) * above.scale
         spent = time.perf_counter() - t0
         images, inversion = feature_stage.invert(p.model, above.layer, target, p.mean, seed, deadline)
