@@ -15,7 +15,7 @@ count alone is no test, a few large directions hold 99.9 % long before the rest 
 first that does, in the module's parameter order. :func:`span_gap` is the stopping rule ``exhume train
 --span-threshold`` uses. Attacker-side: it reads
 the weights only. The evaluator's side (the training inputs' distance to each row space, near-zero pre-activations)
-is :mod:`exhume.evaluation.layers`. Measurements: ``benchmarks/notes`` on the CNN row, docs/METHODS.md §1.
+is :mod:`exhume.evaluation.layers`. Measurements: docs/METHODS.md §5 (the span one layer up), docs/defaults.md.
 """
 
 from __future__ import annotations
