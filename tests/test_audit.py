@@ -144,8 +144,8 @@ def test_a_model_that_leaks_gets_leaks(leaky):
     # measured with two restarts (not as many as 300 s would buy): memorised 9, 9, 11 of 20 at audit seeds 0-2, control 0 of 20, p <= 6e-4
     assert r.verdict == "leaks", r.reason
     assert r.metrics["p_value"] < 0.01 and r.metrics["memorised"] > r.metrics["memorised_control"]
-    layers = r.metrics["layers"]  # the first layer of a small-init MLP shows the span; the reason says so
-    assert layers["span_layer"] == layers["layers"][0]["name"] and layers["finding"] in r.reason
+    layers = r.metrics["layers"]  # recorded, and the reason says where the weights show the span (or that none does)
+    assert layers["n"] == 20 and layers["layers"][0]["sigma_after_n"] is not None and layers["finding"] in r.reason
     assert 0 <= layers["layers"][0]["preactivations_within_0.01"] <= 1
 
 
