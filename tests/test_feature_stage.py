@@ -98,7 +98,7 @@ def test_a_staged_run_keeps_its_deadline_and_has_no_batched_path():
     assert staged.config["subspace_used"] == "layer above" and 1 <= staged.config["inversion_steps"]
     assert 2.0 <= took < 3.0 + 10.0, took  # the loops stop at their deadlines (slack for a loaded machine's last steps)
     why = get_attack("kkt").unbatched_on(view)
-    assert why is not None and "head.0" in why and not use_batched("auto", "cuda", "kkt", None, why)[0]
+    assert why is not None and "head.0" in why and not use_batched("auto", "cuda", "kkt", None, lambda: why)[0]
     assert get_attack("kkt", subspace="off").unbatched_on(view) is None
     flat = AttackerView(model=build_model("mlp:16", (1, 8, 8), 1), task="binary", input_shape=(1, 8, 8), mean=mean,
                         loss="logistic", weight_decay=5e-3, n_train_hint=6)

@@ -25,6 +25,7 @@ on`` asks for this path). TF32 stays off (:func:`no_tf32`).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -44,20 +45,24 @@ TRACING_MODE = "real"
 PER_RESTART = ("lr", "lr_lambda")
 
 
-def use_batched(setting: str, device: str, method: str, storage: str | None, unbatched: str | None = None) -> tuple[bool, str]:
-    """``(batched?, why)`` for ``batch_restarts=setting``; 'on' where it cannot apply is one clear error. ``unbatched``:
-    why this attack's runs on this victim have no batched path (:meth:`~exhume.attacks.base.Attack.unbatched_on`)."""
+def use_batched(setting: str, device: str, method: str, storage: str | None,
+                unbatched: Callable[[], str | None] | None = None) -> tuple[bool, str]:
+    """``(batched?, why)`` for ``batch_restarts=setting``; 'on' where it cannot apply is one clear error. ``unbatched()``:
+    why this attack's runs on this victim have no batched path (:meth:`~exhume.attacks.base.Attack.unbatched_on`), asked
+    only where batching would otherwise be chosen."""
     if setting not in BATCH_CHOICES:
         raise ConfigError(f"batch_restarts must be one of {', '.join(BATCH_CHOICES)}, got {setting!r}")
     batchable = sorted(name for name, cls in ATTACKS.items() if cls.batchable)
     cannot = (f"the {method} attack has no batched path (only {', '.join(batchable)})" if method not in batchable
-              else "a shared study (storage) runs its restarts one per process, on any machine" if storage is not None else unbatched)
+              else "a shared study (storage) runs its restarts one per process, on any machine" if storage is not None else None)
+    if setting == "off":
+        return False, "batch_restarts='off'"
+    if not cannot and unbatched is not None and (setting == "on" or torch.device(device).type == "cuda"):
+        cannot = unbatched()
     if setting == "on":
         if cannot:
             raise ConfigError(f"batch_restarts='on' cannot apply: {cannot}; use 'auto' or 'off'")
         return True, "asked for (batch_restarts='on')"
-    if setting == "off":
-        return False, "batch_restarts='off'"
     if cannot:
         return False, cannot
     if torch.device(device).type == "cuda":
@@ -74,7 +79,8 @@ class Batching:
     groups: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
-    def choose(cls, setting: str, device: str, method: str, storage: str | None, unbatched: str | None = None) -> Batching:
+    def choose(cls, setting: str, device: str, method: str, storage: str | None,
+               unbatched: Callable[[], str | None] | None = None) -> Batching:
         return cls(*use_batched(setting, device, method, storage, unbatched))
 
     def record(self) -> dict[str, Any]:

@@ -69,7 +69,7 @@ def run_portfolio(victim, method: str = DEFAULT_METHOD, *, request: Request | No
     from exhume.attacks import get_attack
 
     batching = Batching.choose(asked.batch_restarts, device, method, storage,
-                               get_attack(method, **plan.restarts[0].kwargs).unbatched_on(view))
+                               lambda: get_attack(method, **plan.restarts[0].kwargs).unbatched_on(view))
     if storage is None:
         ends = NEVER if not deadline.bounded else deadline.reserve(pooling_reserve(view, plan, deadline.seconds))
         results, rows = run_local(view, plan, out, resume, device, progress, batching.groups if batching.used else None, ends)
