@@ -95,7 +95,7 @@ def meaning(verdict: str, epsilon: float, bound: float) -> str:
 
 def dp_record(epsilon: float, delta: float, start_known: bool, metrics: dict[str, Any], method: str | None = None) -> dict[str, Any]:
     """``metrics.json``'s ``dp`` of an audit: the stated (ε, δ), the measured reading, the bound at this audit's κ, the meaning."""
-    from exhume.victim.rero import dp_bound, kappa_from_control
+    from exhume.privacy import dp_bound, kappa_from_control
 
     matched, total = metrics.get("memorised_control") or 0, metrics.get("control_size") or 0
     kappa = kappa_from_control(int(matched), int(total)) if total else 1.0

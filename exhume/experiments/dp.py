@@ -216,8 +216,8 @@ def run_cell(setting: str, level: str, seed: int, s: dict, out: Path, resume: bo
 
 
 def with_bounds(rows: list[dict]) -> list[dict]:
-    """Each row with κ (its setting's control pooled over every victim) and the bounds at its recorded (σ, q, T)."""
-    from exhume.victim.rero import hayes_bound, kappa_from_control, rdp_bound
+    """Each row with κ (its setting's control pooled over every victim) and Hayes et al.'s bound at its recorded (σ, q, T)."""
+    from exhume.privacy import kappa_from_control, rero_bound
 
     kappas = {}
     for setting in dict.fromkeys(r["setting"] for r in rows):
@@ -226,9 +226,8 @@ def with_bounds(rows: list[dict]) -> list[dict]:
     out = []
     for r in rows:
         kappa, private = kappas[r["setting"]], (r["noise_multiplier"] or 0) > 0
-        hayes = hayes_bound(r["noise_multiplier"], r["sample_rate"], r["steps"], kappa) if private else 1.0
-        rdp = rdp_bound(r["noise_multiplier"], r["sample_rate"], r["steps"], kappa) if private else 1.0
-        out.append({**r, "kappa": round(kappa, 5), "bound_hayes_2023": round(hayes, 4), "bound_balle_2022_rdp": round(rdp, 4)})
+        hayes = rero_bound(r["noise_multiplier"], r["sample_rate"], int(r["steps"]), kappa).value if private else 1.0
+        out.append({**r, "kappa": round(kappa, 5), "bound_hayes_2023": round(hayes, 4)})
     return out
 
 
@@ -246,7 +245,7 @@ def curve(rows: list[dict]) -> list[dict]:
                     "control": sum(r["control"] for r in group), "fraction": round(sum(r["memorised"] for r in group) / total, 4),
                     "control_fraction": round(sum(r["control"] for r in group) / sum(r["control_size"] for r in group), 4),
                     **{k: _mean(group, k) for k in ("one_to_one_ssim_mean", "membership_auc", "test_accuracy", "bound_hayes_2023",
-                                                    "bound_balle_2022_rdp", "kappa", "noise_multiplier")},
+                                                    "kappa", "noise_multiplier")},
                     "leaks": sum(r["verdict"] == "leaks" for r in group)})
     return out
 
@@ -271,13 +270,12 @@ def _label(level: str, spent: float | None = None) -> str:
 def table(points: list[dict]) -> str:
     """The markdown table of the pooled points."""
     head = ("| setting | ε | σ | test acc | memorised / n | control | one-to-one SSIM | membership AUC | leaks (runs) "
-            "| bound: Hayes et al. | bound: Balle et al. (RDP) |")
-    lines = [head, "|" + "---|" * 11]
+            "| bound: Hayes et al. |")
+    lines = [head, "|" + "---|" * 10]
     for p in points:
         lines.append(f"| {p['setting']} | {_label(p['level'], p['epsilon'])} | {p['noise_multiplier']:.3g} | {p['test_accuracy']:.3f} | "
                      f"{p['memorised']} / {p['training_samples']} | {p['control']} | {p['one_to_one_ssim_mean']:.3f} | "
-                     f"{p['membership_auc']:.3f} | {p['leaks']} ({p['runs']}) | {p['bound_hayes_2023']:.3g} | "
-                     f"{p['bound_balle_2022_rdp']:.3g} |")
+                     f"{p['membership_auc']:.3f} | {p['leaks']} ({p['runs']}) | {p['bound_hayes_2023']:.3g} |")
     return "\n".join(lines)
 
 
