@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from exhume.attacks import DEFAULT_METHOD, Reconstruction, check_uses_start, get_attack
+from exhume.attacks import DEFAULT_METHOD, Reconstruction, check_uses_records, check_uses_start, get_attack
 from exhume.attacks.engine.memory import check_memory
 from exhume.deadline import Deadline
 from exhume.errors import ConfigError
@@ -52,6 +52,7 @@ def attack(victim: Victim | AttackerView, method: str = DEFAULT_METHOD, seed: in
     view = view_of(victim, request.threat)  # the attacker's view, with the start attached: once per run
     if view.start is not None:
         check_uses_start(method)  # given here, or carried by the view
+    check_uses_records(method, view)  # the informed adversary's records, where the attack would ignore them
     restarts = request.budget.restarts
     default_plan = restarts is None and has_plan(method) and init is None and mix is None
     if storage is not None or (restarts != 1 and (restarts is not None or default_plan)):

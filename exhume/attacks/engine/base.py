@@ -188,6 +188,9 @@ class Attack:
     multipliers: ClassVar[bool] = False
     uses_start: ClassVar[bool] = False  # a start in the view changes what it solves (exhume.attack refuses one otherwise)
     batchable: ClassVar[bool] = False  # the portfolio may run its restarts as one batched problem
+    #: the records of the informed adversary's threat models it uses from the view ("known", "candidates";
+    #: exhume.victim.known): exhume.attack refuses a view holding others
+    uses_records: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, preset: str | None = None, **kwargs: Any) -> None:
         kwargs = self.with_preset(preset, kwargs)
@@ -361,6 +364,14 @@ def check_uses_start(name: str) -> None:
     if not attack_class(name).uses_start:
         known = ", ".join(sorted(k for k, cls in ATTACKS.items() if cls.uses_start))
         raise ConfigError(f"the {name!r} attack does not use the starting weights; attacks that do: {known}")
+
+
+def check_uses_records(name: str, view) -> None:
+    """Refuse known records or candidates in ``view`` for the attack ``name`` if it would ignore them."""
+    for kind, words in (("known", "known training records (known_records)"), ("candidates", "the candidate game's candidates")):
+        if getattr(view, kind, None) is not None and kind not in attack_class(name).uses_records:
+            users = ", ".join(sorted(k for k, cls in ATTACKS.items() if kind in cls.uses_records)) or "none"
+            raise ConfigError(f"the {name!r} attack does not use {words}; attacks that do: {users}")
 
 
 def get_attack(name: str, **kwargs: Any) -> Attack:
