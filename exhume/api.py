@@ -79,10 +79,10 @@ def _run_once(atk, view, victim, run: dict[str, Any], output: Output) -> Reconst
     out, resume = output.folder, output.resume
     run = {**run, "resume": resume, "checkpoint_every": output.checkpoint_every, "log_every": output.log_every}
     if out is None:
-        return _finish(atk.run(view, out=None, **run), victim, fp)
+        return _finish(_informed(atk, view, atk.run(view, out=None, **run)), victim, fp)
     owner = RunOwner(fp, atk.config.get("iterations", atk.config.get("steps")))
     with own_run_folder(out, resume=resume, force=output.force):
-        result = _finish(atk.run(view, out=out, owner=owner, **run), victim, fp)
+        result = _finish(_informed(atk, view, atk.run(view, out=out, owner=owner, **run)), victim, fp)
         result.save(out)
     return result
 
@@ -99,8 +99,9 @@ def _portfolio(source, view, method: str, params: dict[str, Any], request: Reque
     request = replace(request, budget=replace(request.budget, max_seconds=None))  # it travels as the deadline
 
     def portfolio() -> Reconstruction:
-        return run_portfolio(view, method, request=request, seed=seed, storage=storage, study_name=study_name,
-                             variants=variants, progress=progress, deadline=deadline, **params)
+        pooled = run_portfolio(view, method, request=request, seed=seed, storage=storage, study_name=study_name,
+                               variants=variants, progress=progress, deadline=deadline, **params)
+        return _informed(get_attack(method, **params), view, pooled)
 
     if out is None or storage is not None:  # a shared study keeps its restarts in the database
         return _finish(portfolio(), source, None)
@@ -147,6 +148,11 @@ def check_owner(folder: Path, view: AttackerView, resume: bool) -> None:
         raise RunFolderError(f"cannot resume: the restarts in {folder} were computed for {what} "
                              f"(recorded {saved!r}, this run's {key!r}); choose another -o or pass --force")
     mark.write_text(key + "\n")
+
+
+def _informed(atk, view: AttackerView, result: Reconstruction) -> Reconstruction:
+    """What ``atk`` makes of the training records the attacker knows, once its run or its restarts returned ``result``."""
+    return result if getattr(view, "known", None) is None else atk.informed(view, result)
 
 
 def _finish(result: Reconstruction, victim: Victim | AttackerView, fp: str | None, out=None) -> Reconstruction:

@@ -267,6 +267,11 @@ class Attack:
 
         return generic_peak(self, view)
 
+    def informed(self, view, recon: Reconstruction) -> Reconstruction:
+        """What the attack makes of the training records the attacker knows (``view.known``, where ``"known"`` is in
+        :attr:`uses_records`) once its run, or its pooled restarts, returned ``recon`` (:func:`exhume.attack` calls it)."""
+        return recon
+
     def unbatched_on(self, view) -> str | None:
         """Why this attack's restarts on ``view`` cannot share one batched problem (None: they can, where the class is
         :attr:`batchable`; :mod:`exhume.portfolio.batched`)."""

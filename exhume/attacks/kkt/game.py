@@ -71,26 +71,13 @@ class CandidateGame(Attack):
         """Score every candidate (one pass; ``deadline`` and the run-folder keywords are not needed)."""
         self.check(view)
         t0 = time.perf_counter()
-        model, params = attack_model(view.model, torch.device(device), torch.float64)
-        known = view.known
-        n = view.n_train_hint or (len(known) + 1 if known is not None else None)
-        if n is None:
-            raise ConfigError("the candidate game needs the training set's size: give known_records, or a view with "
-                              "n_train_hint")
-        used = equation_for(self.config["start_equation"], view)
-        mean = view.mean.to(device=device, dtype=torch.float64)
-        objective, given, eq, target = self._equation(view, model, params, used, int(n))
-        rem = self._remainder(model, params, known, mean, objective, eq, target)
         cand = view.candidates
-        cols = columns(model, params, cand.x.to(mean) - mean, _labels(cand.y, mean), objective, eq)
-        lam = None if given is None else torch.full((len(cand),), given, dtype=torch.float64, device=mean.device)
-        scores = explained(rem, rem.flat(target), cols, signed=eq is not None, given=lam).cpu()
+        scores, info = self.scores(view, cand.x, cand.y, device)
         order = torch.argsort(-scores, stable=True)
+        used = info["equation_used"]
         threat = {"threat_model": view.threat_model,
-                  "equation": SolvedEquation.STATIONARY if eq is None else SolvedEquation(eq.info["equation"])}
-        settings = {**self.config, "equation_used": used, "n_assumed": int(n), "known_records": 0 if known is None else len(known),
-                    "multipliers_used": "free" if given is None else f"1/(n·w) = {given:.6g} for h = −ℓ",
-                    "named": int(order[0]), "order": order.tolist(), "candidates": len(cand)}
+                  "equation": SolvedEquation.STATIONARY if used == "stationary" else SolvedEquation(used)}
+        settings = {**self.config, **info, "named": int(order[0]), "order": order.tolist(), "candidates": len(cand)}
         return Reconstruction(method=self.name, candidates=cand.x[order].float(), labels=cand.y[order], scores=scores[order].float(),
                               record=RunRecord(iterations=1, seconds=round(time.perf_counter() - t0, 3), settings=settings,
                                                extras={"explained_share": scores.tolist()}, **threat), seed=seed)
@@ -108,6 +95,25 @@ class CandidateGame(Attack):
             return negative_loss_objective(view.loss), 1.0 / (n * wd), None, target
         return form.objective, None, None, target
 
+    def scores(self, view, cand_x: torch.Tensor, cand_y: torch.Tensor, device: str = "cpu") -> tuple[torch.Tensor, dict[str, Any]]:
+        """Each candidate's share of what ``view.known`` leave of the equation that it explains, and how it was scored."""
+        model, params = attack_model(view.model, torch.device(device), torch.float64)
+        known = view.known
+        n = view.n_train_hint or (len(known) + 1 if known is not None else None)
+        if n is None:
+            raise ConfigError("the candidate game needs the training set's size: give known_records, or a view with "
+                              "n_train_hint")
+        used = equation_for(self.config["start_equation"], view)
+        mean = view.mean.to(device=device, dtype=torch.float64)
+        objective, given, eq, target = self._equation(view, model, params, used, int(n))
+        rem = self._remainder(model, params, known, mean, objective, eq, target)
+        cols = columns(model, params, cand_x.to(mean) - mean, _labels(cand_y, mean), objective, eq)
+        lam = None if given is None else torch.full((len(cand_x),), given, dtype=torch.float64, device=mean.device)
+        shares = explained(rem, rem.flat(target), cols, signed=eq is not None, given=lam).cpu()
+        info = {"equation_used": used, "n_assumed": int(n), "known_records": 0 if known is None else len(known),
+                "multipliers_used": "free" if given is None else f"1/(n·w) = {given:.6g} for h = −ℓ"}
+        return shares, info
+
     @staticmethod
     def _remainder(model, params, known, mean, objective, eq, target) -> Remainder:
         if known is not None:
@@ -123,3 +129,12 @@ class CandidateGame(Attack):
 def _labels(y: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """Labels on ``like``'s device, in its dtype where they are numbers (binary ±1, regression), class ids as they are."""
     return y.to(like) if y.is_floating_point() else y.to(like.device)
+
+
+def rank(view, cand_x: torch.Tensor, cand_y: torch.Tensor, start_equation: str = "auto") -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """``(order, shares, info)``: candidates ranked by the share of what ``view.known`` leave of the equation that each
+    explains, multipliers free (what kkt's informed ranking uses: its candidates are approximations, whose columns a
+    fixed multiplier would over-count)."""
+    game = CandidateGame(start_equation=start_equation, multipliers="free")
+    shares, info = game.scores(view, cand_x, cand_y, str(cand_x.device))
+    return torch.argsort(-shares, stable=True), shares, {f"informed_{k}": v for k, v in info.items()}
