@@ -101,7 +101,8 @@ def explained(rem: Remainder, target: torch.Tensor, cols: torch.Tensor, signed: 
         return (2 * lam * inner[:, 0] - lam**2 * (c[:, 0] ** 2).sum(-1)) / t2
     gram = c @ c.transpose(1, 2)  # (k, K, K)
     eye = torch.eye(cols.shape[1], dtype=t.dtype, device=t.device)
-    coef = torch.linalg.solve(gram + 1e-12 * gram.diagonal(dim1=1, dim2=2).sum(-1)[:, None, None] * eye, inner[..., None])
+    scale = (cols.to(t) ** 2).sum((1, 2))  # the ridge is relative to the columns before projection: one in the span explains 0
+    coef = torch.linalg.solve(gram + 1e-12 * scale[:, None, None] * eye, inner[..., None])
     share = (inner[..., None] * coef).sum((1, 2)) / t2
     if not signed and cols.shape[1] == 1:
         share = torch.where(inner[:, 0] > 0, share, torch.zeros_like(share))

@@ -32,6 +32,9 @@ from exhume.equations.stationarity import negative_loss_objective
 from exhume.equations.trajectory import build_equation
 from exhume.errors import ConfigError
 
+#: candidates scored at once
+CHUNK = 64
+
 PARAMS: dict[str, Param] = {
     "start_equation": Param("auto", str, "with a known start: 'endpoints' or 'trajectory' (kkt's); 'stationary' ignores it",
                             choices=("auto", "stationary", "trajectory", "endpoints")),
@@ -107,9 +110,13 @@ class CandidateGame(Attack):
         mean = view.mean.to(device=device, dtype=torch.float64)
         objective, given, eq, target = self._equation(view, model, params, used, int(n))
         rem = self._remainder(model, params, known, mean, objective, eq, target)
-        cols = columns(model, params, cand_x.to(mean) - mean, _labels(cand_y, mean), objective, eq)
-        lam = None if given is None else torch.full((len(cand_x),), given, dtype=torch.float64, device=mean.device)
-        shares = explained(rem, rem.flat(target), cols, signed=eq is not None, given=lam).cpu()
+        x, y, left = cand_x.to(mean) - mean, _labels(cand_y, mean), rem.flat(target)
+        shares = []
+        for i in range(0, len(x), CHUNK):  # the candidates' columns a chunk at a time: a portfolio's pool may hold thousands
+            cols = columns(model, params, x[i:i + CHUNK], y[i:i + CHUNK], objective, eq)
+            lam = None if given is None else torch.full((cols.shape[0],), given, dtype=torch.float64, device=mean.device)
+            shares.append(explained(rem, left, cols, signed=eq is not None, given=lam).cpu())
+        shares = torch.cat(shares)
         info = {"equation_used": used, "n_assumed": int(n), "known_records": 0 if known is None else len(known),
                 "multipliers_used": "free" if given is None else f"1/(n·w) = {given:.6g} for h = −ℓ"}
         return shares, info
