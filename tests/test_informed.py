@@ -26,7 +26,7 @@ def test_the_remainder_leaves_exactly_what_the_known_columns_cannot_explain():
     """target = known columns' combination + 0.3·member: the member explains all the remainder, a column inside the known
     span none of it, and a column with a part outside exactly that part's share."""
     gen = torch.Generator().manual_seed(0)
-    known, member, other = torch.randn(5, 40, generator=gen, dtype=torch.float64), *torch.randn(2, 40, generator=gen, dtype=torch.float64)
+    known, member = torch.randn(5, 40, generator=gen, dtype=torch.float64), torch.randn(40, generator=gen, dtype=torch.float64)
     target = torch.tensor([1.0, -2.0, 0.5, 3.0, 1.0], dtype=torch.float64) @ known + 0.3 * member
     rem = Remainder(("w",), orthonormal(known), 5)
     inside = (torch.tensor([0.2, 0.1, -1.0, 0.0, 2.0], dtype=torch.float64) @ known)
