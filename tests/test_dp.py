@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
 import pytest
@@ -161,63 +162,82 @@ def test_exhume_train_dp_without_opacus_names_the_extra(tmp_path, monkeypatch, c
 def _table():
     settings = {"paper": {"start_known": False, "what": "full batch, weights only"},
                 "minibatch": {"start_known": True, "what": "mini-batch, start known"}}
-    points = [{"setting": s, "level": lv, "epsilon": e, "fraction": f} for s in settings
-              for lv, e, f in (("none", None, 0.3), ("clip", None, 0.25), ("1000", 1000.0, 0.2), ("100", 100.0, 0.05),
-                               ("10", 10.0, 0.0), ("1", 1.0, 0.0))]
-    return {"points": points, "settings": settings, "measured_on": "MNIST", "date": "2026-11-28", "command": "exhume experiment dp"}
+
+    def rate(f):
+        return {"rate": f, "successes": round(100 * f), "trials": 100, "low": 0.0, "high": 1.0}
+
+    points = [{"setting": s, "level": lv, "epsilon": e, "uninformed": rate(f), "game_8": rate(g)} for s in settings
+              for lv, e, f, g in (("none", None, 0.3, 1.0), ("1000", 1000.0, 0.2, 0.9), ("100", 100.0, 0.05, 0.5),
+                                  ("10", 10.0, 0.0, 0.2), ("1", 1.0, 0.0, 0.12))]
+    return {"points": points, "settings": settings, "measured_on": "MNIST", "date": "2026-12-07", "command": "exhume experiment dp"}
 
 
-def test_the_audit_reads_the_measured_curve_at_the_stated_epsilon_and_never_extrapolates():
-    from exhume.audit.dp import measured_reading
+def test_the_audit_reads_the_reference_curve_as_context_and_never_extrapolates():
+    from exhume.audit.dp import reference_reading
 
-    at = measured_reading(100.0, True, _table())
-    assert at["status"] == "read" and at["percent"] == [5, 5] and at["setting"] == "minibatch" and at["non_private_percent"] == 30
-    between = measured_reading(300.0, False, _table())
+    at = reference_reading(100.0, True, _table())
+    assert at["status"] == "read" and at["percent"] == [5, 5] and at["setting"] == "minibatch"
+    assert at["reading"].startswith("context, not your model: on exhume's reference victim (mini-batch, start known")
+    assert "game at k = 8 named 50–50 %" in at["reading"] and "models like yours" not in at["reading"]
+    between = reference_reading(300.0, False, _table())
     assert between["percent"] == [5, 20] and between["at_epsilons"] == [100.0, 1000.0] and between["setting"] == "paper"
-    assert "5–20 %" in between["reading"] and "against 30 % trained without privacy" in between["reading"]
-    assert measured_reading(0.1, True, _table())["status"] == "outside the measured range"
-    assert measured_reading(100.0, True, {**_table(), "method": "kkt"}, method="bilevel")["status"] == "method not measured"
+    assert reference_reading(0.1, True, _table())["status"] == "outside the measured range"
 
 
-def test_the_audit_of_a_dp_victim_names_its_epsilon_and_the_curves_reading(tmp_path, capsys):
-    import exhume
-    from exhume.audit.command import _print_verdict
-    from exhume.audit.dp import dp_line
-
+def _private_model(steps=30):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 1))
     x = torch.rand(8, 1, 4, 4, generator=torch.Generator().manual_seed(1))
     y = torch.tensor([1, 0] * 4)
-    train_private(model, x - 0.5, torch.where(y == 1, 1.0, -1.0), _full(30), DPConfig(epsilon=10.0), progress=False)
+    got = train_private(model, x - 0.5, torch.where(y == 1, 1.0, -1.0), _full(steps), DPConfig(epsilon=10.0, noise_seed=3), progress=False)
+    return model, x, y, got["dp"]
+
+
+def test_the_audit_of_a_dp_model_runs_the_informed_adversary_beside_its_own_mechanisms_bound(tmp_path, capsys):
+    """The owner states σ, q = 1 and T: each game's bound is the Gaussian closed form Φ(Φ⁻¹(1/k) + √T/σ) of that mechanism;
+    one line per measured success, each with its interval; the reference curve only as context."""
+    import exhume
+    from exhume.audit.command import _print_verdict
+    from scipy.stats import norm
+
+    model, x, y, dp = _private_model()
     unseen = torch.rand(40, 1, 4, 4, generator=torch.Generator().manual_seed(5))
-    got = exhume.audit(model, (x, y), unseen, out=tmp_path, loss="logistic", weight_decay=5e-3, normalize=(0.5, 1.0),
-                       progress=False, force=True, dp_epsilon=10.0, attack_args={"restarts": 1, "iterations": 20})
-    dp = got.metrics["dp"]
-    assert (dp["epsilon"], dp["delta"]) == (10.0, 1e-5)
-    assert dp["measured"]["status"] == "read" and dp["measured"]["setting"] == "paper"  # the shipped curve, weights only
-    assert "ε = 10" in dp["meaning"]
+    sigma, steps = dp["noise_multiplier"], dp["steps"]
+    got = exhume.audit(model, (x, y), unseen, out=tmp_path, loss="logistic", weight_decay=5e-3, normalize=(0.5, 1.0), progress=False,
+                       force=True, dp_epsilon=10.0, dp_noise_multiplier=sigma, dp_sample_rate=1.0, dp_steps=steps, dp_targets=4,
+                       attack_args={"restarts": 1, "iterations": 20})
+    rec = got.metrics["dp"]
+    assert rec["informed"]["targets"] == 4 and set(rec["informed"]["games"]) == {"2", "8"}  # 10 distractors: no k = 100
+    for k in ("2", "8"):
+        assert rec["bounds"][k]["value"] == pytest.approx(norm.cdf(norm.ppf(1 / int(k)) + math.sqrt(steps) / sigma), abs=1e-12)
+        r = rec["informed"]["games"][k]
+        assert r["trials"] == 4 and r["low"] <= r["rate"] <= r["high"]
     _print_verdict(got, tmp_path)
-    assert dp_line(dp).splitlines()[0] in capsys.readouterr().out
-    assert "Differential privacy" in (tmp_path / "report.html").read_text()
-    with pytest.raises(ConfigError, match="give dp_epsilon"):
-        exhume.audit(model, (x, y), unseen, loss="logistic", weight_decay=5e-3, normalize=(0.5, 1.0), dp_delta=1e-5)
+    out = capsys.readouterr().out
+    assert "dp, informed: the candidate game at k = 8" in out and "95 % interval" in out and f"σ = {sigma:g}" in out
+    assert "models like yours" not in out and "Differential privacy" in (tmp_path / "report.html").read_text()
+    with pytest.raises(ConfigError, match="give --dp-sample-rate, --dp-steps too"):
+        exhume.audit(model, (x, y), unseen, loss="logistic", weight_decay=5e-3, normalize=(0.5, 1.0), dp_epsilon=1.0,
+                     dp_noise_multiplier=1.0)
 
 
-def test_the_experiment_writes_its_table_figure_and_curve_and_resumes_finished_cells(tmp_path, capsys):
+def test_the_experiment_reads_each_victims_own_mechanism_and_resumes_finished_cells(tmp_path, capsys):
+    """Full batch (rate 1): each game's bound is Φ(Φ⁻¹(1/k) + √T/σ) at the victim's own recorded σ and steps."""
     import json
 
+    from scipy.stats import norm
+
     out = tmp_path / "exp"
-    args = ["experiment", "dp", "--settings", "minibatch", "--seeds", "0", "-n", "10", "--epochs", "2", "--epsilons", "10", "--iterations", "10",
-            "--no-progress", "-o", str(out)]
+    args = ["experiment", "dp", "--settings", "paper", "--seeds", "0", "-n", "10", "--epochs", "4", "--epsilons", "10",
+            "--iterations", "10", "--targets", "2", "--no-progress", "-o", str(out)]
     assert main(args) == 0
     result = json.loads(capsys.readouterr().out)
-    levels = [p["level"] for p in result["points"]]
-    assert levels == ["none", "clip", "10"] and (out / "dp.png").is_file() and (out / "dp.csv").is_file()
-    curve = json.loads((out / "dp-curve.json").read_text())
-    private = next(p for p in curve["points"] if p["level"] == "10")
-    assert private["noise_multiplier"] > 0 and private["kappa"] <= private["bound_hayes_2023"] <= 1.0
-    assert next(p for p in curve["points"] if p["level"] == "none")["bound_hayes_2023"] == 1.0
-    assert "| minibatch | 10 |" in (out / "dp.md").read_text() and "minibatch: ∞ (not private)" in result["this_run"]
+    assert [p["level"] for p in result["points"]] == ["none", "clip", "10"] and (out / "dp.png").is_file()
+    row = next(r for r in json.loads((out / "dp.json").read_text())["rows"] if r["level"] == "10")
+    for k in (2, 8, 100):
+        want = norm.cdf(norm.ppf(1 / k) + math.sqrt(row["steps"]) / row["noise_multiplier"])
+        assert row["steps"] == 4 and row[f"bound_game_{k}"]["value"] == pytest.approx(want, abs=1e-12)
+    assert "| paper | 10 |" in (out / "dp.md").read_text() and set(result["findings"]["paper"]) >= {"chance_at_or_below_epsilon"}
     rows = sorted((out / "cells").glob("*/row.json"))
     stamps = [r.stat().st_mtime_ns for r in rows]
     assert main([*args, "--resume"]) == 0 and [r.stat().st_mtime_ns for r in rows] == stamps
@@ -235,6 +255,6 @@ def test_the_dp_budget_is_one_setting_of_the_audit_config_for_flags_toml_and_pyt
     assert (cfg.dp_epsilon, cfg.dp_delta) == (8.0, 1e-6)
     assert from_options(loss="logistic", weight_decay=0, normalize="none", dp_epsilon=3).dp_delta == 1e-5
     for bad, line in (({"dp_epsilon": -1}, "dp_epsilon: expected a number > 0"), ({"dp_epsilon": 1, "dp_delta": 1.0},
-                      "dp_delta: expected a number < 1")):
+                      "dp_delta: expected a number < 1"), ({"dp_steps": 10}, "dp_steps describe a DP budget: give dp_epsilon")):
         with pytest.raises(ConfigError, match=line):
             from_options(loss="logistic", weight_decay=0, normalize="none", **bad)

@@ -60,7 +60,8 @@ def reference_reading(epsilon: float, start_known: bool, table: dict[str, Any] |
     if not lo / SAME_EPSILON <= epsilon <= hi * SAME_EPSILON:
         return {"status": "outside the measured range", "reading": f"no reference reading: ε = {epsilon:g} lies outside the "
                 f"measured {lo:g}–{hi:g}: no extrapolation", "setting": setting, **source}
-    flat = [{"epsilon": p["epsilon"], "fraction": p["uninformed"]["rate"], "game": p.get("game_8", {}).get("rate")} for p in points]
+    flat = [{"epsilon": p["epsilon"], "fraction": p["uninformed"]["rate"] if "uninformed" in p else p["fraction"],
+             "game": p.get("game_8", {}).get("rate")} for p in points]
     percent, at, amount = read_at(flat, "epsilon", epsilon, SAME_EPSILON)
     where = f"at ε = {at[0]:.3g}" if at[0] == at[1] else f"between ε = {at[0]:.3g} and {at[1]:.3g}"
     what = table["settings"][setting].get("what", setting)
@@ -92,7 +93,7 @@ def informed_adversary(data, recon, cfg) -> dict[str, Any]:
     training record known; targets reconstructed by the audit's attack with the known records (where it uses them),
     controls matched the same way, and the candidate games' wins (module docstring)."""
     import exhume
-    from exhume.attacks import attack_class, get_attack
+    from exhume.attacks import attack_class
     from exhume.evaluation.informed import game_wins, rate, reconstructed
     from exhume.request import ThreatModel, view_of
 
@@ -111,7 +112,7 @@ def informed_adversary(data, recon, cfg) -> dict[str, Any]:
         rest = [j for j in range(n) if j != t]
         view = view_of(data.view, ThreatModel(known_records=(data.x[rest], data.y[rest])))
         if ranks:
-            ranked = get_attack(cfg.method, **cfg.attack_args).informed(view, recon)
+            ranked = attack_class(cfg.method).of_settings(cfg.attack_args).informed(view, recon)
             named = ranked.candidates[:ranked.record.settings.get("informed_named", 1)]
             hits += int(reconstructed(data.x[t:t + 1], named, pool)[0])
             matched += int(i < controls and reconstructed(ctrl[i:i + 1], named, pool)[0])
