@@ -83,3 +83,18 @@ def test_the_game_is_won_only_strictly_and_a_target_reconstructed_only_above_the
     x = torch.rand(3, 1, 8, 8, generator=torch.Generator().manual_seed(0))
     pool = torch.rand(20, 1, 8, 8, generator=torch.Generator().manual_seed(1))
     assert reconstructed(x, x[[0]], pool).tolist() == [True, False, False]
+
+
+def test_exhume_attack_takes_the_game_from_files_and_the_record_names_the_threat_model(victim, tmp_path, capsys):
+    from exhume.attacks import load_reconstruction
+    from exhume.cli import main
+
+    ts = victim.train_set
+    victim.save(tmp_path / "v")
+    np.savez(tmp_path / "known.npz", x=ts.x[1:].numpy(), y=ts.y[1:].numpy())
+    np.savez(tmp_path / "cands.npz", x=torch.cat([ts.x[:1], 1 - ts.x[1:4]]).numpy(), y=ts.y[:4].numpy())
+    assert main(["attack", str(tmp_path / "v"), "--method", "game", "--known-records", str(tmp_path / "known.npz"),
+                 "--candidates", str(tmp_path / "cands.npz"), "--restarts", "1", "--no-progress", "-o", str(tmp_path / "g")]) == 0
+    got = load_reconstruction(tmp_path / "g")
+    assert "11 training records known" in got.record.threat_model and "4 candidates" in got.record.threat_model
+    assert got.record.settings["named"] == 0
