@@ -196,9 +196,10 @@ def _private_model(steps=30):
 def test_the_audit_of_a_dp_model_runs_the_informed_adversary_beside_its_own_mechanisms_bound(tmp_path, capsys):
     """The owner states σ, q = 1 and T: each game's bound is the Gaussian closed form Φ(Φ⁻¹(1/k) + √T/σ) of that mechanism;
     one line per measured success, each with its interval; the reference curve only as context."""
+    from scipy.stats import norm
+
     import exhume
     from exhume.audit.command import _print_verdict
-    from scipy.stats import norm
 
     model, x, y, dp = _private_model()
     unseen = torch.rand(40, 1, 4, 4, generator=torch.Generator().manual_seed(5))
