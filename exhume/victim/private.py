@@ -7,10 +7,9 @@ their sum. For a target ``(ε, δ)`` its ``make_private_with_epsilon`` solves th
 with its accountant over the planned steps; at the end the accountant reports the ε spent. Nothing
 here clips, samples or accounts by hand.
 
-- Full batch (:class:`~exhume.victim.TrainConfig`): the expected batch is the whole training set
-  (sampling rate 1), one step per epoch, ``max_epochs`` steps planned; gradient descent or Adam.
-- Mini-batch (:class:`~exhume.victim.MiniBatchConfig`): sampling rate ``1 / ⌈n / batch_size⌉``
-  (Opacus's), ``epochs`` planned; SGD with momentum or Adam.
+- Full batch (:class:`~exhume.victim.TrainConfig`): sampling rate 1, one step per epoch, ``max_epochs``
+  steps planned; gradient descent or Adam. Mini-batch (:class:`~exhume.victim.MiniBatchConfig`):
+  sampling rate ``1 / ⌈n / batch_size⌉`` (Opacus's), ``epochs`` planned; SGD with momentum or Adam.
 
 Weight decay is the optimiser's ``weight_decay``, applied to the noised gradient: post-processing,
 it costs no privacy, and the objective stays ``mean loss + (w/2)·‖θ‖²``. Stopping rules that read
