@@ -61,11 +61,11 @@ def reference_reading(epsilon: float, start_known: bool, table: dict[str, Any] |
         return {"status": "outside the measured range", "reading": f"no reference reading: ε = {epsilon:g} lies outside the "
                 f"measured {lo:g}–{hi:g}: no extrapolation", "setting": setting, **source}
     flat = [{"epsilon": p["epsilon"], "fraction": p["uninformed"]["rate"] if "uninformed" in p else p["fraction"],
-             "game": p.get("game_8", {}).get("rate")} for p in points]
+             "named": p.get("game_8", {}).get("rate")} for p in points]
     percent, at, amount = read_at(flat, "epsilon", epsilon, SAME_EPSILON)
     where = f"at ε = {at[0]:.3g}" if at[0] == at[1] else f"between ε = {at[0]:.3g} and {at[1]:.3g}"
     what = table["settings"][setting].get("what", setting)
-    games = [p["game"] for p in flat if at[0] <= p["epsilon"] <= at[1] and p["game"] is not None]
+    games = [p["named"] for p in flat if at[0] <= p["epsilon"] <= at[1] and p["named"] is not None]
     game = "" if not games else f"; the informed game at k = 8 named {round(100 * min(games))}–{round(100 * max(games))} %"
     text = (f"context, not your model: on exhume's reference victim ({what}; {source['measured_on']}) {where} the uninformed kkt "
             f"memorised {amount} of the training images{game} ({source['date']}, `{source['command']}`)")
@@ -93,7 +93,7 @@ def informed_adversary(data, recon, cfg) -> dict[str, Any]:
     training record known; targets reconstructed by the audit's attack with the known records (where it uses them),
     controls matched the same way, and the candidate games' wins (module docstring)."""
     import exhume
-    from exhume.attacks import attack_class
+    from exhume.attacks import attack_class, attack_using
     from exhume.evaluation.informed import game_wins, rate, reconstructed
     from exhume.request import ThreatModel, view_of
 
@@ -119,8 +119,8 @@ def informed_adversary(data, recon, cfg) -> dict[str, Any]:
         member_y = data.y[t:t + 1] if labelled else _labels_for(data, data.x[t:t + 1], None)
         if games:
             cand = (torch.cat([data.x[t:t + 1], data.unseen[others]]), torch.cat([member_y.to(cand_y.dtype), cand_y]))
-            game = exhume.attack(view, "game", restarts=1, progress=False, candidates=cand, multipliers="free")
-            shares = np.asarray(game.record.extras["explained_share"])
+            played = exhume.attack(view, attack_using("candidates"), restarts=1, progress=False, candidates=cand, multipliers="free")
+            shares = np.asarray(played.record.extras["explained_share"])
             for k, won in game_wins(shares[0], shares[1:], games).items():
                 wins[k] += int(won)
     return {"targets": len(targets), "labels": "given" if labelled else "the model's predictions (no unseen labels given)",

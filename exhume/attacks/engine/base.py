@@ -379,6 +379,15 @@ def check_uses_records(name: str, view) -> None:
             raise ConfigError(f"the {name!r} attack does not use {words}; attacks that do: {users}")
 
 
+def attack_using(kind: str) -> str:
+    """The registered attack that uses the informed adversary's ``kind`` of records (``"candidates"``: the candidate game):
+    the rooms above find it by what it declares, not by its name."""
+    found = sorted(k for k, cls in ATTACKS.items() if kind in cls.uses_records)
+    if len(found) != 1:
+        raise ConfigError(f"expected one attack that uses {kind!r}, found {found or 'none'}")
+    return found[0]
+
+
 def get_attack(name: str, **kwargs: Any) -> Attack:
     return attack_class(name)(**kwargs)
 

@@ -6,6 +6,7 @@ import datetime
 from pathlib import Path
 from typing import Any
 
+from exhume.experiments.dp.cells import METHOD
 from exhume.experiments.dp.cli import CLIP_ONLY, NON_PRIVATE, SETTINGS, SIGMA
 from exhume.experiments.dp.pooling import private
 from exhume.experiments.registry import write_csv
@@ -85,7 +86,7 @@ def write(rows: list[dict], points: list[dict], found: dict, s: dict, out: Path,
                    f"{s['max_grad_norm']:g}, δ = {s['delta']:g}")
     write_json(out / "dp-curve.json", {"what": "exhume's reference victims trained with DP-SGD against the target ε: the memorised "
                                        "fraction (uninformed kkt), targets reconstructed and the candidate game (informed)",
-                                       "method": "kkt", "settings": {k: SETTINGS[k] for k in s["settings"]}, "measured_on": measured_on,
+                                       "method": METHOD, "settings": {k: SETTINGS[k] for k in s["settings"]}, "measured_on": measured_on,
                                        "date": datetime.date.today().isoformat(), "command": command, "run_settings": s,
                                        "points": points, "findings": found})
     summary = {"experiment": "dp", "settings": s, "command": command, "seconds": round(seconds, 1), "points": points,
