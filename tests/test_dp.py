@@ -143,6 +143,20 @@ def test_exhume_train_with_dp_records_it_and_keeps_the_start(tmp_path, capsys):
     assert "needs --epochs" in capsys.readouterr().err
 
 
+def test_exhume_train_refuses_every_flag_private_training_cannot_honour(tmp_path, capsys):
+    """A stopping rule with --dp-epsilon, a DP flag without it, gdp at rate 1, secure mode without torchcsprng: one line each."""
+    base = ["train", "-n", "10", "--arch", "mlp:16;bias=all", "--epochs", "3", "--no-progress", "-o", str(tmp_path / "v")]
+    for extra, line in ((["--dp-epsilon", "8", "--span-threshold", "1e-4"], "--span-threshold would stop training"),
+                        (["--dp-noise-seed", "3"], "give --dp-epsilon (or --dp-noise-multiplier) too"),
+                        (["--dp-epsilon", "8", "--dp-accountant", "gdp"], "gdp accountant is a central-limit approximation"),
+                        (["--dp-epsilon", "8", "--dp-secure-mode"], "secure mode (--dp-secure-mode) needs the torchcsprng")):
+        assert main([*base, *extra]) == 2
+        err = capsys.readouterr().err
+        assert line in err and len(err.strip().splitlines()) == 1, err
+    assert main([*base, "--dp-epsilon", "8", "--dp-noise-seed", "3"]) == 0
+    assert "replay" in capsys.readouterr().out and load_victim(tmp_path / "v").privacy["randomness"].startswith("seeded")
+
+
 def test_an_ordinary_victim_keeps_its_start_when_asked_and_a_replaced_one_leaves_none(tmp_path):
     out = tmp_path / "v"
     assert main(["train", "-n", "10", "--arch", "mlp:16;bias=all", "--epochs", "5", "--keep-start", "--no-progress", "-o", str(out)]) == 0
