@@ -127,11 +127,25 @@ def test_a_staged_run_resumes_its_stage_from_its_checkpoint(tmp_path, monkeypatc
     assert torch.equal(fresh.candidates, whole.candidates)
 
 
-def test_the_stage_and_the_diagnostic_read_the_span_by_one_rule():
-    from exhume.attacks.kkt import stage as feature_stage
-    from exhume.equations import span as diagnostics
+def test_batched_and_lone_restarts_of_a_staged_victim_take_the_stage_alike(tmp_path):
+    """The batched path asks the lone run's predicate (KKTAttack.stage_on): restarts of a staged victim handed to it run
+    one by one, each taking the stage, bit for bit what lone runs of the same seeds and settings return."""
+    from exhume.portfolio import make_plan
+    from exhume.portfolio.batched import run_batched
+    from exhume.portfolio.store import LocalStore
 
-    assert feature_stage.SPAN_GAP == diagnostics.SPAN_GAP
+    model, _, mean = _planted()
+    view = AttackerView(model=model, task="binary", input_shape=(1, 8, 8), mean=mean, loss="logistic", weight_decay=5e-3,
+                        n_train_hint=6)
+    plan = make_plan("kkt", 2, workers=1, attack_kwargs={"iterations": 20})
+    done: dict = {}
+    records = run_batched(view, plan, list(plan.restarts), LocalStore(tmp_path), False, "cpu", False,
+                          lambda k, recon, row: done.setdefault(k, recon))
+    assert records[0]["batched"] is False and "head.0" in records[0]["reason"]
+    for r in plan.restarts:
+        lone = get_attack("kkt", **r.kwargs).run(view, progress=False, seed=r.seed)
+        assert done[r.index].config["subspace_used"] == lone.config["subspace_used"] == "layer above"
+        assert torch.equal(done[r.index].candidates, lone.candidates)
 
 
 def _best_correlations(candidates: torch.Tensor, images: torch.Tensor) -> torch.Tensor:

@@ -138,10 +138,15 @@ class Batch:
 
 def open_batch(view, restarts: list[Restart], method: str, store, resume: bool, device: str) -> Batch:
     """The problems of ``restarts``: the first built as a lone run builds it, the others sharing its equation
-    and drawing their own starting point from their seed (what a lone run of theirs would draw)."""
+    and drawing their own starting point from their seed (what a lone run of theirs would draw). A group whose runs
+    take the feature stage (:meth:`~exhume.attacks.kkt.KKTAttack.stage_on`, the predicate a lone run asks) cannot be
+    batched."""
     from exhume.attacks import get_attack
     from exhume.attacks.kkt import Step, resolve_lr_lambda
 
+    why = get_attack(method, **restarts[0].kwargs).unbatched_on(view)
+    if why is not None:
+        raise _NotBatchable(why)
     dev = torch.device(device)
     members: list[Member] = []
     first = None

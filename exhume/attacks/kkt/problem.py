@@ -39,11 +39,9 @@ class Problem:
     closed: bool = False  # multipliers solved in closed form every step (exhume.attacks.kkt.closed_form), u not learned
 
 
-def build(cfg: dict[str, Any], given: frozenset[str], view, dev: torch.device, seed: int, init: torch.Tensor | None,
-          span_of=None) -> Problem:
+def build(cfg: dict[str, Any], given: frozenset[str], view, dev: torch.device, seed: int, init: torch.Tensor | None) -> Problem:
     """The working copy of the victim (the user's module stays as it is), the equation, and the starting unknowns
-    (``given``: the settings the caller chose; ``span_of(view, model, params, n, eq, x)``: the span's builder, default
-    :func:`span` with ``cfg``)."""
+    (``given``: the settings the caller chose)."""
     dtype = DTYPES[cfg["dtype"]]
     model, params = attack_model(view.model, dev, dtype)
     n = cfg["n_guess"] or view.n_train_hint or 100
@@ -68,7 +66,7 @@ def build(cfg: dict[str, Any], given: frozenset[str], view, dev: torch.device, s
     form.info["multipliers_solved"] = "closed-form least squares every step" if closed else "learned (λ = S·u)"
     if closed:
         u.requires_grad_(False)
-    found = span_of(view, model, params, n, eq, x) if span_of else span(cfg, view, model, params, n, eq, x)
+    found = span(cfg, view, model, params, n, eq, x)
     # the stationarity term is relative to what the candidates must explain
     norm2 = eq.norm2 if eq is not None else sum((v**2).sum() for v in (params if target is None else target).values())
     lr_lambda = resolve_lr_lambda(cfg["lr_lambda"], form.name if eq is None else "output")

@@ -10,11 +10,11 @@ an MLP's first layer, and inverts each candidate's features through the layers b
 2024 invert a head's features through a frozen extractor the same way). Why not a penalty in pixel space
 or a full-equation finish: docs/METHODS.md §5 and docs/defaults.md.
 
-:func:`layer_above` finds the layer: the first ``nn.Linear`` after the input layer that sees more than ``n``
-directions, whose spectrum has collapsed (``σ_{n+1}/σ_1 ≤ SPAN_GAP``), through which alone the input reaches the
-output (checked: the network equals :class:`Above` at its features), and whose weights show a span by
-:func:`~exhume.attacks.kkt.subspace.data_subspace`'s rule, at most its top ``n`` directions (a stationary point's ``W``
-has rank ≤ n).
+:func:`layer_above` finds the layer: the first ``nn.Linear`` after the input layer whose weights show the span by the
+span rule (:func:`exhume.equations.span.span_of`: its spectrum collapsed, ``σ_{n+1}/σ_1 ≤ SPAN_GAP``, at most its top
+``n`` directions above the noise), through which alone the input reaches the output (checked: the network equals
+:class:`Above` at its features). Whether a run takes the stage is one predicate, :meth:`KKTAttack.stage_on
+<exhume.attacks.kkt.attack.KKTAttack.stage_on>`, asked alike by lone and batched restarts.
 The features are scaled by the largest feature of uniform-noise images (weights and data mean only), so that
 the display prior ``[0, 1]`` bounds them from both sides (ReLU features are non-negative).
 """
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from exhume.attacks.kkt.subspace import data_subspace
+from exhume.attacks.kkt.subspace import Subspace, as_subspace
 from exhume.deadline import NEVER, Deadline
 
 #: the share of a timed run spent on the feature stage; the rest inverts its features to images
@@ -37,9 +37,6 @@ STAGE_SHARE = 0.75
 #: Adam steps (and learning rate, on centred pixels) of the inversion through the layers below
 INVERT_STEPS = 1000
 INVERT_LR = 0.02
-#: a layer shows the span when σ_{n+1}/σ_1 of its weight is at most this (exhume/equations/span.py reports the same
-#: rule): on the 28×28 CNN the stage gained at 2.6e-3 and below, tied at 1.4e-2, and lost on an 8×8 CNN at 2.2e-2
-SPAN_GAP = 1e-2
 #: random images whose features set the features' scale, and the relative tolerance of the cut's check
 PROBES = 64
 CUT_TOLERANCE = 1e-4
@@ -106,40 +103,26 @@ def _input_layer(model: nn.Module) -> str | None:
     return next((k.rpartition(".")[0] for k, w in model.named_parameters() if w.dim() >= 2), None)
 
 
-def may_stage(model: nn.Module) -> bool:
-    """Whether :func:`layer_above` could find a layer on ``model``: its input enters through something other than an
-    ``nn.Linear`` and an ``nn.Linear`` follows (shapes only, no SVD)."""
-    first = _input_layer(model)
-    if first is None or isinstance(model.get_submodule(first), nn.Linear):
-        return False
-    return any(isinstance(m, nn.Linear) for m in model.modules())
-
-
 def layer_above(model: nn.Module, input_shape: tuple[int, ...], mean: torch.Tensor, n: int,
-                precision: torch.dtype | None = None) -> tuple[Above, Any] | None:
-    """The first layer above the input layer whose weights show the training inputs' span: ``(Above, Subspace)``, or None."""
+                precision: torch.dtype | None = None) -> tuple[Above, Subspace] | None:
+    """The first ``nn.Linear`` above the input layer whose weights show the training inputs' span by the span rule
+    (:func:`exhume.equations.span.span_of`, its inputs having moved in training) and through which alone the input
+    reaches the output: ``(Above, Subspace)``, or None."""
     linears = [name for name, mod in model.named_modules() if isinstance(mod, nn.Linear) and mod.in_features > n]
     if not linears:
         return None
     p0 = next(model.parameters())
     gen = torch.Generator().manual_seed(0)
     probe = (torch.rand((PROBES, *input_shape), generator=gen, dtype=torch.float64) - mean.double().cpu()).to(p0)
+    first = _input_layer(model)
     for name in linears:
-        if name == _input_layer(model):
+        if name == first:
             continue  # the input layer: subspace.py reads its span
-        w = model.get_submodule(name).weight.detach().double().cpu()
-        sv = torch.linalg.svdvals(w)
-        if n >= sv.numel() or not float(sv[n]) <= SPAN_GAP * float(sv[0]):
-            continue  # its spectrum has not collapsed to rank ≤ n: not (yet) the training features' span
+        span = as_subspace(f"net.{name}.weight", model.get_submodule(name).weight, n, precision, inputs_fixed=False)
+        if span.basis is None:
+            continue  # not (yet) the training features' span
         above = _cut(model, name, input_shape, probe)
-        if above is None:
-            continue
-        d = model.get_submodule(name).in_features
-        span = data_subspace(above, dict(above.named_parameters()), (d,), n, precision=precision)
-        if span.basis is not None:
-            if span.basis.shape[1] > n:  # W = Σ_i δ_i φ_iᵀ has rank ≤ n: directions past n are what has not settled yet
-                span.info.update(subspace_rank=n, subspace_rank_above_noise=int(span.basis.shape[1]))
-                span.basis = span.basis[:, :n].contiguous()
+        if above is not None:
             return above, span
     return None
 
