@@ -137,12 +137,12 @@ class Batch:
 
 
 def open_batch(view, restarts: list[Restart], method: str, store, resume: bool, device: str) -> Batch:
-    """The problems of ``restarts``: the first built as a lone run builds it, the others sharing its equation
-    and drawing their own starting point from their seed (what a lone run of theirs would draw). A group whose runs
-    take the feature stage (:meth:`~exhume.attacks.kkt.KKTAttack.stage_on`, the predicate a lone run asks) cannot be
-    batched."""
+    """The problems of ``restarts``: the first built as a lone run builds it, the others sharing its working copy,
+    equation and span and drawing their own starting point from their seed (what a lone run of theirs would draw).
+    A group whose runs take the feature stage (:meth:`~exhume.attacks.kkt.KKTAttack.stage_on`, the predicate a lone run
+    asks) cannot be batched."""
     from exhume.attacks import get_attack
-    from exhume.attacks.kkt import Step, resolve_lr_lambda
+    from exhume.attacks.kkt import Step
 
     why = get_attack(method, **restarts[0].kwargs).unbatched_on(view)
     if why is not None:
@@ -153,15 +153,9 @@ def open_batch(view, restarts: list[Restart], method: str, store, resume: bool, 
     for r in restarts:
         atk = get_attack(method, **r.kwargs)
         atk.check(view)
+        p = atk.problem(view, dev, r.seed, None, shared=first)
         if first is None:
-            p = first = atk.problem(view, dev, r.seed, None)
-        else:
-            x, u = atk.unknowns(view, first.m, first.form.signed, first.eq, r.seed, None, dev)
-            u.requires_grad_(not first.closed)
-            with torch.no_grad():
-                x.copy_(first.span.project(x))
-            form = first.form.name if first.eq is None else "output"
-            p = replace(first, x=x, u=u, lr_lambda=resolve_lr_lambda(atk.config["lr_lambda"], form))
+            first = p
         opts, tracker, run = atk.open_state(view, p, store.folder(r.index), resume and store.folder(r.index) is not None, r.seed)
         members.append(Member(r, atk, p, Step(atk.config, p, opts, tracker, run.history), run))
     return Batch(members, value_and_gradients(vmapped_terms(members[0])), list(members))

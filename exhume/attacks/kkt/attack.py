@@ -25,7 +25,7 @@ from exhume.attacks.kkt.terms import criterion, residual, solved_u, terms
 from exhume.deadline import NEVER, Deadline
 from exhume.equations.formulation import form_for
 from exhume.equations.kinds import Equation, KnownStart, SolvedEquation, Stationarity
-from exhume.equations.trajectory import StartEquation, forgotten_start
+from exhume.equations.trajectory import forgotten_start
 from exhume.starts import start_digest
 
 
@@ -212,14 +212,13 @@ class KKTAttack(Attack):
             u = stage.scores.to(q.u).reshape(q.u.shape) / q.form.scale
             return float(residual(q, feats, u, None)[0] / q.norm2)
 
-    def problem(self, view, dev: torch.device, seed: int, init: torch.Tensor | None) -> Problem:
-        """The working copy of the victim, the equation and the starting unknowns (:func:`exhume.attacks.kkt.problem.build`)."""
-        return problem_mod.build(self.config, self.given, view, dev, seed, init)
-
-    def unknowns(self, view, m: int, signed: bool, eq: StartEquation | None, seed: int, init: torch.Tensor | None,
-                 dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The starting candidates and multipliers drawn from ``seed`` (:func:`exhume.attacks.kkt.problem.unknowns`)."""
-        return problem_mod.unknowns(self.config, view, m, signed, eq, seed, init, dev)
+    def problem(self, view, dev: torch.device, seed: int, init: torch.Tensor | None, shared: Problem | None = None) -> Problem:
+        """The working copy of the victim, the equation (:func:`exhume.attacks.kkt.problem.setup`) and this run's starting
+        unknowns (:func:`~exhume.attacks.kkt.problem.start`). ``shared``: the problem of another restart on the same victim
+        with these settings but its rates, whose working copy, equation and span this one takes (the batched restarts)."""
+        if shared is None:
+            shared = problem_mod.setup(self.config, self.given, view, dev, init)
+        return problem_mod.start(shared, self.config, view, seed, init)
 
     def open_state(self, view, p: Problem, out, resume: bool, seed: int, owner=None):
         """``((opt_x, opt_u), tracker, run)`` of a run on ``p``: its optimisers, averaged iterates and checkpoint
