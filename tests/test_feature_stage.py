@@ -6,10 +6,11 @@ import torch
 from torch import nn
 
 from exhume.attacks import get_attack
-from exhume.attacks.kkt.stage import Above, features_of, invert, layer_above
+from exhume.attacks.kkt.stage import Above, invert, layer_above
 from exhume.data import load_dataset
 from exhume.data.tasks import select_task
 from exhume.models import build_model
+from exhume.models.tap import features_of
 from exhume.victim import AttackerView
 
 

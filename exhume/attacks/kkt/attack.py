@@ -26,6 +26,7 @@ from exhume.deadline import NEVER, Deadline
 from exhume.equations.formulation import form_for
 from exhume.equations.kinds import Equation, KnownStart, SolvedEquation, Stationarity
 from exhume.equations.trajectory import forgotten_start
+from exhume.models.tap import features_of
 from exhume.starts import start_digest
 
 
@@ -208,7 +209,7 @@ class KKTAttack(Attack):
         """The stage's equation at the features of ``p.x`` (the inverted images) with the stage's multipliers."""
         q = inner.problem(fview, p.x.device, 0, None)
         with torch.no_grad():
-            feats = feature_stage.features_of(p.model, above.layer, p.x).to(q.x) / above.scale
+            feats = features_of(p.model, above.layer, p.x).to(q.x) / above.scale
             u = stage.scores.to(q.u).reshape(q.u.shape) / q.form.scale
             return float(residual(q, feats, u, None)[0] / q.norm2)
 

@@ -29,8 +29,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from exhume.attacks.engine.priors import range_penalty
 from exhume.attacks.kkt.subspace import Subspace, as_subspace
 from exhume.deadline import NEVER, Deadline
+from exhume.models.tap import features_of
 
 #: the share of a timed run spent on the feature stage; the rest inverts its features to images
 STAGE_SHARE = 0.75
@@ -68,17 +70,6 @@ class Above(nn.Module):
     def forward(self, v: torch.Tensor) -> torch.Tensor:
         self._v = v  # the layers below run on one blank input: their output is replaced, only its shape's rest matters
         return self.net(v.new_zeros((1, *self.input_shape)))
-
-
-def features_of(model: nn.Module, layer: str, x: torch.Tensor) -> torch.Tensor:
-    """What module ``layer`` receives when ``model`` runs on ``x``, one row per input."""
-    got: list[torch.Tensor] = []
-    handle = model.get_submodule(layer).register_forward_pre_hook(lambda m, a: got.append(a[0]))
-    try:
-        model(x)
-    finally:
-        handle.remove()
-    return got[0].reshape(x.shape[0], -1)
 
 
 def _cut(model: nn.Module, layer: str, input_shape: tuple[int, ...], probe: torch.Tensor) -> Above | None:
@@ -141,7 +132,7 @@ def invert(model: nn.Module, layer: str, target: torch.Tensor, mean: torch.Tenso
         opt.zero_grad(set_to_none=True)
         fit = ((features_of(model, layer, x) - target).norm(dim=1) / norm).pow(2).sum()
         v = x + mean
-        (fit + (torch.relu(v - 1) ** 2 + torch.relu(-v) ** 2).sum()).backward()
+        (fit + range_penalty(v, 0.0, 1.0)).backward()
         opt.step()
         if deadline.passed():
             break
