@@ -48,7 +48,7 @@ class KKTAttack(Attack):
     restart_plan = RestartPlan(variants=({}, {"lr_lambda": 1e-2}))
     multipliers = True
     uses_start = True  # a start in the view switches the equation (start_equation="auto")
-    batchable = True  # exhume/portfolio/batched.py stacks its restarts
+    batchable = True  # exhume/portfolio/batched/ stacks its restarts
     params = PARAMS
     presets = PRESETS
     retired = RETIRED
