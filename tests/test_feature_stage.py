@@ -158,7 +158,8 @@ def _best_correlations(candidates: torch.Tensor, images: torch.Tensor) -> torch.
 def test_the_stage_recovers_digits_from_a_cnn_whose_span_shows_only_a_layer_up():
     """8 digits, a CNN whose fully connected head was trained to a stationary point on its (frozen, random) convolution's
     features: the span shows at head.0 (σ_9/σ_1 ≈ 1e-5), none at the first layer. Measured at 400 iterations: the stage's
-    best candidates correlate 0.91, 0.85, 0.79, 0.77, 0.75 with five digits, the first-layer-only attack's 0.76 at best."""
+    best candidates correlate 0.91, 0.85, 0.79, 0.77, 0.75 with five digits (the pixel-space attack, subspace="off",
+    0.76 at best: a measurement, not asserted, so that a better pixel-space attack breaks nothing here)."""
     raw, x, mean, y = _digits(8)
     torch.manual_seed(0)
     model = build_model("cnn:8;fc=64;pool=avg", (1, 8, 8), 1)
@@ -172,7 +173,5 @@ def test_the_stage_recovers_digits_from_a_cnn_whose_span_shows_only_a_layer_up()
     view = AttackerView(model=model.eval(), task="binary", input_shape=(1, 8, 8), mean=mean, loss="logistic",
                         weight_decay=5e-3, n_train_hint=8)
     staged = get_attack("kkt", iterations=400).run(view, progress=False)
-    plain = get_attack("kkt", iterations=400, subspace="off").run(view, progress=False)
     assert staged.config["subspace_used"] == "layer above"
-    assert int((_best_correlations(staged.candidates, raw) >= 0.75).sum()) >= 4
-    assert int((_best_correlations(plain.candidates, raw) >= 0.75).sum()) <= 2
+    assert int((_best_correlations(staged.candidates, raw) >= 0.75).sum()) >= 4  # five measured
