@@ -34,7 +34,7 @@ def _restarts(out, count: int):
 
 @pytest.mark.parametrize("traced", [False, True], ids=["eager", "traced"])
 def test_batched_restarts_equal_the_restarts_run_one_by_one(victim_dir, tmp_path, monkeypatch, snapshots, traced):
-    import exhume.portfolio.batched.tracing as batched_mod
+    import exhume.portfolio.batched.engine as batched_mod
 
     # the batch replays its traced graph from the first step or never
     monkeypatch.setattr(batched_mod, "traces", lambda iterations, seconds: traced)

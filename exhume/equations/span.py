@@ -48,18 +48,14 @@ MAX_ELEMENTS = 1 << 24
 
 @dataclass
 class Span:
-    """What one weight matrix shows of the span of the inputs it was trained on (:func:`span_of`).
-
-    ``rank``: the directions kept (0 without a span); ``basis``: their right singular vectors ``(d, rank)`` when asked
-    for; ``singular``: the spectrum; ``facts``: ``sigma_after_n``, ``noise_share``, ``cut``, ``cut_by`` and
-    ``rank_above_noise``, as far as the rule got.
-    """
+    """What one weight matrix shows of its inputs' span (:func:`span_of`): ``rank`` directions kept (0: none), their
+    ``basis`` ``(d, rank)`` when asked for, the ``singular`` values, and ``facts`` as far as the rule got."""
 
     shows: bool
     why: str
+    singular: torch.Tensor
     rank: int = 0
     basis: torch.Tensor | None = None
-    singular: torch.Tensor | None = None
     facts: dict[str, Any] = field(default_factory=dict)
 
 
@@ -67,50 +63,40 @@ def span_of(w: torch.Tensor, n: int, precision: torch.dtype | None = None, *, in
             basis: bool = False) -> Span:
     """The span rule: whether ``w`` (``out × rest``) shows the span of the ``n`` inputs it was trained on, and its directions.
 
-    It does when it sees more than ``n`` directions, the initialisation's i.i.d. noise (:func:`noise_edge`) holds at
-    most ``MAX_NOISE_SHARE`` of its energy, and what lies past its ``n``-th direction is negligible,
-    ``σ_{n+1}/σ_1 ≤ SPAN_GAP``, or, where its inputs are fixed (the layer the data enter through, every gradient row of
-    which lies in their span), no more than that noise (``σ_{n+1}`` at most the cut). The directions kept are those
-    above the cut, the larger of ``EDGE_MARGIN`` × the noise's edge and ``FLOOR_EPS`` epsilons of ``precision`` (the
-    dtype it was trained in; default its own) times ``σ_1``, at most ``n`` (a stationary point's rank). A layer whose
-    inputs moved during training (above the first) shows the span only once its spectrum has collapsed: the noise
-    edge, fitted to what has not settled, is no test there. ``basis=True`` also returns the directions.
-    """
+    It does when it sees more than ``n`` directions, the initialisation's i.i.d. noise (:func:`noise_edge`) holds at most
+    ``MAX_NOISE_SHARE`` of its energy, and ``σ_{n+1}/σ_1 ≤ SPAN_GAP`` or, where its inputs are fixed (the layer the data
+    enter through, every gradient row of which lies in their span), ``σ_{n+1}`` lies within that noise (at most the cut:
+    the larger of ``EDGE_MARGIN`` × the noise's edge and ``FLOOR_EPS`` epsilons of ``precision`` times ``σ_1``). A layer
+    whose inputs moved in training shows it only once its spectrum collapsed. The directions kept: those above the cut,
+    at most ``n``; ``basis=True`` also returns them."""
     mat = w.detach().reshape(w.shape[0], -1)
-    p = int(min(mat.shape))
-    facts: dict[str, Any] = {"directions": p}
+    _, s, vh = torch.linalg.svd(mat.double().cpu(), full_matrices=False) if basis else (None, torch.linalg.svdvals(mat.double().cpu()), None)
+    p = s.numel()
     if p <= n:
         return Span(False, f"it sees {p} direction{'' if p == 1 else 's'}, no more than n = {n}: the training data may fill "
-                    f"{'it' if p == 1 else f'all {p} directions'}", facts=facts)
-    if basis:
-        _, s, vh = torch.linalg.svd(mat.double().cpu(), full_matrices=False)
-    else:
-        s, vh = torch.linalg.svdvals(mat.double().cpu()), None
+                    f"{'it' if p == 1 else f'all {p} directions'}", s)
     noise = noise_share(s, tuple(mat.shape), n)
     if noise is None:
-        return Span(False, "all its singular values are zero", singular=s, facts=facts)
+        return Span(False, "all its singular values are zero", s)
     edge, share = noise
-    gap = float(s[n] / s[0])
-    floor = FLOOR_EPS * torch.finfo(precision or w.dtype).eps * float(s[0])
+    gap, floor = float(s[n] / s[0]), FLOOR_EPS * torch.finfo(precision or w.dtype).eps * float(s[0])
     cut = max(EDGE_MARGIN * edge, floor)
     k = int((s > cut).sum())
-    facts.update(sigma_after_n=gap, noise_share=share, cut=cut, cut_by="initialisation" if EDGE_MARGIN * edge >= floor
-                 else "precision", rank_above_noise=k)
+    facts = {"sigma_after_n": gap, "noise_share": share, "cut": cut, "cut_by": "initialisation" if EDGE_MARGIN * edge >= floor
+             else "precision", "rank_above_noise": k}
     if share > MAX_NOISE_SHARE:
-        why = f"the initialisation still holds {share:.0%} of its energy, so the training data's directions are buried in it"
-        return Span(False, why, singular=s, facts=facts)
-    within_noise = inputs_fixed and k <= n
-    if gap > SPAN_GAP and not within_noise:
+        return Span(False, f"the initialisation still holds {share:.0%} of its energy, so the training data's directions are "
+                    "buried in it", s, facts=facts)
+    if gap > SPAN_GAP and not (inputs_fixed and k <= n):
         return Span(False, f"σ_{n + 1}/σ_1 = {gap:.2g} is above {SPAN_GAP:g}: its spectrum has not collapsed to rank ≤ n, "
                     "the training inputs' span" + (f", and {k} directions stand above its noise ({cut:.3g})" if inputs_fixed else ""),
-                    singular=s, facts=facts)
+                    s, facts=facts)
     if k == 0:
-        return Span(False, f"none of its singular values lies above its noise ({cut:.3g})", singular=s, facts=facts)
+        return Span(False, f"none of its singular values lies above its noise ({cut:.3g})", s, facts=facts)
     rank = min(k, n)
     why = (f"σ_{n + 1}/σ_1 = {gap:.2g}" + (f" lies within its initialisation's noise ({cut / float(s[0]):.2g} of σ_1)" if gap > SPAN_GAP
                                           else ": its spectrum collapses to rank ≤ n") + f"; {rank} directions stand above its noise")
-    kept = None if vh is None else vh[:rank].T.contiguous().to(w.device, w.dtype)
-    return Span(True, why, rank, kept, s, facts)
+    return Span(True, why, s, rank, None if vh is None else vh[:rank].T.contiguous().to(w.device, w.dtype), facts)
 
 
 def spectrum_row(name: str, w: torch.Tensor, n: int, inputs_fixed: bool = False) -> dict[str, Any]:
@@ -121,23 +107,18 @@ def spectrum_row(name: str, w: torch.Tensor, n: int, inputs_fixed: bool = False)
     if mat.numel() > MAX_ELEMENTS:
         return {**row, "shows_span": False, "why": f"not decomposed: over {MAX_ELEMENTS:,} entries"}
     span = span_of(w, n, inputs_fixed=inputs_fixed)
-    s = span.singular if span.singular is not None else torch.linalg.svdvals(mat.double().cpu())
-    energy = (s**2).cumsum(0) / (s**2).sum().clamp_min(1e-300)
-    row["rank_999"] = int((energy < SPAN_ENERGY).sum()) + 1
-    p = row["directions"]
+    s, p = span.singular, row["directions"]
+    row["rank_999"] = int(((s**2).cumsum(0) / (s**2).sum().clamp_min(1e-300) < SPAN_ENERGY).sum()) + 1
     if float(s[0]) > 0 and n <= p:
-        row["sigma_n"] = float(s[n - 1] / s[0])
-        row["sigma_after_n"] = float(s[n] / s[0]) if n < p else None
+        row.update(sigma_n=float(s[n - 1] / s[0]), sigma_after_n=float(s[n] / s[0]) if n < p else None)
     return {**row, "shows_span": span.shows, "why": span.why, **({"rank": span.rank} if span.shows else {})}
 
 
 def span_gap(model: nn.Module, n: int) -> float | None:
     """The largest σ_{n+1}/σ_1 over the weight layers that see more than ``n`` directions (None: no such layer): below
     :data:`SPAN_GAP` every one of them shows the training inputs' span (a stopping rule for training, weights only)."""
-    gaps = [r.get("sigma_after_n") for r in (spectrum_row(k, w, n) for k, w in model.named_parameters() if w.dim() >= 2)
-            if r["directions"] > n]
-    gaps = [g for g in gaps if g is not None]
-    return max(gaps) if gaps else None
+    rows = (spectrum_row(k, w, n) for k, w in model.named_parameters() if w.dim() >= 2)
+    return max((r["sigma_after_n"] for r in rows if r.get("sigma_after_n") is not None), default=None)
 
 
 def layer_spectra(model: nn.Module, n: int) -> dict[str, Any]:
@@ -209,13 +190,8 @@ MIN_LEARNED_SHARE = 1e-6
 def learned_part(params: dict[str, torch.Tensor], n_guess: int) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
     """What training added to each weight matrix, where the initialisation's noise still shows: ``(target, info)``.
 
-    Without weight decay gradient descent keeps the random initialisation: ``W = W₀ + Σ_i (…)``, and
-    only the sum is what the stationarity equation explains. A hidden layer left at PyTorch's
-    default initialisation (Haim's regime shrinks only the first layer's) keeps most of its
-    energy there: on a 784-256-256 victim trained without weight decay the 256×256 layer's
-    singular values are a Marchenko–Pastur bulk (median 0.47) with two above it, and the 100
-    training points explain 24 % of ``‖θ‖²`` (90 % of ``W₀ + Σ`` with that layer's bulk removed).
-    Each parameter with two or more dimensions (convolutions flattened to ``out × rest``) whose
+    Without weight decay gradient descent keeps the random initialisation, ``W = W₀ + Σ_i (…)``, and only the sum is
+    what the stationarity equation explains (docs/METHODS.md §5). Each parameter with two or more dimensions (convolutions flattened to ``out × rest``) whose
     smaller side ``p`` exceeds ``n_guess`` has its i.i.d. noise scale estimated as in
     :func:`noise_edge`; where that noise holds at least ``MIN_DENOISE_SHARE`` of the tensor's
     energy the tensor is replaced by its singular components above ``EDGE_MARGIN`` × the noise's

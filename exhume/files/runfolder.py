@@ -232,34 +232,24 @@ def holding_output(where: Callable[[dict[str, Any]], str | Path | None], file: b
     return wrap
 
 
-@contextmanager
-def waiting_lock(path: str | Path) -> Iterator[None]:
-    """Hold an advisory lock on the file ``path`` (created) for the block, waiting while another process or thread holds
-    it (``fcntl.flock``: released by the system when its holder exits, however it exits)."""
-    import fcntl
-
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing the descriptor releases its lock
-
-
 def publish_copy(src: str | Path, dst: str | Path) -> None:
     """Replace the folder ``dst`` by a copy of the folder ``src``, however many writers publish at once: each copies to
-    a temporary sibling of its own, then, one at a time under :func:`waiting_lock` of ``.NAME.lock`` beside ``dst``,
-    moves the old ``dst`` aside and renames its copy into place. No writer copies into a folder another removes; a
-    reader sees a whole folder, the old or the new."""
+    a temporary sibling of its own, then, one at a time (``fcntl.flock`` on ``.NAME.lock`` beside ``dst``, released by
+    the system however its holder ends), moves the old ``dst`` aside and renames its copy into place. No writer copies
+    into a folder another removes; a reader sees a whole folder, the old or the new."""
+    import fcntl
+
     src, dst = Path(src), Path(dst)
     tmp = dst.with_name(f".{dst.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     old = tmp.with_suffix(".old")
+    lock = os.open(dst.with_name(f".{dst.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         shutil.copytree(src, tmp)
-        with waiting_lock(dst.with_name(f".{dst.name}.lock")):
-            if dst.exists():
-                os.replace(dst, old)
-            os.replace(tmp, dst)
+        fcntl.flock(lock, fcntl.LOCK_EX)  # waits for another writer's swap; closing the descriptor releases it
+        if dst.exists():
+            os.replace(dst, old)
+        os.replace(tmp, dst)
     finally:
+        os.close(lock)
         for leftover in (tmp, old):
             shutil.rmtree(leftover, ignore_errors=True)

@@ -1,18 +1,13 @@
 """Network inversion (``inversion``), and what it shares with TLDR (:mod:`~exhume.attacks.generative.tldr`): docs/METHODS.md §3.
 
-Both train a :class:`~exhume.attacks.generative.generator.ConditionedGenerator` against the frozen
-classifier (in ``.eval()`` mode: batch norm on its running statistics, dropout off) and return
-``samples_per_class`` generated images per class in display space, labelled with the class they
-were conditioned on, scored by the classifier's probability of that class (:class:`GeneratorAttack`).
-
-``inversion`` minimises ``α·KL(P ‖ softmax f(I)) + β·CE + γ·cosine + δ·ortho`` with soft
-(softmaxed normal) conditioning vectors (:mod:`exhume.attacks.generative.losses` for each term). The
-features for the cosine and orthogonality terms are the classifier's last hidden layer: the input of
-its last ``nn.Linear`` (found generically), or the output of the module named by ``feature_layer``.
-
-``output="sigmoid"`` keeps images in [0, 1] (the pixel-range term then acts only with ``output="linear"``), and tldr's
-added terms ramp up over ``warmup``: without both, those terms swamp the cross-entropy at initialisation
-(docs/defaults.md#tldr-generator-and-output).
+Both train a :class:`~exhume.attacks.generative.generator.ConditionedGenerator` against the frozen classifier (in
+``.eval()`` mode) and return ``samples_per_class`` generated images per class in display space, labelled with the class
+they were conditioned on, scored by the classifier's probability of that class (:class:`GeneratorAttack`).
+``inversion`` minimises ``α·KL(P ‖ softmax f(I)) + β·CE + γ·cosine + δ·ortho`` with soft conditioning vectors
+(:mod:`exhume.attacks.generative.losses`), on the classifier's last hidden layer: the input of its last ``nn.Linear``,
+or the output of the module named by ``feature_layer`` (:func:`feature_tap`). ``output="sigmoid"`` keeps images in
+[0, 1], and tldr's added terms ramp up over ``warmup``: without both, those terms swamp the cross-entropy at
+initialisation (docs/defaults.md#tldr-generator-and-output).
 """
 
 from __future__ import annotations

@@ -103,10 +103,9 @@ class KKTAttack(Attack):
 
     def stage_on(self, view, model=None) -> tuple[Any, Subspace] | None:
         """Whether a run on ``view`` takes the feature stage, the one predicate lone and batched restarts ask: with
-        ``subspace="auto"``, the stationary equation and no start, where the input enters through no linear map (a
-        convolution first) but a layer above shows the span at the victim's precision
-        (:func:`~exhume.attacks.kkt.stage.layer_above`): that layer, cut, and its span; None elsewhere (an MLP keeps its
-        first layer's rule, measured on the zoo). ``model``: the attack's working copy to cut (default the view's)."""
+        ``subspace="auto"``, the stationary equation and no start, where the input enters through no linear map but a
+        layer above shows the span at the victim's precision (:func:`~exhume.attacks.kkt.stage.layer_above`): that layer,
+        cut, and its span; None elsewhere. ``model``: the attack's working copy to cut (default the view's)."""
         cfg = self.config
         if cfg["subspace"] != "auto" or view.start is not None or equation_for(cfg["start_equation"], view) != "stationary":
             return None
@@ -168,12 +167,10 @@ class KKTAttack(Attack):
 
     def staged(self, view, p: Problem, seed: int, progress: bool, deadline: Deadline = NEVER, out=None, resume: bool = False,
                every: tuple[int | None, int | None] = (None, None), owner=None) -> Reconstruction | None:
-        """Where the input enters through no linear map (a convolution first) but a layer above shows the span
-        (``subspace="auto"``, the stationary equation, no start): kkt on the layers from there up for features in its
-        row space, the features inverted to images through the layers below (:mod:`exhume.attacks.kkt.stage`); None
-        elsewhere (MLPs keep their first layer's rule, measured on the zoo). The stage gets
-        :data:`~exhume.attacks.kkt.stage.STAGE_SHARE` of ``deadline``, the inversion the rest. The stage checkpoints in
-        ``out/feature_stage`` and resumes from there; the inversion (1,000 steps at most) runs again."""
+        """Where :meth:`stage_on` finds a layer: kkt on the layers from there up for features in its row space, the
+        features inverted to images through the layers below (:mod:`exhume.attacks.kkt.stage`); None elsewhere. The stage
+        gets :data:`~exhume.attacks.kkt.stage.STAGE_SHARE` of ``deadline``, the inversion the rest; the stage checkpoints
+        in ``out/feature_stage`` and resumes from there, the inversion (1,000 steps at most) runs again."""
         cfg = self.config
         t0 = time.perf_counter()
         found = self.stage_on(view, p.model)

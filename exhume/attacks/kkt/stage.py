@@ -1,22 +1,14 @@
 """The training inputs' span one layer up: kkt solved in a layer's input space, then inverted to images.
 
-A CNN's first layer is a small convolution whose patches fill their few directions, so its weights show no span
-(:mod:`exhume.attacks.kkt.subspace`). Near a stationary point the span shows one layer up instead: the fully
-connected layer after the convolutions is ``W = Σ_i δ_i φ_iᵀ`` over the training images' features ``φ_i``, rank
-≈ n (:mod:`exhume.equations.span` reports it). kkt's ``subspace="auto"`` then solves the stationarity
-equation of the layers from there up (:class:`Above`: that layer's input replaced by the unknowns; they hold
-nearly all of ``θ``, 99.98 % on the 28×28 CNN) for features in that layer's row space, exactly as it solves
-an MLP's first layer, and inverts each candidate's features through the layers below to pixels (Oz et al.
-2024 invert a head's features through a frozen extractor the same way). Why not a penalty in pixel space
-or a full-equation finish: docs/METHODS.md §5 and docs/defaults.md.
-
-:func:`layer_above` finds the layer: the first ``nn.Linear`` after the input layer whose weights show the span by the
-span rule (:func:`exhume.equations.span.span_of`: its spectrum collapsed, ``σ_{n+1}/σ_1 ≤ SPAN_GAP``, at most its top
-``n`` directions above the noise), through which alone the input reaches the output (checked: the network equals
-:class:`Above` at its features). Whether a run takes the stage is one predicate, :meth:`KKTAttack.stage_on
-<exhume.attacks.kkt.attack.KKTAttack.stage_on>`, asked alike by lone and batched restarts.
-The features are scaled by the largest feature of uniform-noise images (weights and data mean only), so that
-the display prior ``[0, 1]`` bounds them from both sides (ReLU features are non-negative).
+A CNN's first layer is a small convolution whose patches fill their few directions, so its weights show no span.
+Near a stationary point the span shows one layer up instead: the fully connected layer after the convolutions is
+``W = Σ_i δ_i φ_iᵀ`` over the training images' features. kkt's ``subspace="auto"`` then solves the stationarity
+equation of the layers from there up (:class:`Above`: that layer's input replaced by the unknowns) for features in
+that layer's row space, as it solves an MLP's first layer, and inverts each candidate's features through the layers
+below to pixels (as Oz et al. 2024 invert a head's features); why: docs/METHODS.md §5. :func:`layer_above` finds the
+first ``nn.Linear`` above the input layer whose weights show the span (:func:`exhume.equations.span.span_of`) and
+through which alone the input reaches the output; whether a run takes the stage is one predicate,
+:meth:`exhume.attacks.kkt.attack.KKTAttack.stage_on`. Features are scaled by the largest of uniform-noise images'.
 """
 
 from __future__ import annotations

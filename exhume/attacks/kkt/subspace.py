@@ -1,24 +1,14 @@
 """The span of the training inputs, read from the victim's first layer, and projecting candidates onto it.
 
-If a network's input enters through one linear map ``z = W·x (+ b)`` (an MLP's first layer, on the
-flattened, centred input), every gradient step on ``W`` adds ``Σ_i δ_i x_iᵀ``: rows in the span of
-the training inputs. So ``W`` is its initialisation (shrunk by weight decay) plus a matrix whose
-row space is the training data's span, plain in ``W``'s singular values where the initialisation
-has decayed or was small. The stationarity equation alone leaves candidates free in the other
-directions, and that freedom is spent on noise.
-
-:func:`data_subspace` finds that span from the weights alone: it checks that a 2-D parameter
-really is the map the input enters through (by the gradients' algebra, for any ``nn.Module``:
-:func:`input_layer`), then reads it by the span rule (:func:`exhume.equations.span.span_of`, whose inputs are
-fixed here): the right singular vectors that stand above ``W``'s noise, the larger of the initialisation's
-Marchenko–Pastur edge (its scale read from the lower half of the spectrum) and float32's precision floor, at most
-``n``, where the rest lies within that noise or below ``SPAN_GAP`` of ``σ_1``. There is no span where the data could
-fill the spectrum (``n_guess ≥ p``) or where the initialisation's noise still holds more than 10 % of ``‖W‖²``
-(PyTorch's default initialisation without weight decay). The rule assumes an i.i.d. initialisation; a first layer
-that started from pretrained weights breaks it (``subspace="off"``). Data directions weaker than the floor are lost.
-:class:`Subspace` projects in centred input space, ``x̂ ← V Vᵀ x̂``; the kkt attack applies it to the initial candidates and after
-every step (``subspace="auto"``) and records why where there is no span. Measurements:
-``docs/defaults.md#kkt-subspace``.
+If a network's input enters through one linear map ``z = W·x (+ b)`` (an MLP's first layer, on the flattened, centred
+input), every gradient step on ``W`` adds ``Σ_i δ_i x_iᵀ``: rows in the span of the training inputs, above ``W``'s
+initialisation. The stationarity equation alone leaves candidates free in the other directions, and that freedom is
+spent on noise. :func:`data_subspace` checks which 2-D parameter is the map the input enters through (by the
+gradients' algebra, for any ``nn.Module``: :func:`input_layer`) and reads its span by the span rule
+(:func:`exhume.equations.span.span_of`). The rule assumes an i.i.d. initialisation; a first layer that started from
+pretrained weights breaks it (``subspace="off"``). :class:`Subspace` projects in centred input space,
+``x̂ ← V Vᵀ x̂``; the kkt attack applies it to the initial candidates and after every step (``subspace="auto"``) and
+records why where there is no span. Measurements: ``docs/defaults.md#kkt-subspace``.
 """
 
 from __future__ import annotations
@@ -115,12 +105,8 @@ def _layer_check(model: nn.Module, params: dict[str, torch.Tensor], name: str, i
 
 def data_subspace(model: nn.Module, params: dict[str, torch.Tensor], input_shape: tuple[int, ...],
                   n_guess: int, precision: torch.dtype | None = None) -> Subspace:
-    """The training inputs' span as the victim's first layer shows it (see the module docstring): the span rule
-    (:func:`exhume.equations.span.span_of`) on the parameter the input enters through, whose inputs are fixed.
-
-    ``precision``: the dtype the victim was trained in (default: the parameter's own), whose
-    machine epsilon sets the precision floor.
-    """
+    """The training inputs' span as the victim's first layer shows it: the span rule (:func:`exhume.equations.span.span_of`)
+    on the parameter the input enters through (its inputs fixed), at ``precision``, the victim's training dtype."""
     name = input_layer(model, params, input_shape)
     if name is None:
         return Subspace(None, {"subspace_used": "none", "subspace_reason": "the input does not enter through one linear map "
@@ -132,9 +118,8 @@ def as_subspace(name: str, w: torch.Tensor, n: int, precision: torch.dtype | Non
     """:func:`~exhume.equations.span.span_of` of parameter ``name`` as the :class:`Subspace` kkt projects onto, and its record."""
     span = span_of(w, n, precision, inputs_fixed=inputs_fixed, basis=True)
     facts = span.facts
-    info: dict[str, Any] = {"subspace_layer": name, "subspace_dims": int(w.reshape(w.shape[0], -1).shape[1])}
-    if "noise_share" in facts:
-        info["subspace_noise_share"] = facts["noise_share"]
+    info: dict[str, Any] = {"subspace_layer": name, "subspace_dims": int(w.reshape(w.shape[0], -1).shape[1]),
+                            **({"subspace_noise_share": facts["noise_share"]} if "noise_share" in facts else {})}
     if not span.shows:
         return Subspace(None, {**info, "subspace_used": "none", "subspace_reason": f"{name}: {span.why}"})
     info.update(subspace_used="above-noise", subspace_rank=span.rank, subspace_cut=facts["cut"], subspace_cut_by=facts["cut_by"],

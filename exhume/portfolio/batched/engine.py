@@ -1,5 +1,5 @@
-"""The batched restarts' engine: one problem per restart, every restart's loss terms in one ``torch.func.vmap`` call,
-then each restart's own step (:meth:`exhume.attacks.kkt.Step.advance`)."""
+"""The batched restarts' engine: one problem per restart, every restart's loss terms in one ``torch.func.vmap`` call
+(eager in a short run, else traced once: :func:`evaluate`), then each restart's own step (``kkt.Step.advance``)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,14 @@ from typing import Any
 
 import torch
 
+from exhume.attacks.kkt import traces
 from exhume.deadline import NEVER, Deadline
+from exhume.equations.stationarity import traced
 from exhume.errors import DivergenceError
-from exhume.portfolio.batched.tracing import evaluate
 from exhume.portfolio.plan import Restart
+
+#: make_fx's mode: real tensors (fake ones gave a graph whose replay failed on a view under vmap)
+TRACING_MODE = "real"
 
 
 class NotBatchable(Exception):
@@ -95,6 +99,22 @@ def value_and_gradients(vmapped):
         return terms, gx, gu, solved
 
     return f
+
+
+def evaluate(batch) -> tuple[torch.Tensor, ...]:
+    """:func:`~exhume.portfolio.batched.engine.value_and_gradients` at the live restarts' unknowns: eager in a short run, else replayed from its trace
+    from the first step (traced again when a restart leaves the batch; :func:`exhume.attacks.kkt.traces`)."""
+    args = (torch.stack([m.problem.x.detach() for m in batch.live]), torch.stack([m.problem.u.detach() for m in batch.live]))
+    if batch.trace_state != "failed" and traces(batch.live[0].attack.config["iterations"], batch.deadline.seconds):
+        key = (tuple(args[0].shape), tuple(args[1].shape))
+        if batch.trace_state != key:
+            batch.graph, why = traced(batch.fn, args, TRACING_MODE)
+            batch.trace_state = key if batch.graph is not None else "failed"
+            batch.members[0].problem.form.info.update(residual_traced=batch.graph is not None,
+                                                      residual_trace_note=f"restarts batched through torch.func.vmap, {why}")
+        if batch.graph is not None:
+            return batch.graph(*args)
+    return batch.fn(*args)
 
 
 def batched_step(batch: Batch, it: int, log: bool, clock) -> dict[str, str] | None:

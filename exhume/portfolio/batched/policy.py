@@ -51,11 +51,6 @@ class Batching:
     why: str
     groups: list[dict[str, Any]] = field(default_factory=list)
 
-    @classmethod
-    def choose(cls, setting: str, device: str, method: str, storage: str | None,
-               unbatched: Callable[[], str | None] | None = None) -> Batching:
-        return cls(*use_batched(setting, device, method, storage, unbatched))
-
     def record(self) -> dict[str, Any]:
         return {"used": self.used, "why": self.why, **({"groups": self.groups} if self.groups else {})}
 

@@ -1,5 +1,4 @@
-"""Running the batched restarts group by group: the loop, the results and their records, and the groups that cannot
-be batched, which run one restart after another in this process."""
+"""The batched restarts group by group: the loop, the results and their records, and the groups run unbatched."""
 
 from __future__ import annotations
 
