@@ -283,7 +283,7 @@ def test_kkt_with_denoise_explains_the_learned_part():
     assert torch.equal(same[0].candidates, same[1].candidates) and same[1].config["denoise_used"] == "none"
 
 
-def test_the_span_rule_is_one_function_whose_constants_are_declared_once():
+def test_the_span_rule_is_one_function_whose_constants_are_declared_once_and_the_stage_one_predicate():
     """kkt's first layer, the feature stage and the layer report all read the span through span_of (the stage through
     subspace.as_subspace); the rule's constants are assigned in exhume/equations/span.py alone, and neither reader of kkt
     decomposes a weight itself."""
@@ -307,3 +307,8 @@ def test_the_span_rule_is_one_function_whose_constants_are_declared_once():
     assert calls["as_subspace"] == {"exhume/attacks/kkt/subspace.py", "exhume/attacks/kkt/stage.py"}
     decomposes = calls.get("svdvals", set()) | calls.get("svd", set())
     assert not decomposes & {"exhume/attacks/kkt/subspace.py", "exhume/attacks/kkt/stage.py"}
+    # and one predicate takes the feature stage: layer_above is asked in KKTAttack.stage_on alone
+    attack = ast.parse((root / "exhume/attacks/kkt/attack.py").read_text())
+    askers = {f.name for f in ast.walk(attack) if isinstance(f, ast.FunctionDef)
+              for c in ast.walk(f) if isinstance(c, ast.Call) and getattr(c.func, "attr", None) == "layer_above"}
+    assert calls["layer_above"] == {"exhume/attacks/kkt/attack.py"} and askers == {"stage_on"}
