@@ -441,3 +441,42 @@ def test_workers_finishing_together_publish_best_whole_one_after_another(tmp_pat
     assert sorted(p.name for p in (out / "best").iterdir()) == [f"part{k}.bin" for k in range(5)]
     assert all((out / "best" / f"part{k}.bin").read_bytes() == bytes([k]) * 1000 for k in range(5))
     assert sorted(p.name for p in out.iterdir()) == [".best.lock", "best", "trials"]  # no copy left behind
+
+
+def test_a_worker_whose_best_was_overtaken_while_it_copied_leaves_the_newer_best_in_place(tmp_path, monkeypatch, optuna):
+    """Worker A finds trial 4 best and starts copying it; meanwhile trial 5 finishes better and worker B publishes it.
+    When A's turn comes, trial 4 is no longer the study's best: best/ keeps trial 5, and A says why it did not copy."""
+    import shutil
+    import threading
+    from types import SimpleNamespace
+
+    from exhume.tune import study as tune_study
+
+    out = tmp_path / "tune"
+    host = tune_study.socket.gethostname()
+    trials = []
+    for number, value in ((4, 0.5), (5, 0.7)):
+        src = out / "trials" / f"trial-{number:04d}"
+        src.mkdir(parents=True)
+        (src / "which.txt").write_text(str(number))
+        trials.append(SimpleNamespace(number=number, value=value, params={}, state=optuna.trial.TrialState.COMPLETE,
+                                      user_attrs={"folder": str(src), "host": host}))
+    finished = [trials[0]]  # what the study holds: trial 5 finishes while worker A copies trial 4
+    study = SimpleNamespace(get_trials=lambda deepcopy=False, states=None: list(finished))
+    copytree, summaries = shutil.copytree, {}
+
+    def copy(s, d, **kw):
+        if threading.current_thread().name == "A":  # A has read its best (trial 4); trial 5 finishes and B publishes it
+            finished.append(trials[1])
+            b = threading.Thread(target=lambda: summaries.update(B=tune_study._summary(study, "exhume-kkt", None, out, 1.0)))
+            b.start()
+            b.join(30)
+        return copytree(s, d, **kw)
+
+    monkeypatch.setattr(shutil, "copytree", copy)
+    a = threading.Thread(target=lambda: summaries.update(A=tune_study._summary(study, "exhume-kkt", None, out, 1.0)), name="A")
+    a.start()
+    a.join(60)
+    assert (out / "best" / "which.txt").read_text() == "5"
+    assert summaries["B"]["best_copied_to"] == str(out / "best") and "best_copied_to" not in summaries["A"]
+    assert summaries["A"]["best_not_copied"].startswith("trial 4 is no longer the study's best")

@@ -311,8 +311,12 @@ def _summary(study, study_name: str, storage: str | None, out: Path, seconds: fl
         summary["best_not_copied"] = f"its folder {best.user_attrs.get('folder')!r} is outside {out / 'trials'}"
     elif best.user_attrs.get("host") == socket.gethostname() and src.is_dir():
         dst = out / "best"
-        publish_copy(src, dst)  # workers of one study finishing together each publish it whole, one after another
-        summary["best_copied_to"] = str(dst)
+        # workers of one study finishing together each publish it whole, one after another; a worker whose best has
+        # been overtaken by the time its turn comes leaves the newer one in place
+        if publish_copy(src, dst, wanted=lambda: getattr(_best(study), "number", None) == best.number):
+            summary["best_copied_to"] = str(dst)
+        else:
+            summary["best_not_copied"] = f"trial {best.number} is no longer the study's best: a newer best was published"
     return summary
 
 
