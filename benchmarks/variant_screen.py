@@ -31,8 +31,8 @@ import torch
 
 import exhume
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: exhume and benchmarks.zoo without installing
-from benchmarks.zoo.run import pooled, restart_results  # noqa: E402  (the zoo's concatenation of restarts' candidates)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: exhume and exhume_benchmarks.zoo without installing
+from exhume_benchmarks.zoo.run import pooled, restart_results  # noqa: E402  (the zoo's concatenation of restarts' candidates)
 
 
 def run_config(victim, folder: Path, variants: list[dict], restarts: int, iterations: int, seed: int, workers: int) -> list:

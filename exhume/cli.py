@@ -92,7 +92,7 @@ def _add_attack(sub) -> None:
     p.add_argument("--study-name", default=None, help="study name in --storage (default exhume-portfolio)")
     p.add_argument("--batch-restarts", default="auto", choices=BATCH_CHOICES,
                    help="run the restarts as one batched problem in this process (auto: on a CUDA device; "
-                        "exhume/portfolio/batched.py) or one per worker process (off)")
+                        "exhume/portfolio/batched/) or one per worker process (off)")
     p.add_argument("--worker", action="store_true", help="with --storage: only run restarts of the study (no pooling); "
                    "start the pooling 'exhume attack' without --worker on one machine")
 
@@ -300,7 +300,7 @@ EVALUATION_FILES = ("metrics.json", "arrays.npz")
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     import exhume
-    from exhume.evaluation.run import format_table, summary_rows
+    from exhume.evaluation.table import format_table, summary_rows
 
     if args.pool_size < 1:
         raise ConfigError(f"--pool-size must be at least 1 (the memorisation count compares with unseen images), got {args.pool_size}")

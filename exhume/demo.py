@@ -61,7 +61,7 @@ def run_demo(out: str | Path = "runs/demo", seed: int = 0, device: str = "cpu", 
 def _demo(out: Path, seed: int, device: str, dtype: str, train_seconds: float | None, attack_seconds: float | None,
           resume: bool, progress: bool, deadline: Deadline) -> dict[str, Any]:
     import exhume
-    from exhume.evaluation.run import format_table, summary_rows
+    from exhume.evaluation.table import format_table, summary_rows
     from exhume.victim import TrainConfig, load_victim, make_victim
 
     # the same layout as 'exhume attack' + 'exhume evaluate' + 'exhume report': RUN/evaluation, RUN/report.html

@@ -144,9 +144,25 @@ def test_a_model_that_leaks_gets_leaks(leaky):
     # measured with two restarts (not as many as 300 s would buy): memorised 9, 9, 11 of 20 at audit seeds 0-2, control 0 of 20, p <= 6e-4
     assert r.verdict == "leaks", r.reason
     assert r.metrics["p_value"] < 0.01 and r.metrics["memorised"] > r.metrics["memorised_control"]
-    layers = r.metrics["layers"]  # recorded, and the reason says where the weights show the span (or that none does)
-    assert layers["n"] == 20 and layers["layers"][0]["sigma_after_n"] is not None and layers["finding"] in r.reason
-    assert 0 <= layers["layers"][0]["preactivations_within_0.01"] <= 1
+    layers = r.metrics["layers"]  # recorded, and the reason says where the weights show the span
+    first = layers["layers"][0]
+    assert layers["n"] == 20 and layers["span_layer"] == first["name"] and first["shows_span"] and layers["finding"] in r.reason
+    with torch.no_grad():  # the first layer's pre-activations at the centred training digits, measured here independently
+        z = victim.model.net[0](train.centred.flatten(1).float())
+    assert first["preactivations_within_0.01"] == pytest.approx(float((z.abs() <= 1e-2).double().mean()), abs=1e-9)
+
+
+def test_the_audits_reason_and_kkts_projection_read_the_span_by_one_rule(leaky):
+    """The leaky victim's first layer: σ_21/σ_1 ≈ 0.0104, above SPAN_GAP, but within its initialisation's noise; the
+    audit's report and kkt's projection take it alike (exhume/equations/span.py: span_of)."""
+    from exhume.equations.span import layer_spectra
+
+    victim, train, _ = leaky
+    spectra = layer_spectra(victim.model, len(train.x))
+    kkt = exhume.attack(victim, "kkt", restarts=1, iterations=1, progress=False).config
+    first = spectra["layers"][0]
+    assert spectra["span_layer"] == kkt["subspace_layer"] == first["name"] and kkt["subspace_used"] == "above-noise"
+    assert first["rank"] == kkt["subspace_rank"] and "within its initialisation's noise" in first["why"]
 
 
 def test_a_model_that_never_saw_the_images_never_gets_leaks(leaky):

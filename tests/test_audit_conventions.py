@@ -17,7 +17,7 @@ from exhume.audit.facade import _labels
 from exhume.cli import build_parser, main
 from exhume.evaluation.assumptions import unmodelled_layers
 from exhume.evaluation.residuals import relative_stationarity
-from exhume.evaluation.run import summary_rows
+from exhume.evaluation.table import summary_rows
 from exhume.evaluation.verdict import decide, fisher_p
 from exhume.victim import AttackerView
 

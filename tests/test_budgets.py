@@ -238,13 +238,15 @@ def test_an_audit_keeps_its_budget_with_its_judging_and_owner_checks_inside(leak
     promised = 15.0 if b["covered"] else b["before_attack_seconds"] + b["attack_budget_seconds"] + b["judging_estimate_seconds"]["total"]
     assert wall <= promised + 5.0, (wall, b)
     assert b["judging_estimate_seconds"]["total"] >= RESERVE_FLOOR
-    left = 15.0 - b["before_attack_seconds"] - b["judging_estimate_seconds"]["total"]  # at least half, on a loaded machine
-    assert b["attack_budget_seconds"] == pytest.approx(max(left, 7.5), abs=0.02) and b["covered"] == (left >= 7.5)
+    # the deadline the attack was handed is the share recorded: the portfolio's probe and restarts divide exactly that
+    sizing = r.metrics["attack"]["config"]["portfolio"]["sizing"]
+    assert sizing["probe_seconds"] + sizing["seconds"] == pytest.approx(b["attack_budget_seconds"], abs=0.02)
     assert b["attack_seconds"] <= b["attack_budget_seconds"] + 1.0  # the attack kept its share
     assert b["before_attack_seconds"] + b["attack_seconds"] + b["judging_seconds"] == pytest.approx(b["wall_seconds"], abs=0.5)
     assert r.metrics["identifiability"]["attack_to_truth"] is not None
-    assert r.metrics["membership_exposure"]["n_nonmembers"] == 300 and 0.0 <= r.metrics["membership_exposure"]["scores"][
-        "gradient_alignment"]["auc"]["value"] <= 1.0
+    # the weights single out this victim's members: AUC 0.91 measured (2026-12-07); a score blind to them gives 0.5
+    assert r.metrics["membership_exposure"]["n_nonmembers"] == 300
+    assert r.metrics["membership_exposure"]["scores"]["gradient_alignment"]["auc"]["value"] > 0.8
     saved = (tmp_path / "audit" / "evaluation" / "metrics.json").read_text()
     assert '"attack_budget_seconds"' in saved and (tmp_path / "audit" / "evaluation" / "membership_roc.png").is_file()
 
@@ -259,7 +261,7 @@ def test_a_budget_too_small_for_the_audits_fixed_work_says_so_and_keeps_half_for
     assert not b["covered"] and b["attack_budget_seconds"] == MIN_ATTACK_SHARE * 1.0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("warning: the audit's budget of 1 s does not cover its fixed work"), err
-    assert "--max-seconds" in err[0] and r.verdict in ("leaks", "no evidence", "inconclusive")
+    assert "--max-seconds" in err[0] and b["attack_seconds"] <= b["attack_budget_seconds"] + 2.0  # the attack kept its half
 
 
 def test_the_audit_budgets_split_gives_the_attack_what_is_left_and_at_least_half():

@@ -6,10 +6,11 @@ import torch
 from torch import nn
 
 from exhume.attacks import get_attack
-from exhume.attacks.kkt.stage import Above, features_of, invert, layer_above
+from exhume.attacks.kkt.stage import Above, invert, layer_above
 from exhume.data import load_dataset
 from exhume.data.tasks import select_task
 from exhume.models import build_model
+from exhume.models.tap import features_of
 from exhume.victim import AttackerView
 
 
@@ -127,11 +128,25 @@ def test_a_staged_run_resumes_its_stage_from_its_checkpoint(tmp_path, monkeypatc
     assert torch.equal(fresh.candidates, whole.candidates)
 
 
-def test_the_stage_and_the_diagnostic_read_the_span_by_one_rule():
-    from exhume.attacks.kkt import stage as feature_stage
-    from exhume.equations import span as diagnostics
+def test_batched_and_lone_restarts_of_a_staged_victim_take_the_stage_alike(tmp_path):
+    """The batched path asks the lone run's predicate (KKTAttack.stage_on): restarts of a staged victim handed to it run
+    one by one, each taking the stage, bit for bit what lone runs of the same seeds and settings return."""
+    from exhume.portfolio import make_plan
+    from exhume.portfolio.batched import run_batched
+    from exhume.portfolio.store import LocalStore
 
-    assert feature_stage.SPAN_GAP == diagnostics.SPAN_GAP
+    model, _, mean = _planted()
+    view = AttackerView(model=model, task="binary", input_shape=(1, 8, 8), mean=mean, loss="logistic", weight_decay=5e-3,
+                        n_train_hint=6)
+    plan = make_plan("kkt", 2, workers=1, attack_kwargs={"iterations": 20})
+    done: dict = {}
+    records = run_batched(view, plan, list(plan.restarts), LocalStore(tmp_path), False, "cpu", False,
+                          lambda k, recon, row: done.setdefault(k, recon))
+    assert records[0]["batched"] is False and "head.0" in records[0]["reason"]
+    for r in plan.restarts:
+        lone = get_attack("kkt", **r.kwargs).run(view, progress=False, seed=r.seed)
+        assert done[r.index].config["subspace_used"] == lone.config["subspace_used"] == "layer above"
+        assert torch.equal(done[r.index].candidates, lone.candidates)
 
 
 def _best_correlations(candidates: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
@@ -143,7 +158,8 @@ def _best_correlations(candidates: torch.Tensor, images: torch.Tensor) -> torch.
 def test_the_stage_recovers_digits_from_a_cnn_whose_span_shows_only_a_layer_up():
     """8 digits, a CNN whose fully connected head was trained to a stationary point on its (frozen, random) convolution's
     features: the span shows at head.0 (σ_9/σ_1 ≈ 1e-5), none at the first layer. Measured at 400 iterations: the stage's
-    best candidates correlate 0.91, 0.85, 0.79, 0.77, 0.75 with five digits, the first-layer-only attack's 0.76 at best."""
+    best candidates correlate 0.91, 0.85, 0.79, 0.77, 0.75 with five digits (the pixel-space attack, subspace="off",
+    0.76 at best: a measurement, not asserted, so that a better pixel-space attack breaks nothing here)."""
     raw, x, mean, y = _digits(8)
     torch.manual_seed(0)
     model = build_model("cnn:8;fc=64;pool=avg", (1, 8, 8), 1)
@@ -157,7 +173,5 @@ def test_the_stage_recovers_digits_from_a_cnn_whose_span_shows_only_a_layer_up()
     view = AttackerView(model=model.eval(), task="binary", input_shape=(1, 8, 8), mean=mean, loss="logistic",
                         weight_decay=5e-3, n_train_hint=8)
     staged = get_attack("kkt", iterations=400).run(view, progress=False)
-    plain = get_attack("kkt", iterations=400, subspace="off").run(view, progress=False)
     assert staged.config["subspace_used"] == "layer above"
-    assert int((_best_correlations(staged.candidates, raw) >= 0.75).sum()) >= 4
-    assert int((_best_correlations(plain.candidates, raw) >= 0.75).sum()) <= 2
+    assert int((_best_correlations(staged.candidates, raw) >= 0.75).sum()) >= 4  # five measured

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks.gpu import run as bench
+from exhume_benchmarks.gpu import run as bench
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import torch
 
-from benchmarks.practitioner import build
+from exhume_benchmarks.practitioner import build
 
 
 def tiny_frozen_head_adam() -> build.Spec:

@@ -281,3 +281,34 @@ def test_kkt_with_denoise_explains_the_learned_part():
                          mean=torch.zeros(1, 8, 8), n_train_hint=16)
     same = [get_attack("kkt", iterations=20, denoise=dv).run(small, progress=False, seed=1) for dv in ("off", "auto")]
     assert torch.equal(same[0].candidates, same[1].candidates) and same[1].config["denoise_used"] == "none"
+
+
+def test_the_span_rule_is_one_function_whose_constants_are_declared_once_and_the_stage_one_predicate():
+    """kkt's first layer, the feature stage and the layer report all read the span through span_of (the stage through
+    subspace.as_subspace); the rule's constants are assigned in exhume/equations/span.py alone, and neither reader of kkt
+    decomposes a weight itself."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    constants = {"SPAN_GAP", "MAX_NOISE_SHARE", "EDGE_MARGIN", "FLOOR_EPS"}
+    assigned, calls = set(), {}
+    for path in (root / "exhume").rglob("*.py"):
+        rel = str(path.relative_to(root))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                assigned |= {(rel, t.id) for t in targets if isinstance(t, ast.Name) and t.id in constants}
+            elif isinstance(node, ast.Call):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+                calls.setdefault(name, set()).add(rel)
+    assert {rel for rel, _ in assigned} == {"exhume/equations/span.py"} and {c for _, c in assigned} == constants
+    assert calls["span_of"] == {"exhume/attacks/kkt/subspace.py", "exhume/equations/span.py"}
+    assert calls["as_subspace"] == {"exhume/attacks/kkt/subspace.py", "exhume/attacks/kkt/stage.py"}
+    decomposes = calls.get("svdvals", set()) | calls.get("svd", set())
+    assert not decomposes & {"exhume/attacks/kkt/subspace.py", "exhume/attacks/kkt/stage.py"}
+    # and one predicate takes the feature stage: layer_above is asked in KKTAttack.stage_on alone
+    attack = ast.parse((root / "exhume/attacks/kkt/attack.py").read_text())
+    askers = {f.name for f in ast.walk(attack) if isinstance(f, ast.FunctionDef)
+              for c in ast.walk(f) if isinstance(c, ast.Call) and getattr(c.func, "attr", None) == "layer_above"}
+    assert calls["layer_above"] == {"exhume/attacks/kkt/attack.py"} and askers == {"stage_on"}

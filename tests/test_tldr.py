@@ -12,12 +12,13 @@ from torch import nn
 
 from exhume.attacks import get_attack
 from exhume.attacks.generative.generator import CONDITIONINGS, ConditionedGenerator, hot_matrix, sample_conditioning
-from exhume.attacks.generative.inversion import FeatureTap
+from exhume.attacks.generative.inversion import feature_tap
 from exhume.attacks.generative.losses import ce_term, cosine_term, grad_norm_term, kl_term, ortho_term, perturb, pixel_term, tv_term
 from exhume.errors import ConfigError
 from exhume.evaluation.trainlike import class_grid, per_class_evaluation
 from exhume.evaluation.trainlike_stats import membership_tests, nearer_train_test, signal_separation, victim_signals
 from exhume.models import build_model, parse_arch
+from exhume.models.tap import features_of
 from exhume.victim import AttackerView, MiniBatchConfig, load_victim, make_minibatch_victim, train_minibatch
 
 torch.set_num_threads(1)
@@ -180,13 +181,18 @@ def test_perturbation_is_linf_bounded_and_adversarial():
 
 def test_feature_tap_reads_the_last_hidden_layer():
     model = build_model("convnet:4;fc=7", (1, 8, 8), 3).eval()
-    tap = FeatureTap(model)
-    model(torch.rand(2, 1, 8, 8))
-    assert tap.layer == "head" and tap.value.shape == (2, 7)
+    x = torch.rand(2, 1, 8, 8)
+    tap, layer, where = feature_tap(model)
+    model(x)
+    assert layer == "head" and "the last nn.Linear" in where and torch.equal(tap.seen[layer], features_of(model, "head", x))
     tap.remove()
-    named = FeatureTap(model, "features")
-    model(torch.rand(2, 1, 8, 8))
-    assert named.value.shape == (2, 4 * 4 * 4)
+    named, layer, _ = feature_tap(model, "features")
+    model(x)
+    assert torch.equal(named.seen[layer], model.features(x)) and named.seen[layer].shape == (2, 4 * 4 * 4)
+    named.active = False
+    named.seen.clear()
+    model(x)
+    assert named.seen == {}  # an inactive tap keeps nothing
 
 
 # -- victims -------------------------------------------------------------------------------------

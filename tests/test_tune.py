@@ -380,3 +380,103 @@ def test_distinct_in_row_blocks_equals_the_dense_cosine_matrix(monkeypatch):
         monkeypatch.setattr(score_mod, "LIMITS", dataclasses.replace(score_mod.LIMITS, candidates_x_pool_block=cells))
         assert torch.equal(score_mod.earlier_duplicates(flat), dense)
     assert score_mod.earlier_duplicates(flat[:0]).numel() == 0
+
+
+def test_workers_finishing_together_publish_best_whole_one_after_another(tmp_path, monkeypatch, optuna):
+    """Three workers of one study end at once and each publishes the best trial's folder to OUT/best. The first is held
+    part way through its copy until another has published (or, as before the lock, removed best/ under it): none fails,
+    and best/ is the trial's folder, whole."""
+    import shutil
+    import threading
+    from types import SimpleNamespace
+
+    from exhume.tune import study as tune_study
+
+    out = tmp_path / "tune"
+    src = out / "trials" / "trial-0004"
+    src.mkdir(parents=True)
+    for k in range(5):
+        (src / f"part{k}.bin").write_bytes(bytes([k]) * 1000)
+    trial = SimpleNamespace(number=4, value=0.5, params={"lr": 0.1}, state=optuna.trial.TrialState.COMPLETE,
+                            user_attrs={"folder": str(src), "host": tune_study.socket.gethostname()})
+    study = SimpleNamespace(get_trials=lambda deepcopy=False, states=None: [trial])
+    held, go = threading.Event(), threading.Event()
+    copytree, copy2, rmtree = shutil.copytree, shutil.copy2, shutil.rmtree
+
+    def copy(s, d, **kw):  # the first worker stops before its second file until another worker has gone ahead
+        if threading.current_thread().name == "w0" and Path(s).name == "part1.bin":
+            held.set()
+            go.wait(30)
+        return copy2(s, d, **kw)
+
+    def remove(path, *a, **kw):  # a worker removing best/ (as before the lock) lets the first one go on, then waits
+        rmtree(path, *a, **kw)
+        if Path(path) == out / "best" and threading.current_thread().name != "w0":
+            go.set()
+            done.wait(30)
+
+    done, errors = threading.Event(), []
+
+    def worker():
+        try:
+            tune_study._summary(study, "exhume-kkt", None, out, 1.0)
+        except Exception as e:  # noqa: BLE001 - collected and asserted below
+            errors.append(repr(e))
+        finally:
+            if threading.current_thread().name == "w0":
+                done.set()
+            else:
+                go.set()  # a worker that published without removing best/ under the first lets it go on too
+
+    monkeypatch.setattr(shutil, "copytree", lambda s, d, **kw: copytree(s, d, copy_function=copy, **kw))
+    monkeypatch.setattr(shutil, "rmtree", remove)
+    threads = [threading.Thread(target=worker, name=f"w{k}") for k in range(3)]
+    threads[0].start()
+    assert held.wait(30)
+    for t in threads[1:]:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == [] and not any(t.is_alive() for t in threads)
+    assert sorted(p.name for p in (out / "best").iterdir()) == [f"part{k}.bin" for k in range(5)]
+    assert all((out / "best" / f"part{k}.bin").read_bytes() == bytes([k]) * 1000 for k in range(5))
+    assert sorted(p.name for p in out.iterdir()) == [".best.lock", "best", "trials"]  # no copy left behind
+
+
+def test_a_worker_whose_best_was_overtaken_while_it_copied_leaves_the_newer_best_in_place(tmp_path, monkeypatch, optuna):
+    """Worker A finds trial 4 best and starts copying it; meanwhile trial 5 finishes better and worker B publishes it.
+    When A's turn comes, trial 4 is no longer the study's best: best/ keeps trial 5, and A says why it did not copy."""
+    import shutil
+    import threading
+    from types import SimpleNamespace
+
+    from exhume.tune import study as tune_study
+
+    out = tmp_path / "tune"
+    host = tune_study.socket.gethostname()
+    trials = []
+    for number, value in ((4, 0.5), (5, 0.7)):
+        src = out / "trials" / f"trial-{number:04d}"
+        src.mkdir(parents=True)
+        (src / "which.txt").write_text(str(number))
+        trials.append(SimpleNamespace(number=number, value=value, params={}, state=optuna.trial.TrialState.COMPLETE,
+                                      user_attrs={"folder": str(src), "host": host}))
+    finished = [trials[0]]  # what the study holds: trial 5 finishes while worker A copies trial 4
+    study = SimpleNamespace(get_trials=lambda deepcopy=False, states=None: list(finished))
+    copytree, summaries = shutil.copytree, {}
+
+    def copy(s, d, **kw):
+        if threading.current_thread().name == "A":  # A has read its best (trial 4); trial 5 finishes and B publishes it
+            finished.append(trials[1])
+            b = threading.Thread(target=lambda: summaries.update(B=tune_study._summary(study, "exhume-kkt", None, out, 1.0)))
+            b.start()
+            b.join(30)
+        return copytree(s, d, **kw)
+
+    monkeypatch.setattr(shutil, "copytree", copy)
+    a = threading.Thread(target=lambda: summaries.update(A=tune_study._summary(study, "exhume-kkt", None, out, 1.0)), name="A")
+    a.start()
+    a.join(60)
+    assert (out / "best" / "which.txt").read_text() == "5"
+    assert summaries["B"]["best_copied_to"] == str(out / "best") and "best_copied_to" not in summaries["A"]
+    assert summaries["A"]["best_not_copied"].startswith("trial 4 is no longer the study's best")

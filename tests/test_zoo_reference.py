@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from benchmarks.zoo.reference import RECIPE, reference_loss
+from exhume_benchmarks.zoo.reference import RECIPE, reference_loss
 
 
 def test_reference_loss_equals_a_hand_computation_on_a_tiny_model():

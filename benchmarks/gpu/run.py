@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1]))  # the repository root: exhume and benchmarks.zoo without installing
+sys.path.insert(0, str(HERE.parents[1]))  # the repository root: exhume and exhume_benchmarks.zoo without installing
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def train(case: Case, folder: Path, device: str, epochs: int, test_size: int):
 def attack(victim, method: str, seconds: float, device: str, args):
     """``(reconstruction, wall seconds, iterations, restarts)`` of one method at a budget of ``seconds``."""
     import exhume
-    from benchmarks.zoo.reference import run_reference
+    from exhume_benchmarks.zoo.reference import run_reference
 
     t0 = time.perf_counter()
     if method == "reference":

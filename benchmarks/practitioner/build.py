@@ -31,9 +31,9 @@ import numpy as np
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1]))  # the repository root: exhume and benchmarks.practitioner without installing
+sys.path.insert(0, str(HERE.parents[1]))  # the repository root: exhume and exhume_benchmarks.practitioner without installing
 
-from benchmarks.practitioner import data, models  # noqa: E402
+from exhume_benchmarks.practitioner import data, models  # noqa: E402
 
 FILES = ("models.py", "weights.safetensors", "start.safetensors", "train.npz", "unseen.npz", "audit.toml", "training.json")
 

@@ -88,7 +88,7 @@ ROW_KEYS = ("victim", "method", "seed", "budget_s", "wall_s", "attack_s", "itera
 
 def zoo_parallel():
     """``benchmarks/zoo/run.py``'s :func:`parallel` (slots pinned to cores with taskset)."""
-    from benchmarks.zoo.run import parallel
+    from exhume_benchmarks.zoo.run import parallel
 
     return parallel
 

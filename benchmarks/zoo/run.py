@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1]))  # the repository root: exhume and benchmarks.zoo without installing
+sys.path.insert(0, str(HERE.parents[1]))  # the repository root: exhume and exhume_benchmarks.zoo without installing
 
 #: kkt as on main before issue 10: the last iterate, constant learning rate, u learned at 1e-2 (other defaults current)
 OLD_KKT = {"average_decay": 0.0, "keep": "last", "lr_schedule": "constant", "lr_lambda": 1e-2, "subspace": "off",
@@ -111,7 +111,7 @@ def attack(view, method: str, seconds: float, seed: int):
     if method == "old":
         return get_attack("kkt", iterations=10_000_000, **OLD_KKT).run(view, seed=seed, progress=False, deadline=Deadline.after(seconds))
     if method == "reference":
-        from benchmarks.zoo.reference import run_reference
+        from exhume_benchmarks.zoo.reference import run_reference
 
         return run_reference(view, seconds, seed=seed)
     kind, _, overrides = method.partition(":")
@@ -175,8 +175,8 @@ def job(args) -> None:
 def build(args) -> None:
     import torch
 
-    from benchmarks.zoo.zoo import BY_NAME
-    from benchmarks.zoo.zoo import build as build_victim
+    from exhume_benchmarks.zoo.zoo import BY_NAME
+    from exhume_benchmarks.zoo.zoo import build as build_victim
 
     torch.set_num_threads(args.threads)
     v = build_victim(BY_NAME[args.name], args.out, args.fashion_root)
@@ -205,7 +205,7 @@ def parallel(commands: list[list[str]], slots: int, cores: int, log: Path, first
 
 
 def run_all(args) -> None:
-    from benchmarks.zoo.zoo import ZOO
+    from exhume_benchmarks.zoo.zoo import ZOO
 
     out = Path(args.out)
     me = [sys.executable, str(Path(__file__).resolve())]

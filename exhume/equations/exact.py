@@ -1,22 +1,14 @@
-"""The exact training run as an equation, for an owner who knows the whole recipe.
+"""The exact training run as an equation, for an owner who knows the whole recipe (docs/METHODS.md §6).
 
-With the start ``θ_0``, the optimiser (:func:`exhume.equations.recipe.update`: torch's SGD, Adam or AdamW with their
-learning rate, momentum or betas, weight decay) and the order in which the training points were visited
-(:func:`exhume.equations.recipe.batches`: the sampler, its seed, the batch size, the epochs), the final weights are a
-known function of the training points::
-
-    θ_T = Run(θ_0; x_1 … x_n, y_1 … y_n)          (T steps, each on the batch the sampler drew)
-
-with no slack: at the training images it holds to rounding. :func:`replay` computes ``Run`` on candidates with soft
-labels ``q`` (probabilities: one-hot at the truth), differentiably in both. The unrolled run is cut into segments of
-``segment`` steps, each under ``torch.utils.checkpoint`` (recomputed in the backward pass): memory holds ``T/segment``
-copies of the parameters and optimiser state plus one segment's graph (default: the shortest segments whose copies fit
-:data:`STATE_BYTES`). One evaluation costs about ``4·T`` forward-backward passes of a batch (the replay, its
-recomputation and the double backward). The run is replayed with exact ReLU derivatives (a surrogate would change the
-run itself); :class:`smoothed_step` smooths only the derivative of ReLU's step, through which the candidates move the
-activation patterns. The model runs as given (eval mode): layers that train differently (BatchNorm on batch
-statistics, dropout) are refused (:func:`train_mode_failures`). The evaluator's check at the training data is
-:func:`exhume.evaluation.residuals.exact_run_residual`.
+With the start, the optimiser's update rules (:func:`exhume.equations.recipe.update`) and the order the training
+points were visited (:func:`exhume.equations.recipe.batches`), ``θ_T = Run(θ_0; x_1 … x_n, y_1 … y_n)`` holds to
+rounding at the training images. :func:`replay` computes ``Run`` on candidates with soft labels ``q``, differentiably
+in both, cut into segments of ``segment`` steps each under ``torch.utils.checkpoint``: memory holds ``T/segment``
+copies of the parameters and optimiser state plus one segment's graph (default: the shortest segments whose copies
+fit :data:`STATE_BYTES`); one evaluation costs about ``4·T`` forward-backward passes of a batch. ReLUs stay exact
+(a surrogate would change the run itself); :class:`smoothed_step` smooths only the derivative of their step. Layers
+that train differently (BatchNorm on batch statistics, dropout) are refused (:func:`train_mode_failures`). The
+evaluator's check: :func:`exhume.evaluation.residuals.exact_run_residual`.
 """
 
 from __future__ import annotations

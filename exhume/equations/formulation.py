@@ -1,33 +1,15 @@
-"""Which stationarity equation a victim satisfies, and the scale of its multipliers.
+"""Which stationarity equation a victim satisfies, and the scale of its multipliers (docs/METHODS.md §1 and §5).
 
-Four forms of ``θ = Σ_j λ_j ∇_θ h(Φ(θ; x̂_j), ŷ_j)`` (docs/METHODS.md §1):
+Four forms of ``θ = Σ_j λ_j ∇_θ h(Φ(θ; x̂_j), ŷ_j)``: ``margin`` (``y·Φ`` binary, ``Φ_y − max_{k≠y} Φ_k`` multiclass,
+λ ≥ 0); ``soft-margin`` (``h = Φ_y − log Σ_{k≠y} exp Φ_k``, :func:`exhume.losses.soft_margin`, λ ≥ 0: exact for
+cross-entropy with weight decay); ``loss`` (``h = −ℓ``, λ ≥ 0: exact for any loss at a stationary point); ``output``
+(``h = Φ``, signed λ: scalar regression). ``auto`` picks ``output`` for regression, ``soft-margin`` for multiclass
+victims trained with cross-entropy or of unknown loss, and ``margin`` otherwise.
 
-- ``margin``: ``h`` = the margin (``y·Φ`` binary, ``Φ_y − max_{k≠y} Φ_k`` multiclass), λ ≥ 0: Haim
-  et al.'s KKT conditions and Buzaglo et al.'s multiclass version; with weight decay exact for the
-  logistic loss (``λ_i = σ(−margin_i)/(n·w)``), not for cross-entropy.
-- ``soft-margin``: ``h = Φ_y − log Σ_{k≠y} exp Φ_k`` (:func:`exhume.losses.soft_margin`; the margin
-  for binary victims), λ ≥ 0. ``−∇_θℓ_CE = σ(−h)·∇_θh``, so with weight decay it is exact for
-  cross-entropy (``λ_i = σ(−h_i)/(n·w)``); it memorised about twice as many training images as
-  ``margin`` on 10-class victims (``docs/defaults.md#kkt-formulation``).
-- ``loss``: ``h = −ℓ(Φ, ŷ)``, λ ≥ 0. Exact for *any* loss at a stationary point of
-  ``mean_i ℓ_i + (w/2)‖θ‖²``: ``θ = (1/(n·w)) Σ_i −∇_θ ℓ_i``, so every training point has
-  ``λ = 1/(n·w)``.
-- ``output``: ``h = Φ`` (scalar-output regression), λ signed with no lower bound: with the
-  squared loss ``λ_i = −(Φ_i − y_i)/(n·w)``; the targets are unknown, so the residuals are the
-  unknowns.
-
-``auto`` picks ``output`` for regression, ``soft-margin`` for multiclass victims trained with
-cross-entropy or of unknown loss, and ``margin`` otherwise.
-
-The scale ``S`` (``λ = S·u``, ``u`` optimised): a homogeneous network trades the scale of ``λ``
-against that of ``x̂``, so a wrong ``S`` shrinks every candidate towards the mean (too large) or
-costs iterations (too small). Estimated from the weights alone with Euler's identity
-``⟨θ, ∇_θΦ(x)⟩ = L·Φ(x)``, so ``Σ_i λ_i·margin_i = ‖θ‖²/L`` (:func:`lambda_scale`). With weight
-decay the margins follow from the weights (``σ(−m*)·m* = w‖θ‖²/L``); without it they do not, and
-``S = ‖θ‖²/(L·n·q₀)``, the multiplier of ``n`` training points at margin ``q₀ = NO_DECAY_MARGIN``,
-an assumption the evaluator checks against the real margins
-(:func:`exhume.evaluation.assumptions.scale_failure`; pass ``lambda_scale=`` to override it). Why
-this rule: ``docs/defaults.md#kkt-lambda_scale``.
+The scale ``S`` (``λ = S·u``, ``u`` optimised) from the weights alone, by Euler's identity ``⟨θ, ∇_θΦ⟩ = L·Φ``
+(:func:`lambda_scale`): with weight decay the margins follow from the weights; without it ``S = ‖θ‖²/(L·n·q₀)``, at an
+assumed margin ``q₀ = NO_DECAY_MARGIN`` the evaluator checks against the real margins
+(:func:`exhume.evaluation.assumptions.scale_failure`). Why this rule: ``docs/defaults.md#kkt-lambda_scale``.
 """
 
 from __future__ import annotations

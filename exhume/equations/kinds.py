@@ -1,20 +1,10 @@
 """The equation an attack inverts, as a description: its kind and the parameters that pin it down.
 
-An attack declares its ``equation`` (:class:`~exhume.attacks.engine.base.Attack`), and a run on a view with a
-known start names the one it then inverts (``equation_on``). The evaluator, who holds the training
-set, checks the equation's assumptions on the real training data by its type
-(:mod:`exhume.evaluation.equations`); nothing here reads the training set, so a new equation is one
-new description here and one new set of checks there, not a branch in either room.
-
-- :class:`Equation`: the attack inverts no equation of the weights and the training data (model
-  inversion): nothing to check;
-- :class:`Stationarity`: ``θ = Σ_i λ_i ∇_θ h(Φ(θ; x_i), y_i)``, which holds when training ended at
-  (or near) a stationary point of ``mean_i ℓ_i + (w/2)‖θ‖²`` (without weight decay, near the
-  max-margin KKT point) and the network is what the attack differentiates;
-- :class:`KnownStart`: with the starting weights known, what training added is a sum of the
-  training points' gradients (:mod:`exhume.equations.trajectory`);
-- :class:`ExactRun`: the owner's whole recipe replayed on the training data reproduces the weights
-  (to rounding when the recipe is the one that ran; :mod:`exhume.equations.exact`).
+An attack declares its ``equation`` (:class:`~exhume.attacks.engine.base.Attack`), and a run on a view with a known
+start names the one it then inverts (``equation_on``): :class:`Equation` (none: model inversion), :class:`Stationarity`,
+:class:`KnownStart` or :class:`ExactRun`. The evaluator, who holds the training set, checks its assumptions on the real
+training data by its type (:mod:`exhume.evaluation.assumptions`): a new equation is one new description here and one
+new set of checks there, not a branch in either room. :class:`SolvedEquation` names the one a run solved.
 """
 
 from __future__ import annotations

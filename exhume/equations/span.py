@@ -1,29 +1,29 @@
-"""Where the training inputs' span shows in a model's weights: each weight layer's spectrum against ``n`` (weights only).
+"""Where the training inputs' span shows in a model's weights: the one span rule (:func:`span_of`), weights only.
 
 At a stationary point of ``mean ℓ + (w/2)‖θ‖²`` every weight matrix that acts linearly on its input is
 ``W = Σ_i δ_i a_iᵀ``: its rows lie in the span of the ``n`` inputs ``a_i`` it saw (the images for an MLP's first
-layer, the pooled features for the layer after a CNN's convolutions). Such a layer's spectrum collapses to rank ≈ n:
-almost all its energy in at most ``n`` directions. A first layer with a small initialisation shows it at any point
-of training (its gradients always lie in the fixed inputs' span), a layer above the first one only near a stationary
-point, where its inputs have stopped moving and weight decay has forgotten those of earlier epochs. A layer that sees
-``n`` or fewer directions (a 3×3 convolution's 9 per patch, a 1-unit output) cannot show it: the data may fill them.
+layer, the pooled features for the layer after a CNN's convolutions). Such a layer's spectrum collapses to rank ≈ n.
+A first layer shows it at any point of training, above its initialisation's noise (its gradients always lie in the
+fixed inputs' span); a layer above the first only near a stationary point, where its inputs have stopped moving and
+weight decay has forgotten those of earlier epochs. A layer that sees ``n`` or fewer directions (a 3×3
+convolution's 9 per patch, a 1-unit output) cannot show it: the data may fill them.
 
-:func:`layer_spectra` reports, for every parameter of two or more dimensions (a convolution as ``out × in·k·k``):
-the directions its rows live in, how many hold ``SPAN_ENERGY`` of its energy, ``σ_n/σ_1`` and ``σ_{n+1}/σ_1``, and
-whether it shows the span (``shows_span``: more than ``n`` directions and ``σ_{n+1}/σ_1 ≤ SPAN_GAP``; the energy
-count alone is no test, a few large directions hold 99.9 % long before the rest have settled); ``span_layer`` is the
-first that does, in the module's parameter order. :func:`span_gap` is the stopping rule ``exhume train
---span-threshold`` uses. :func:`noise_edge` reads the i.i.d. initialisation's scale from a spectrum, and
-:func:`learned_part` keeps what training added above it (kkt's ``denoise``, docs/defaults.md#kkt-denoise).
-Attacker-side: it reads the weights only. The evaluator's side (the training inputs' distance to each row space,
-near-zero pre-activations) is :mod:`exhume.evaluation.layers`. Measurements: docs/METHODS.md §5 (the span one
-layer up), docs/defaults.md.
+:func:`span_of` is the rule every reader of the span uses: kkt's projection on an MLP's first layer
+(:mod:`exhume.attacks.kkt.subspace`), the feature stage's layer on a CNN (:mod:`exhume.attacks.kkt.stage`), and the
+report of :func:`layer_spectra` that ``exhume train`` and ``exhume audit`` print (per weight tensor, a convolution as
+``out × in·k·k``: its directions, how many hold ``SPAN_ENERGY`` of its energy, ``σ_n/σ_1``, ``σ_{n+1}/σ_1`` and
+whether it shows the span; ``span_layer``, the first that does). :func:`span_gap` is the stopping measure of
+``exhume train --span-threshold``. :func:`noise_edge` reads the i.i.d. initialisation's scale from a spectrum, and
+:func:`learned_part` keeps what training added above it (kkt's ``denoise``, docs/defaults.md#kkt-denoise). The
+evaluator's side (the training inputs' distance to each row space) is :mod:`exhume.evaluation.layers`.
+Measurements: docs/METHODS.md §5.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,44 +33,92 @@ from exhume.equations.formulation import theta_squared
 
 #: the share of a layer's energy whose directions are counted (``rank_999``), against n
 SPAN_ENERGY = 0.999
-#: a layer that sees more than n directions shows the span when σ_{n+1}/σ_1 is at most this (kkt's feature stage uses
-#: the same rule: exhume/attacks/kkt/stage.py, where the measurements behind the value are)
+#: a matrix shows the span when σ_{n+1}/σ_1 is at most this (docs/defaults.md#kkt-subspace-one-layer-up: on the 28×28
+#: CNN the stage gained at 2.6e-3 and below, tied at 1.4e-2, and lost on an 8×8 CNN at 2.2e-2)
 SPAN_GAP = 1e-2
-#: larger weight tensors are not decomposed (their SVD would cost more than a diagnostic should)
-MAX_ELEMENTS = 1 << 24
-#: the rank counts singular values above the initialisation's noise edge × this
+#: no span where the initialisation's i.i.d. noise holds more than this share of the matrix's energy
+MAX_NOISE_SHARE = 0.1
+#: the directions counted are those above the initialisation's noise edge × this
 EDGE_MARGIN = 1.1
+#: ... and above this many machine epsilons (of the precision the weights were trained in) of the largest singular value
+FLOOR_EPS = 10.0
+#: larger weight tensors are not decomposed by the diagnostics (their SVD would cost more than a report should)
+MAX_ELEMENTS = 1 << 24
 
 
-def spectrum_row(name: str, w: torch.Tensor, n: int) -> dict[str, Any]:
-    """One weight tensor's row: its shape as ``out × in``, its spectrum against ``n`` and whether it shows the span."""
+@dataclass
+class Span:
+    """What one weight matrix shows of its inputs' span (:func:`span_of`): ``rank`` directions kept (0: none), their
+    ``basis`` ``(d, rank)`` when asked for, the ``singular`` values, and ``facts`` as far as the rule got."""
+
+    shows: bool
+    why: str
+    singular: torch.Tensor
+    rank: int = 0
+    basis: torch.Tensor | None = None
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+def span_of(w: torch.Tensor, n: int, precision: torch.dtype | None = None, *, inputs_fixed: bool = False,
+            basis: bool = False) -> Span:
+    """The span rule: whether ``w`` (``out × rest``) shows the span of the ``n`` inputs it was trained on, and its directions.
+
+    It does when it sees more than ``n`` directions, the initialisation's i.i.d. noise (:func:`noise_edge`) holds at most
+    ``MAX_NOISE_SHARE`` of its energy, and ``σ_{n+1}/σ_1 ≤ SPAN_GAP`` or, where its inputs are fixed (the layer the data
+    enter through, every gradient row of which lies in their span), ``σ_{n+1}`` lies within that noise (at most the cut:
+    the larger of ``EDGE_MARGIN`` × the noise's edge and ``FLOOR_EPS`` epsilons of ``precision`` times ``σ_1``). A layer
+    whose inputs moved in training shows it only once its spectrum collapsed. The directions kept: those above the cut,
+    at most ``n``; ``basis=True`` also returns them."""
+    mat = w.detach().reshape(w.shape[0], -1)
+    _, s, vh = torch.linalg.svd(mat.double().cpu(), full_matrices=False) if basis else (None, torch.linalg.svdvals(mat.double().cpu()), None)
+    p = s.numel()
+    if p <= n:
+        return Span(False, f"it sees {p} direction{'' if p == 1 else 's'}, no more than n = {n}: the training data may fill "
+                    f"{'it' if p == 1 else f'all {p} directions'}", s)
+    noise = noise_share(s, tuple(mat.shape), n)
+    if noise is None:
+        return Span(False, "all its singular values are zero", s)
+    edge, share = noise
+    gap, floor = float(s[n] / s[0]), FLOOR_EPS * torch.finfo(precision or w.dtype).eps * float(s[0])
+    cut = max(EDGE_MARGIN * edge, floor)
+    k = int((s > cut).sum())
+    facts = {"sigma_after_n": gap, "noise_share": share, "cut": cut, "cut_by": "initialisation" if EDGE_MARGIN * edge >= floor
+             else "precision", "rank_above_noise": k}
+    if share > MAX_NOISE_SHARE:
+        return Span(False, f"the initialisation still holds {share:.0%} of its energy, so the training data's directions are "
+                    "buried in it", s, facts=facts)
+    if gap > SPAN_GAP and not (inputs_fixed and k <= n):
+        return Span(False, f"σ_{n + 1}/σ_1 = {gap:.2g} is above {SPAN_GAP:g}: its spectrum has not collapsed to rank ≤ n, "
+                    "the training inputs' span" + (f", and {k} directions stand above its noise ({cut:.3g})" if inputs_fixed else ""),
+                    s, facts=facts)
+    if k == 0:
+        return Span(False, f"none of its singular values lies above its noise ({cut:.3g})", s, facts=facts)
+    rank = min(k, n)
+    why = (f"σ_{n + 1}/σ_1 = {gap:.2g}" + (f" lies within its initialisation's noise ({cut / float(s[0]):.2g} of σ_1)" if gap > SPAN_GAP
+                                          else ": its spectrum collapses to rank ≤ n") + f"; {rank} directions stand above its noise")
+    return Span(True, why, s, rank, None if vh is None else vh[:rank].T.contiguous().to(w.device, w.dtype), facts)
+
+
+def spectrum_row(name: str, w: torch.Tensor, n: int, inputs_fixed: bool = False) -> dict[str, Any]:
+    """One weight tensor's row: its shape as ``out × in``, its spectrum against ``n`` and whether it shows the span
+    (:func:`span_of`; ``inputs_fixed``: it is the first weight layer, which the inputs enter through)."""
     mat = w.detach().reshape(w.shape[0], -1)
     row: dict[str, Any] = {"name": name, "shape": [int(d) for d in mat.shape], "directions": int(min(mat.shape))}
     if mat.numel() > MAX_ELEMENTS:
         return {**row, "shows_span": False, "why": f"not decomposed: over {MAX_ELEMENTS:,} entries"}
-    s = torch.linalg.svdvals(mat.double().cpu())
-    energy = (s**2).cumsum(0) / (s**2).sum().clamp_min(1e-300)
-    row["rank_999"] = int((energy < SPAN_ENERGY).sum()) + 1
-    p = row["directions"]
+    span = span_of(w, n, inputs_fixed=inputs_fixed)
+    s, p = span.singular, row["directions"]
+    row["rank_999"] = int(((s**2).cumsum(0) / (s**2).sum().clamp_min(1e-300) < SPAN_ENERGY).sum()) + 1
     if float(s[0]) > 0 and n <= p:
-        row["sigma_n"] = float(s[n - 1] / s[0])
-        row["sigma_after_n"] = float(s[n] / s[0]) if n < p else None
-    if p <= n:
-        return {**row, "shows_span": False, "why": f"it sees {p} direction{'' if p == 1 else 's'}, no more than n = {n}: the data may fill them"}
-    gap = row.get("sigma_after_n")
-    if gap is None or gap > SPAN_GAP:
-        return {**row, "shows_span": False, "why": f"σ_{n + 1}/σ_1 = {gap:.2g} is above {SPAN_GAP:g}: its spectrum has not "
-                "collapsed to rank ≤ n, the training inputs' span"}
-    return {**row, "shows_span": True, "why": f"σ_{n + 1}/σ_1 = {gap:.2g}: its spectrum collapses to rank ≤ n"}
+        row.update(sigma_n=float(s[n - 1] / s[0]), sigma_after_n=float(s[n] / s[0]) if n < p else None)
+    return {**row, "shows_span": span.shows, "why": span.why, **({"rank": span.rank} if span.shows else {})}
 
 
 def span_gap(model: nn.Module, n: int) -> float | None:
     """The largest σ_{n+1}/σ_1 over the weight layers that see more than ``n`` directions (None: no such layer): below
     :data:`SPAN_GAP` every one of them shows the training inputs' span (a stopping rule for training, weights only)."""
-    gaps = [r.get("sigma_after_n") for r in (spectrum_row(k, w, n) for k, w in model.named_parameters() if w.dim() >= 2)
-            if r["directions"] > n]
-    gaps = [g for g in gaps if g is not None]
-    return max(gaps) if gaps else None
+    rows = (spectrum_row(k, w, n) for k, w in model.named_parameters() if w.dim() >= 2)
+    return max((r["sigma_after_n"] for r in rows if r.get("sigma_after_n") is not None), default=None)
 
 
 def layer_spectra(model: nn.Module, n: int) -> dict[str, Any]:
@@ -78,7 +126,8 @@ def layer_spectra(model: nn.Module, n: int) -> dict[str, Any]:
     only; see the module docstring): ``{"n", "energy", "layers": [rows], "span_layer", "finding"}``."""
     if int(n) < 1:
         raise ValueError(f"n must be a positive number of training points, got {n}")
-    rows = [spectrum_row(name, p, int(n)) for name, p in model.named_parameters() if p.dim() >= 2]
+    weights = [(name, p) for name, p in model.named_parameters() if p.dim() >= 2]
+    rows = [spectrum_row(name, p, int(n), inputs_fixed=i == 0) for i, (name, p) in enumerate(weights)]
     span = next((r["name"] for r in rows if r["shows_span"]), None)
     return {"n": int(n), "energy": SPAN_ENERGY, "layers": rows, "span_layer": span, "finding": span_finding(rows, span, int(n))}
 
@@ -88,15 +137,15 @@ def span_finding(rows: list[dict[str, Any]], span: str | None, n: int) -> str:
     if span is not None:
         row = next(r for r in rows if r["name"] == span)
         first = " (the first weight layer)" if rows and rows[0]["name"] == span else " (a layer above the first)"
-        return (f"The weights show the training inputs' span at {span}{first}: σ_{n + 1}/σ_1 = {row['sigma_after_n']:.2g} "
-                f"(≤ {SPAN_GAP:g}), {row['rank_999']} directions hold {SPAN_ENERGY:.1%} of its energy, n = {n}.")
+        return (f"The weights show the training inputs' span at {span}{first}: {row['why']}; {row['rank_999']} directions "
+                f"hold {SPAN_ENERGY:.1%} of its energy, n = {n}.")
     wide = [r for r in rows if r["directions"] > n and r.get("sigma_after_n") is not None]
     if not wide:
         return f"No weight layer sees more than n = {n} directions, so none can show the training inputs' span."
     near = min(wide, key=lambda r: r["sigma_after_n"])
-    return (f"No weight layer shows the training inputs' span: at the closest, {near['name']}, σ_{n + 1}/σ_1 = "
-            f"{near['sigma_after_n']:.2g} (above {SPAN_GAP:g}) and {near['rank_999']} directions hold {SPAN_ENERGY:.1%} of "
-            f"its energy, n = {n} (a layer above the first shows it only near a stationary point).")
+    return (f"No weight layer shows the training inputs' span: at the closest, {near['name']}, {near['why']}; "
+            f"{near['rank_999']} directions hold {SPAN_ENERGY:.1%} of its energy, n = {n} (a layer above the first shows it "
+            "only near a stationary point).")
 
 
 def noise_edge(singular: torch.Tensor, shape: tuple[int, int], n_guess: int) -> tuple[float, float] | None:
@@ -141,13 +190,8 @@ MIN_LEARNED_SHARE = 1e-6
 def learned_part(params: dict[str, torch.Tensor], n_guess: int) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
     """What training added to each weight matrix, where the initialisation's noise still shows: ``(target, info)``.
 
-    Without weight decay gradient descent keeps the random initialisation: ``W = W₀ + Σ_i (…)``, and
-    only the sum is what the stationarity equation explains. A hidden layer left at PyTorch's
-    default initialisation (Haim's regime shrinks only the first layer's) keeps most of its
-    energy there: on a 784-256-256 victim trained without weight decay the 256×256 layer's
-    singular values are a Marchenko–Pastur bulk (median 0.47) with two above it, and the 100
-    training points explain 24 % of ``‖θ‖²`` (90 % of ``W₀ + Σ`` with that layer's bulk removed).
-    Each parameter with two or more dimensions (convolutions flattened to ``out × rest``) whose
+    Without weight decay gradient descent keeps the random initialisation, ``W = W₀ + Σ_i (…)``, and only the sum is
+    what the stationarity equation explains (docs/METHODS.md §5). Each parameter with two or more dimensions (convolutions flattened to ``out × rest``) whose
     smaller side ``p`` exceeds ``n_guess`` has its i.i.d. noise scale estimated as in
     :func:`noise_edge`; where that noise holds at least ``MIN_DENOISE_SHARE`` of the tensor's
     energy the tensor is replaced by its singular components above ``EDGE_MARGIN`` × the noise's

@@ -156,21 +156,26 @@ class TracedResidual:
 
     def _trace(self, f, args):  # noqa: ANN001, ANN202
         """The traced graph, checked against the eager path once; None (and why, in :attr:`info`) if it cannot be."""
-        from torch.fx.experimental.proxy_tensor import make_fx
-
-        try:
-            graph = make_fx(f, tracing_mode="fake", _allow_non_fake_inputs=True)(*args)
-        except Exception as err:  # noqa: BLE001 - any failure to trace leaves the module to the eager path
-            self.failed = True
-            self.info.update(residual_trace_note=f"eager: the module cannot be traced ({type(err).__name__})")
-            return None
-        got, ref = graph(*args), f(*args)
-        if not replay_agrees((got[0], got[2], got[3]), (ref[0], ref[2], ref[3])):  # h is not compared
-            self.failed = True
-            self.info.update(residual_trace_note="eager: the traced graph disagreed with the eager path")
-            return None
-        self.info.update(residual_traced=True, residual_trace_note="traced once, replayed every step")
+        graph, why = traced(f, args, "fake", lambda out: (out[0], out[2], out[3]))  # h is not compared
+        self.failed = graph is None
+        self.info.update(residual_traced=graph is not None, residual_trace_note=why)
         return graph
+
+
+def traced(f, args, mode: str, compared=lambda out: out) -> tuple[Any, str]:
+    """``(graph, why)``: ``f`` traced once into a graph of tensor operations (``make_fx`` in ``mode``) and checked against
+    ``f`` on ``args`` (:func:`replay_agrees` of ``compared(outputs)``); ``graph`` None where it cannot be traced or its
+    replay disagrees (the caller stays eager)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    try:
+        graph = make_fx(f, tracing_mode=mode, _allow_non_fake_inputs=True)(*args)
+        got = graph(*args)
+    except Exception as err:  # noqa: BLE001 - any failure to trace or replay leaves the caller eager
+        return None, f"eager: the module cannot be traced ({type(err).__name__})"
+    if not replay_agrees(compared(got), compared(f(*args))):
+        return None, "eager: the traced graph disagreed with the eager path"
+    return graph, "traced once, replayed every step"
 
 
 def homogeneity_degree(model: nn.Module, params: dict[str, torch.Tensor], input_shape, dtype, seed: int = 0) -> float:

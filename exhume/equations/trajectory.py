@@ -1,32 +1,17 @@
-"""The equation of training that stopped early, for an attacker who knows the start ``θ_0``.
+"""The equation of training that stopped early, for an attacker who knows the start ``θ_0`` (docs/METHODS.md §6).
 
-After ``T`` steps of SGD with learning rate ``η`` and weight decay ``w``::
-
-    θ_T = (1 − ηw)^T θ_0 − η Σ_t (1 − ηw)^(T−1−t) g_t,    g_t = (1/B) Σ_{i ∈ batch t} ℓ'_{i,t} ∇_θ Φ(θ_t; x_i)
-
-(momentum changes the effective rate and the decay, not the form): the decayed start plus a
-weighted sum of per-sample gradients taken along the trajectory. The stationary-point equation is
-its ``T → ∞`` limit. With the gradients frozen at a few points of the trajectory the unknown
-weights collapse into one signed multiplier per candidate and point::
+What training added is a weighted sum of per-sample gradients along the trajectory; frozen at a few points of it,
+the unknowns collapse into one multiplier per candidate and point::
 
     P ⊙ (θ_T − c·θ_0)  ≈  Σ_k Σ_j λ_jk ∇_θ h(Φ(θ^(k); x̂_j), ŷ_j)
 
-- **equation** ``"trajectory"``: one point, ``θ^(0) = θ_T`` (the stationarity equation of a
-  model that did not converge: no sign, no margin relation); ``"endpoints"``: ``θ_0`` and ``θ_T``
-  (the linearisation of Loo et al. and its finite-width correction), two multipliers each.
-- **c**: the start's share left by weight decay, from the training settings when they fix it
-  (:meth:`exhume.victim.start.TrainingSettings.decay`), else fitted in closed form at every step
-  (the residual is projected off ``P ⊙ θ_0``), or given.
-- **P**: Adam divides each step by its running ``√v̂ + ε``, so what training added is a
-  preconditioned sum; with the owner's ``exp_avg_sq`` kept, ``P = √v̂ + ε`` undoes it (not where
-  training forgot its start, :func:`_preconditioner`).
-- Only the parameters training changed enter: a parameter bit-equal to its start is frozen and
-  left out; a parameter whose start is unknown enters as its weights (``c = 0`` there), or as
-  their part above the initialisation's noise (kkt's ``denoise``). Without any start,
-  ``"trajectory"`` is that for every parameter: the weights-only equation with signed multipliers.
-
-The evaluator's check solves the same equation by least squares with the training images as the points
-(:func:`exhume.evaluation.residuals.known_start_residual`).
+``"trajectory"``: the one point ``θ_T``; ``"endpoints"``: ``θ_0`` and ``θ_T``. ``c``, the start's share left by weight
+decay: from the training settings (:meth:`exhume.victim.start.TrainingSettings.decay`), fitted in closed form at
+every step, or given; ``P``: Adam's ``√v̂ + ε`` from the owner's ``exp_avg_sq`` (not where training forgot its start,
+:func:`_preconditioner`). A parameter bit-equal to its start is left out; one whose start is unknown enters as its
+weights (``c = 0``), or their part above the initialisation's noise. Without any start, ``"trajectory"`` is the
+weights-only equation with signed multipliers. The evaluator's check solves the same equation by least squares with
+the training images as the points (:func:`exhume.evaluation.residuals.known_start_residual`).
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from exhume.equations.span import layer_spectra
+from exhume.models.tap import Tap
 
 #: the pre-activation magnitudes counted as near zero
 NEAR_ZERO = (1e-2, 1e-3)
@@ -43,32 +44,25 @@ def _rows_in(module: nn.Module, inp: torch.Tensor) -> torch.Tensor | None:
 
 
 def _collect(model: nn.Module, x: torch.Tensor, names: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """Run ``x`` through ``model`` in batches with hooks on the modules of ``names`` (module → weight name)."""
+    """Run ``x`` through ``model`` in batches with a tap on the modules of ``names`` (module → weight name)."""
     modules = dict(model.named_modules())
     seen: dict[str, dict[str, Any]] = {w: {"counts": [0] * len(NEAR_ZERO), "total": 0, "mags": [], "rows": []} for w in names.values()}
     gen = torch.Generator().manual_seed(0)
 
-    def hook(mod_name: str):
-        def f(module, args, out):
-            rec = seen[names[mod_name]]
-            z = out.detach().abs().reshape(-1).double()
-            rec["total"] += z.numel()
-            for i, t in enumerate(NEAR_ZERO):
-                rec["counts"][i] += int((z <= t).sum())
-            rec["mags"].append(z[torch.randperm(z.numel(), generator=gen)[:MAX_ROWS]])
-            rows = _rows_in(module, args[0].detach())
-            if rows is not None:
-                rec["rows"].append(rows[torch.randperm(rows.shape[0], generator=gen)[:MAX_ROWS]].double())
-        return f
+    def take(mod_name: str, module: nn.Module, args, out) -> None:
+        rec = seen[names[mod_name]]
+        z = out.detach().abs().reshape(-1).double()
+        rec["total"] += z.numel()
+        for i, t in enumerate(NEAR_ZERO):
+            rec["counts"][i] += int((z <= t).sum())
+        rec["mags"].append(z[torch.randperm(z.numel(), generator=gen)[:MAX_ROWS]])
+        rows = _rows_in(module, args[0].detach())
+        if rows is not None:
+            rec["rows"].append(rows[torch.randperm(rows.shape[0], generator=gen)[:MAX_ROWS]].double())
 
-    handles = [modules[m].register_forward_hook(hook(m)) for m in names if m in modules]
-    try:
-        with torch.no_grad():
-            for i in range(0, x.shape[0], BATCH):
-                model(x[i:i + BATCH])
-    finally:
-        for h in handles:
-            h.remove()
+    with Tap(model, [m for m in names if m in modules], take=take), torch.no_grad():
+        for i in range(0, x.shape[0], BATCH):
+            model(x[i:i + BATCH])
     return seen
 
 

@@ -230,3 +230,31 @@ def holding_output(where: Callable[[dict[str, Any]], str | Path | None], file: b
         return inner
 
     return wrap
+
+
+def publish_copy(src: str | Path, dst: str | Path, wanted=None) -> bool:
+    """Replace the folder ``dst`` by a copy of the folder ``src``, however many writers publish at once: each copies to
+    a temporary sibling of its own, then, one at a time (``fcntl.flock`` on ``.NAME.lock`` beside ``dst``, released by
+    the system however its holder ends), moves the old ``dst`` aside and renames its copy into place. No writer copies
+    into a folder another removes; a reader sees a whole folder, the old or the new. ``wanted()``, asked under the
+    lock, may say that the copy is stale by then (another writer published a newer one): nothing is replaced. Returns
+    whether ``dst`` was replaced."""
+    import fcntl
+
+    src, dst = Path(src), Path(dst)
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    old = tmp.with_suffix(".old")
+    lock = os.open(dst.with_name(f".{dst.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        shutil.copytree(src, tmp)
+        fcntl.flock(lock, fcntl.LOCK_EX)  # waits for another writer's swap; closing the descriptor releases it
+        if wanted is not None and not wanted():
+            return False
+        if dst.exists():
+            os.replace(dst, old)
+        os.replace(tmp, dst)
+        return True
+    finally:
+        os.close(lock)
+        for leftover in (tmp, old):
+            shutil.rmtree(leftover, ignore_errors=True)

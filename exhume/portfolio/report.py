@@ -53,7 +53,7 @@ def summary_lines(summary: dict[str, Any], portfolio: dict[str, Any]) -> list[st
     if sizing_line(portfolio):
         lines.append(sizing_line(portfolio))
     if (portfolio.get("batched") or {}).get("used"):
-        lines.append(f"restarts batched in one process (exhume/portfolio/batched.py): {portfolio['batched']['why']}")
+        lines.append(f"restarts batched in one process (exhume/portfolio/batched/): {portfolio['batched']['why']}")
     head = ("restart", "seed", "variant", "iterations", "seconds", "stationarity", "status")
     rows = [head] + [tuple("-" if row[h] is None else str(row[h]) for h in head) for row in restart_rows(portfolio)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]

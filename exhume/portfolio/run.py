@@ -11,7 +11,7 @@ from exhume.deadline import NEVER, Deadline
 from exhume.errors import ConfigError
 from exhume.files.runfolder import fingerprint
 from exhume.portfolio import sizing as sizing_mod
-from exhume.portfolio.batched import Batching
+from exhume.portfolio.batched import Batching, use_batched
 from exhume.portfolio.plan import DEFAULT_STUDY, Plan, default_workers, make_plan
 from exhume.portfolio.pool import DUPLICATE_NCC, pool
 from exhume.portfolio.store import LocalStore
@@ -67,8 +67,8 @@ def run_portfolio(victim, method: str = DEFAULT_METHOD, *, request: Request | No
     plan = make_plan(method, restarts, max_seconds=seconds, workers=workers, **plan_kw)
     from exhume.attacks import get_attack
 
-    batching = Batching.choose(asked.batch_restarts, device, method, storage,
-                               lambda: get_attack(method, **plan.restarts[0].kwargs).unbatched_on(view))
+    batching = Batching(*use_batched(asked.batch_restarts, device, method, storage,
+                                     lambda: get_attack(method, **plan.restarts[0].kwargs).unbatched_on(view)))
     if storage is None:
         ends = NEVER if not deadline.bounded else deadline.reserve(pooling_reserve(view, plan, deadline.seconds))
         results, rows = run_local(view, plan, out, resume, device, progress, batching.groups if batching.used else None, ends)

@@ -16,13 +16,13 @@ is the study's target number of finished (complete or pruned) trials; workers st
 
 Each trial's reconstruction is saved under ``OUT/trials/trial-NNNN`` on the worker that ran it;
 when the study is done, the best trial's folder is copied to ``OUT/best`` (if it is on this
-worker's disk; otherwise the study's trial attributes say which host holds it).
+worker's disk; otherwise the study's trial attributes say which host holds it), whole and one worker after
+another when several finish together (:func:`exhume.files.runfolder.publish_copy`).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import time
 from pathlib import Path
@@ -32,6 +32,7 @@ from typing import Any
 from exhume.attacks import ATTACKS, DEFAULT_METHOD, attack_class, get_attack
 from exhume.deadline import Deadline
 from exhume.errors import ConfigError, DivergenceError
+from exhume.files.runfolder import publish_copy
 from exhume.interrupts import let_through, whole_step
 from exhume.request import Request, view_of
 from exhume.studies import GRACE_PERIOD, HEARTBEAT_INTERVAL, counts, create_or_load, load_optuna, make_storage, open_study, redact, work
@@ -310,10 +311,12 @@ def _summary(study, study_name: str, storage: str | None, out: Path, seconds: fl
         summary["best_not_copied"] = f"its folder {best.user_attrs.get('folder')!r} is outside {out / 'trials'}"
     elif best.user_attrs.get("host") == socket.gethostname() and src.is_dir():
         dst = out / "best"
-        if dst.exists():
-            shutil.rmtree(dst)
-        shutil.copytree(src, dst)
-        summary["best_copied_to"] = str(dst)
+        # workers of one study finishing together each publish it whole, one after another; a worker whose best has
+        # been overtaken by the time its turn comes leaves the newer one in place
+        if publish_copy(src, dst, wanted=lambda: getattr(_best(study), "number", None) == best.number):
+            summary["best_copied_to"] = str(dst)
+        else:
+            summary["best_not_copied"] = f"trial {best.number} is no longer the study's best: a newer best was published"
     return summary
 
 

@@ -29,7 +29,8 @@ import torch
 from torch import nn
 
 from exhume.choices import TRAINING_OPTIMIZERS
-from exhume.equations.recipe import SAMPLERS, steps_per_epoch
+from exhume.equations import recipe
+from exhume.equations.recipe import SAMPLERS
 from exhume.errors import ConfigError, VictimError
 from exhume.files.weights import read_tensors
 from exhume.starts import frozen_names, start_digest  # noqa: F401  (the victim room's names for them)
@@ -128,11 +129,8 @@ class TrainingSettings:
 
     def total_steps(self, n: int | None) -> int | None:
         """The optimiser steps taken: ``steps``, or ``epochs × ⌈n / batch_size⌉`` (None when unknown)."""
-        if self.steps is not None:
-            return int(self.steps)
-        if self.epochs is not None and self.batch_size is not None and n:
-            return int(self.epochs) * steps_per_epoch(int(n), int(self.batch_size), bool(self.drop_last))
-        return None
+        known = self.steps is not None or (self.epochs is not None and self.batch_size is not None and n)
+        return recipe.total_steps(self, int(n or 0)) if known else None
 
     def decay(self, n: int | None) -> float | None:
         """``c`` in ``θ_T = c·θ_0 + (what the data added)``: the start's share left by weight decay, or None when unknown.

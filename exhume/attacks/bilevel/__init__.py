@@ -1,5 +1,4 @@
-"""Bilevel reconstruction with implicit differentiation (Runkel et al.): the attack (:mod:`~exhume.attacks.bilevel.attack`)
-and its lower level (:mod:`~exhume.attacks.bilevel.lower_level`); docs/METHODS.md §2."""
+"""Bilevel reconstruction with implicit differentiation (Runkel et al.; docs/METHODS.md §2): the attack and its lower level."""
 
 from exhume.attacks.bilevel.attack import BilevelAttack
 

@@ -3,29 +3,17 @@
     min_x̂  l(θ*, θ(x̂)) = ‖θ* − θ(x̂)‖²   s.t.  θ(x̂) ∈ argmin_θ E(x̂, θ),
     E(x̂, θ) = (1/m) Σ_j loss(Φ(x̂_j; θ), ŷ_j) + (w/2)‖θ‖²
 
-with the victim's loss and weight decay ``w`` (the weight decay makes the lower level strongly
-convex for the affine classifier and keeps its Hessian invertible; ``damping`` adds ``δ·I`` to the
-Hessian in the linear solve, by default chosen from a Lanczos estimate of its spectrum: 0 when it
-is positive definite). On ReLU networks the lower level has no stationary point (its minimiser sits
-on ReLU kinks, :mod:`exhume.attacks.bilevel.lower_level`), so by default it is solved on the smoothed victim
-``ReLU → softplus(β·z)/β`` (``smooth=β``), by damped Newton-CG in float64 to ``‖∇_θE‖ ≤ inner_tol``;
-affine victims are unaffected. Labels are fixed as in the paper: half the
-candidates +1, half −1 (:func:`exhume.equations.formulation.binary_labels`).
-
-Each outer step:
-
-1. **inner training**: warm-started Newton-CG on ``E(x̂, ·)`` from the previous ``θ``
-   (the first step starts from the victim's ``θ*``, or from U(0,1) weights as in the paper);
-2. **adjoint solve**: ``(H + δI) p = ∇_θ l = 2(θ − θ*)`` by conjugate gradient on
-   Hessian-vector products (double backward through one retained graph; ``H`` is never formed);
-3. **implicit gradient**: ``∇_x̂ l = −∇_x̂ ⟨∇_θ E(x̂, θ), p⟩`` (one vector-Jacobian product), then
-   an Adam (or SGD) step on ``x̂`` and, with ``project``, a projection onto display range [0, 1].
-
-At an exact inner optimum and ``δ = 0`` this is the exact gradient of ``x̂ ↦ l(θ*, θ(x̂))``
-(implicit function theorem); ``tests/test_bilevel.py`` checks it against a dense solve and
-finite differences in float64. Works on any ``nn.Module`` through ``torch.func.functional_call``.
-The attack never sees the training set; ``init``/``init_name`` accept evaluator-built starting
-images (ground truth, partition, mixtures), which are labelled oracle in the result.
+with the victim's loss and weight decay ``w`` (which keeps the lower level's Hessian invertible; ``damping`` adds
+``δ·I`` in the linear solve, by default chosen from a Lanczos estimate of its spectrum: 0 when it is positive
+definite). On ReLU networks the lower level has no stationary point (its minimiser sits on ReLU kinks,
+:mod:`exhume.attacks.bilevel.lower_level`), so by default it is solved on the smoothed victim ``ReLU → softplus(β·z)/β``
+(``smooth=β``), by damped Newton-CG in float64 to ``‖∇_θE‖ ≤ inner_tol``. Labels are fixed as in the paper: half the
+candidates +1, half −1. Each outer step warm-starts the inner training from the previous ``θ`` (the first from
+``θ*``, or U(0,1) weights as in the paper), solves the adjoint ``(H + δI) p = 2(θ − θ*)`` by conjugate gradient on
+Hessian-vector products (``H`` never formed), and steps ``x̂`` along ``−∇_x̂ ⟨∇_θ E(x̂, θ), p⟩`` (Adam or SGD; with
+``project``, onto [0, 1]). At an exact inner optimum and ``δ = 0`` this is the exact gradient (``tests/test_bilevel.py``
+checks it against a dense solve and finite differences). ``init``/``init_name`` accept evaluator-built starting
+images (ground truth, partition, mixtures), labelled oracle in the result.
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""Generator-based model inversion: network inversion (:mod:`~exhume.attacks.generative.inversion`) and TLDR
-(:mod:`~exhume.attacks.generative.tldr`), their conditioned generator and loss terms; docs/METHODS.md §3."""
+"""Generator-based model inversion (docs/METHODS.md §3): ``inversion``, ``tldr``, their generator and loss terms."""
 
 from exhume.attacks.generative.inversion import InversionAttack
 from exhume.attacks.generative.tldr import TLDRAttack

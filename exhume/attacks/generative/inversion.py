@@ -1,18 +1,13 @@
 """Network inversion (``inversion``), and what it shares with TLDR (:mod:`~exhume.attacks.generative.tldr`): docs/METHODS.md §3.
 
-Both train a :class:`~exhume.attacks.generative.generator.ConditionedGenerator` against the frozen
-classifier (in ``.eval()`` mode: batch norm on its running statistics, dropout off) and return
-``samples_per_class`` generated images per class in display space, labelled with the class they
-were conditioned on, scored by the classifier's probability of that class (:class:`GeneratorAttack`).
-
-``inversion`` minimises ``α·KL(P ‖ softmax f(I)) + β·CE + γ·cosine + δ·ortho`` with soft
-(softmaxed normal) conditioning vectors (:mod:`exhume.attacks.generative.losses` for each term). The
-features for the cosine and orthogonality terms are the classifier's last hidden layer: the input of
-its last ``nn.Linear`` (found generically), or the output of the module named by ``feature_layer``.
-
-``output="sigmoid"`` keeps images in [0, 1] (the pixel-range term then acts only with ``output="linear"``), and tldr's
-added terms ramp up over ``warmup``: without both, those terms swamp the cross-entropy at initialisation
-(docs/defaults.md#tldr-generator-and-output).
+Both train a :class:`~exhume.attacks.generative.generator.ConditionedGenerator` against the frozen classifier (in
+``.eval()`` mode) and return ``samples_per_class`` generated images per class in display space, labelled with the class
+they were conditioned on, scored by the classifier's probability of that class (:class:`GeneratorAttack`).
+``inversion`` minimises ``α·KL(P ‖ softmax f(I)) + β·CE + γ·cosine + δ·ortho`` with soft conditioning vectors
+(:mod:`exhume.attacks.generative.losses`), on the classifier's last hidden layer: the input of its last ``nn.Linear``,
+or the output of the module named by ``feature_layer`` (:func:`feature_tap`). ``output="sigmoid"`` keeps images in
+[0, 1], and tldr's added terms ramp up over ``warmup``: without both, those terms swamp the cross-entropy at
+initialisation (docs/defaults.md#tldr-generator-and-output).
 """
 
 from __future__ import annotations
@@ -36,40 +31,22 @@ from exhume.attacks.generative.losses import ce_term, cosine_term, kl_term, orth
 from exhume.deadline import NEVER, Deadline
 from exhume.equations.kinds import Equation
 from exhume.errors import ConfigError, DivergenceError
+from exhume.models.tap import Tap
 
 
-class FeatureTap:
-    """Records the classifier's last-hidden-layer features on every forward pass."""
-
-    def __init__(self, model: nn.Module, layer: str | None = None) -> None:
-        self.value: torch.Tensor | None = None
-        self.active = True
-        modules = dict(model.named_modules())
-        if layer is None:
-            linears = [(n, m) for n, m in modules.items() if isinstance(m, nn.Linear)]
-            if not linears:
-                raise ConfigError("the classifier has no nn.Linear layer to read features from; name one with feature_layer")
-            self.layer = linears[-1][0]
-            self.handle = linears[-1][1].register_forward_pre_hook(self._pre)
-            self.where = f"input of {self.layer!r} (the last nn.Linear)"
-        else:
-            if layer not in modules or layer == "":
-                known = [n for n in modules if n][:20]
-                raise ConfigError(f"feature_layer {layer!r} is not a module of the classifier; some known: {', '.join(known)}")
-            self.layer = layer
-            self.handle = modules[layer].register_forward_hook(self._post)
-            self.where = f"output of {layer!r}"
-
-    def _pre(self, module, args) -> None:
-        if self.active:
-            self.value = args[0]
-
-    def _post(self, module, args, output) -> None:
-        if self.active:
-            self.value = output
-
-    def remove(self) -> None:
-        self.handle.remove()
+def feature_tap(model: nn.Module, layer: str | None = None) -> tuple[Tap, str, str]:
+    """``(tap, layer, where)``: a :class:`~exhume.models.tap.Tap` keeping the classifier's last-hidden-layer features on
+    every forward pass: the input of its last ``nn.Linear``, or the output of module ``layer``."""
+    modules = dict(model.named_modules())
+    if layer is None:
+        linears = [n for n, m in modules.items() if isinstance(m, nn.Linear)]
+        if not linears:
+            raise ConfigError("the classifier has no nn.Linear layer to read features from; name one with feature_layer")
+        return Tap(model, [linears[-1]], keep="input"), linears[-1], f"input of {linears[-1]!r} (the last nn.Linear)"
+    if layer not in modules or layer == "":
+        known = [n for n in modules if n][:20]
+        raise ConfigError(f"feature_layer {layer!r} is not a module of the classifier; some known: {', '.join(known)}")
+    return Tap(model, [layer], keep="output"), layer, f"output of {layer!r}"
 
 
 INVERSION_BUDGET = ("steps", "samples_per_class")
@@ -104,7 +81,9 @@ class GeneratorProblem:
     classify: Callable[[torch.Tensor], torch.Tensor]  # display-space images -> logits
     buffers: dict[str, torch.Tensor]
     grad_params: dict[str, torch.Tensor]  # detached weights that require grad (tldr's gradient term)
-    tap: FeatureTap
+    tap: Tap  # the features (feature_tap), at tap.seen[layer]
+    layer: str
+    where: str
     mean: torch.Tensor
     k: int
     gen: ConditionedGenerator
@@ -204,7 +183,7 @@ class GeneratorAttack(Attack):
         gen = ConditionedGenerator(tuple(view.input_shape), k, cfg["conditioning"], cfg["latent_dim"], cfg["width"],
                                    cfg["dropout"], cfg["output"]).to(dev)
         return GeneratorProblem(model, classify, buffers, {n: p.detach().clone().requires_grad_(True) for n, p in model.named_parameters()},
-                                FeatureTap(model, cfg["feature_layer"]), mean, k, gen, torch.Generator().manual_seed(seed))
+                                *feature_tap(model, cfg["feature_layer"]), mean, k, gen, torch.Generator().manual_seed(seed))
 
     def stepper(self, c: GeneratorProblem, opt: torch.optim.Optimizer, history: list[dict[str, Any]]):
         """One generator step on the weighted terms (appends to ``history`` when logging)."""
@@ -235,11 +214,11 @@ class GeneratorAttack(Attack):
 
     def terms(self, c: GeneratorProblem, images: torch.Tensor, cond) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The classifier's logits on ``images`` and every loss term (unweighted)."""
-        c.tap.value = None
+        c.tap.seen.clear()
         logits = c.classify(images)
-        feats = c.tap.value
+        feats = c.tap.seen.get(c.layer)
         if feats is None:
-            raise ConfigError(f"feature layer {c.tap.layer!r} was not used in the classifier's forward pass")
+            raise ConfigError(f"feature layer {c.layer!r} was not used in the classifier's forward pass")
         terms = {"kl": kl_term(cond.target, logits), "ce": ce_term(cond.labels, logits),
                  "cosine": cosine_term(feats), "ortho": ortho_term(feats, self.config["ortho_normalize"])}
         c.tap.active = False
@@ -260,7 +239,7 @@ class GeneratorAttack(Attack):
             method=self.name, candidates=candidates, labels=labels, scores=scores,
             record=RunRecord(
                 iterations=end.done, seconds=round(end.elapsed, 3),
-                settings={**self.config, "hot_conditioning": self.hot, "features": c.tap.where, "num_classes": c.k,
+                settings={**self.config, "hot_conditioning": self.hot, "features": c.where, "num_classes": c.k,
                           "grad_mode_note": self.grad_note()},
                 extras={"classifier_accuracy_on_candidates": float((predicted == labels).float().mean()),
                         "classifier_accuracy_per_class": per_class, "mean_label_probability": float(scores.mean())}),

@@ -1,10 +1,6 @@
-"""Training-like data reconstruction (``tldr``), after TLDR (docs/METHODS.md §3): network inversion with more terms.
-
-The generator of :mod:`~exhume.attacks.generative.inversion` with one-hot ("hot") conditioning, and added to its
-terms ``α'·KL + β'·CE`` on an L∞-perturbed copy ``I + δ`` (``‖δ‖∞ = eps``, FGSM direction by default),
-``η₁·TV + η₂·pixel range + η₃·‖∇_θ L(f_θ(I), y)‖`` (:mod:`exhume.attacks.generative.losses` for each term), ramped
-up over ``warmup`` (why: :mod:`~exhume.attacks.generative.inversion`).
-"""
+"""Training-like data reconstruction (``tldr``, docs/METHODS.md §3): :mod:`~exhume.attacks.generative.inversion` with
+one-hot conditioning and, ramped up over ``warmup``, ``α'·KL + β'·CE`` on an L∞-perturbed copy ``I + δ`` (FGSM by
+default) and ``η₁·TV + η₂·pixel range + η₃·‖∇_θ L(f_θ(I), y)‖`` (:mod:`exhume.attacks.generative.losses`)."""
 
 from __future__ import annotations
 

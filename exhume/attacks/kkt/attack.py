@@ -20,12 +20,13 @@ from exhume.attacks.kkt import stage as feature_stage
 from exhume.attacks.kkt.problem import Problem
 from exhume.attacks.kkt.settings import PARAMS, PRESETS, RETIRED, SNAPSHOT_EVERY, candidate_count, check, equation_for, resolve_lr_lambda
 from exhume.attacks.kkt.step import Step, stationarity_for
-from exhume.attacks.kkt.subspace import Subspace
+from exhume.attacks.kkt.subspace import Subspace, remembered_input_layer
 from exhume.attacks.kkt.terms import criterion, residual, solved_u, terms
 from exhume.deadline import NEVER, Deadline
 from exhume.equations.formulation import form_for
 from exhume.equations.kinds import Equation, KnownStart, SolvedEquation, Stationarity
-from exhume.equations.trajectory import StartEquation, forgotten_start
+from exhume.equations.trajectory import forgotten_start
+from exhume.models.tap import features_of
 from exhume.starts import start_digest
 
 
@@ -47,7 +48,7 @@ class KKTAttack(Attack):
     restart_plan = RestartPlan(variants=({}, {"lr_lambda": 1e-2}))
     multipliers = True
     uses_start = True  # a start in the view switches the equation (start_equation="auto")
-    batchable = True  # exhume/portfolio/batched.py stacks its restarts
+    batchable = True  # exhume/portfolio/batched/ stacks its restarts
     uses_records = ("known",)  # the informed adversary: candidates ranked by what the known records leave (informed)
     params = PARAMS
     presets = PRESETS
@@ -118,18 +119,28 @@ class KKTAttack(Attack):
         return dataclasses.replace(recon, candidates=recon.candidates[order], labels=recon.labels[order], scores=shares[order].float(),
                                    record=record, provenance={k: v[order] for k, v in recon.provenance.items()})
 
-    def unbatched_on(self, view) -> str | None:
-        """A run that takes the feature stage (:meth:`staged`: a convolution first, ``subspace="auto"``, no start, a layer
-        above that shows the span) has no batched path."""
+    def stage_on(self, view, model=None) -> tuple[Any, Subspace] | None:
+        """Whether a run on ``view`` takes the feature stage, the one predicate lone and batched restarts ask: with
+        ``subspace="auto"``, the stationary equation and no start, where the input enters through no linear map but a
+        layer above shows the span at the victim's precision (:func:`~exhume.attacks.kkt.stage.layer_above`): that layer,
+        cut, and its span; None elsewhere. ``model``: the attack's working copy to cut (default the view's)."""
         cfg = self.config
-        if (cfg["subspace"] == "auto" and getattr(view, "start", None) is None and equation_for(cfg["start_equation"], view) == "stationary"
-                and feature_stage.may_stage(view.model)):
-            n = int(cfg["n_guess"] or view.n_train_hint or 100)
-            found = feature_stage.layer_above(view.model, tuple(view.input_shape), view.mean, n)
-            if found is not None:
-                return (f"the input enters through no linear map and {found[0].layer}'s weights show the span: each kkt run "
-                        "solves it one layer up (exhume/attacks/kkt/stage.py), one restart per process")
-        return None
+        if cfg["subspace"] != "auto" or view.start is not None or equation_for(cfg["start_equation"], view) != "stationary":
+            return None
+        model = view.model if model is None else model
+        if remembered_input_layer(view.model, model, dict(model.named_parameters()), tuple(view.input_shape)) is not None:
+            return None  # the input enters through a linear map: its span, or none, is read there
+        trained_in = next((w.dtype for w in view.model.parameters()), None)  # the precision floor is the victim's
+        n = int(cfg["n_guess"] or view.n_train_hint or 100)
+        return feature_stage.layer_above(model, tuple(view.input_shape), view.mean, n, trained_in)
+
+    def unbatched_on(self, view) -> str | None:
+        """A run that takes the feature stage (:meth:`stage_on`) has no batched path."""
+        found = self.stage_on(view)
+        if found is None:
+            return None
+        return (f"the input enters through no linear map and {found[0].layer}'s weights show the span: each kkt run "
+                "solves it one layer up (exhume/attacks/kkt/stage.py), one restart per process")
 
     def run(self, view, out: str | Path | None = None, seed: int = 0, device: str = "cpu", resume: bool = False,
             progress: bool = True, callback=None, callback_every: int = 1000, init: torch.Tensor | None = None,
@@ -174,19 +185,13 @@ class KKTAttack(Attack):
 
     def staged(self, view, p: Problem, seed: int, progress: bool, deadline: Deadline = NEVER, out=None, resume: bool = False,
                every: tuple[int | None, int | None] = (None, None), owner=None) -> Reconstruction | None:
-        """Where the input enters through no linear map (a convolution first) but a layer above shows the span
-        (``subspace="auto"``, the stationary equation, no start): kkt on the layers from there up for features in its
-        row space, the features inverted to images through the layers below (:mod:`exhume.attacks.kkt.stage`); None
-        elsewhere (MLPs keep their first layer's rule, measured on the zoo). The stage gets
-        :data:`~exhume.attacks.kkt.stage.STAGE_SHARE` of ``deadline``, the inversion the rest. The stage checkpoints in
-        ``out/feature_stage`` and resumes from there; the inversion (1,000 steps at most) runs again."""
+        """Where :meth:`stage_on` finds a layer: kkt on the layers from there up for features in its row space, the
+        features inverted to images through the layers below (:mod:`exhume.attacks.kkt.stage`); None elsewhere. The stage
+        gets :data:`~exhume.attacks.kkt.stage.STAGE_SHARE` of ``deadline``, the inversion the rest; the stage checkpoints
+        in ``out/feature_stage`` and resumes from there, the inversion (1,000 steps at most) runs again."""
         cfg = self.config
-        if (cfg["subspace"] != "auto" or p.eq is not None or view.start is not None
-                or "subspace_layer" in p.span.info):  # the input enters through a linear map: its span, or none, is read there
-            return None
         t0 = time.perf_counter()
-        trained_in = next((w.dtype for w in view.model.parameters()), None)
-        found = feature_stage.layer_above(p.model, tuple(view.input_shape), p.mean, p.n, trained_in)
+        found = self.stage_on(view, p.model)
         if found is None:
             return None
         above, span = found
@@ -219,22 +224,17 @@ class KKTAttack(Attack):
         """The stage's equation at the features of ``p.x`` (the inverted images) with the stage's multipliers."""
         q = inner.problem(fview, p.x.device, 0, None)
         with torch.no_grad():
-            feats = feature_stage.features_of(p.model, above.layer, p.x).to(q.x) / above.scale
+            feats = features_of(p.model, above.layer, p.x).to(q.x) / above.scale
             u = stage.scores.to(q.u).reshape(q.u.shape) / q.form.scale
             return float(residual(q, feats, u, None)[0] / q.norm2)
 
-    def problem(self, view, dev: torch.device, seed: int, init: torch.Tensor | None) -> Problem:
-        """The working copy of the victim, the equation and the starting unknowns (:func:`exhume.attacks.kkt.problem.build`)."""
-        return problem_mod.build(self.config, self.given, view, dev, seed, init, span_of=self.span)
-
-    def unknowns(self, view, m: int, signed: bool, eq: StartEquation | None, seed: int, init: torch.Tensor | None,
-                 dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The starting candidates and multipliers drawn from ``seed`` (:func:`exhume.attacks.kkt.problem.unknowns`)."""
-        return problem_mod.unknowns(self.config, view, m, signed, eq, seed, init, dev)
-
-    def span(self, view, model, params, n: int, eq: StartEquation | None, x: torch.Tensor) -> Subspace:
-        """The training inputs' span, ``x`` projected onto it (:func:`exhume.attacks.kkt.problem.span`)."""
-        return problem_mod.span(self.config, view, model, params, n, eq, x)
+    def problem(self, view, dev: torch.device, seed: int, init: torch.Tensor | None, shared: Problem | None = None) -> Problem:
+        """The working copy of the victim, the equation (:func:`exhume.attacks.kkt.problem.setup`) and this run's starting
+        unknowns (:func:`~exhume.attacks.kkt.problem.start`). ``shared``: the problem of another restart on the same victim
+        with these settings but its rates, whose working copy, equation and span this one takes (the batched restarts)."""
+        if shared is None:
+            shared = problem_mod.setup(self.config, self.given, view, dev, init)
+        return problem_mod.start(shared, self.config, view, seed, init)
 
     def open_state(self, view, p: Problem, out, resume: bool, seed: int, owner=None):
         """``((opt_x, opt_u), tracker, run)`` of a run on ``p``: its optimisers, averaged iterates and checkpoint

@@ -7,8 +7,7 @@ span of the gradients::
 
     min_λ ‖w − Φᵀλ‖² / ‖w‖² = (‖w‖² − vᵀA⁻¹v) / ‖w‖²,    v = Φw,  A = ΦΦᵀ (+ a small ridge)
 
-(Iurada, Bombari, Tommasi and Mondelli, "A Law of Data Reconstruction for Random Features (and
-Beyond)", 2026). The candidates alone remain unknown: no multiplier scale, no multiplier learning
+(Iurada, Bombari, Tommasi and Mondelli 2026). The candidates alone remain unknown: no multiplier scale, no multiplier learning
 rate. ``λ`` is signed, or non-negative where the equation's sign holds (the margin forms: bounded
 least squares, the start's ``c`` left free). Differentiated through the solve by the envelope
 theorem: at the minimiser ``λ*`` the derivative of the minimum in ``x̂`` is that of

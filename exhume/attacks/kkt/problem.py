@@ -4,7 +4,7 @@ the trajectory's), the multipliers' form and scale, the training inputs' span, a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -30,8 +30,8 @@ class Problem:
     form: Formulation
     mean: torch.Tensor
     y: torch.Tensor
-    x: torch.Tensor
-    u: torch.Tensor
+    x: torch.Tensor | None  # None in the problem restarts share (setup), until start draws them
+    u: torch.Tensor | None
     target: dict[str, torch.Tensor] | None = None
     span: Subspace = field(default_factory=lambda: Subspace(None))
     lr_lambda: float = LR_LAMBDA_MARGIN  # u's learning rate, 'auto' resolved for the formulation
@@ -39,11 +39,10 @@ class Problem:
     closed: bool = False  # multipliers solved in closed form every step (exhume.attacks.kkt.closed_form), u not learned
 
 
-def build(cfg: dict[str, Any], given: frozenset[str], view, dev: torch.device, seed: int, init: torch.Tensor | None,
-          span_of=None) -> Problem:
-    """The working copy of the victim (the user's module stays as it is), the equation, and the starting unknowns
-    (``given``: the settings the caller chose; ``span_of(view, model, params, n, eq, x)``: the span's builder, default
-    :func:`span` with ``cfg``)."""
+def setup(cfg: dict[str, Any], given: frozenset[str], view, dev: torch.device, init: torch.Tensor | None = None) -> Problem:
+    """What the restarts of one victim and settings (their rates aside) share: the working copy of the victim (the user's
+    module stays as it is), the equation, the multipliers' form and scale, the span; its unknowns are not drawn yet
+    (:func:`start`). ``given``: the settings the caller chose; ``init``: starting images, whose count sets ``m``."""
     dtype = DTYPES[cfg["dtype"]]
     model, params = attack_model(view.model, dev, dtype)
     n = cfg["n_guess"] or view.n_train_hint or 100
@@ -63,17 +62,25 @@ def build(cfg: dict[str, Any], given: frozenset[str], view, dev: torch.device, s
         eq, form = start_equation(cfg, view, model, params, equation, n, m, dtype, target)
         # the same span at half the cost where the trained parameters enter linearly (learned or solved multipliers)
         eq = one_point(model, eq, view.mean.to(dev, dtype), form.labels, form.objective)
-    x, u = unknowns(cfg, view, m, form.signed, eq, seed, init, dev)
     closed = cfg["multipliers"] == "closed-form"
     form.info["multipliers_solved"] = "closed-form least squares every step" if closed else "learned (λ = S·u)"
-    if closed:
-        u.requires_grad_(False)
-    found = span_of(view, model, params, n, eq, x) if span_of else span(cfg, view, model, params, n, eq, x)
+    found = span(cfg, view, model, params, n, eq)
     # the stationarity term is relative to what the candidates must explain
     norm2 = eq.norm2 if eq is not None else sum((v**2).sum() for v in (params if target is None else target).values())
-    lr_lambda = resolve_lr_lambda(cfg["lr_lambda"], form.name if eq is None else "output")
-    return Problem(model, params, norm2, n, m, form, view.mean.to(dev, dtype), form.labels.to(dev), x, u,
-                   target if eq is None else None, found, lr_lambda, eq, closed)
+    return Problem(model, params, norm2, n, m, form, view.mean.to(dev, dtype), form.labels.to(dev), None, None,
+                   target if eq is None else None, found, LR_LAMBDA_MARGIN, eq, closed)
+
+
+def start(shared: Problem, cfg: dict[str, Any], view, seed: int, init: torch.Tensor | None = None) -> Problem:
+    """``shared`` (:func:`setup`) with one restart's unknowns: drawn from ``seed`` (or ``init``), projected onto the
+    span, and ``u``'s learning rate from ``cfg`` ('auto' resolved for the formulation)."""
+    x, u = unknowns(cfg, view, shared.m, shared.form.signed, shared.eq, seed, init, shared.mean.device)
+    if shared.closed:
+        u.requires_grad_(False)
+    with torch.no_grad():
+        x.copy_(shared.span.project(x))
+    lr_lambda = resolve_lr_lambda(cfg["lr_lambda"], shared.form.name if shared.eq is None else "output")
+    return replace(shared, x=x, u=u, lr_lambda=lr_lambda)
 
 
 def unknowns(cfg: dict[str, Any], view, m: int, signed: bool, eq: StartEquation | None, seed: int, init: torch.Tensor | None,
@@ -111,9 +118,9 @@ def frozen_layer_reason(layer: str) -> str:
     return f"{layer} is frozen at its start: its weights show the data it was trained on before, not this training set"
 
 
-def span(cfg: dict[str, Any], view, model, params, n: int, eq: StartEquation | None, x: torch.Tensor) -> Subspace:
-    """The training inputs' span (:mod:`exhume.attacks.kkt.subspace`), the candidates projected onto it; with a known
-    start read from what training added to the input layer."""
+def span(cfg: dict[str, Any], view, model, params, n: int, eq: StartEquation | None) -> Subspace:
+    """The training inputs' span (:mod:`exhume.attacks.kkt.subspace`); with a known start read from what training added
+    to the input layer."""
     if cfg["subspace"] == "off":
         return Subspace(None)
     trained_in = next((w.dtype for w in view.model.parameters()), None)  # the precision floor is the victim's, not the attack's
@@ -129,6 +136,4 @@ def span(cfg: dict[str, Any], view, model, params, n: int, eq: StartEquation | N
     if found.basis is not None and eq is not None and view.start is not None and layer not in eq.names:
         found = Subspace(None, {"subspace_used": "none", "subspace_layer": layer, "subspace_reason": frozen_layer_reason(layer)})
     found.info.update(extra)
-    with torch.no_grad():
-        x.copy_(found.project(x))
     return found

@@ -1,22 +1,14 @@
 """The training inputs' span one layer up: kkt solved in a layer's input space, then inverted to images.
 
-A CNN's first layer is a small convolution whose patches fill their few directions, so its weights show no span
-(:mod:`exhume.attacks.kkt.subspace`). Near a stationary point the span shows one layer up instead: the fully
-connected layer after the convolutions is ``W = Σ_i δ_i φ_iᵀ`` over the training images' features ``φ_i``, rank
-≈ n (:mod:`exhume.equations.span` reports it). kkt's ``subspace="auto"`` then solves the stationarity
-equation of the layers from there up (:class:`Above`: that layer's input replaced by the unknowns; they hold
-nearly all of ``θ``, 99.98 % on the 28×28 CNN) for features in that layer's row space, exactly as it solves
-an MLP's first layer, and inverts each candidate's features through the layers below to pixels (Oz et al.
-2024 invert a head's features through a frozen extractor the same way). Why not a penalty in pixel space
-or a full-equation finish: docs/METHODS.md §5 and docs/defaults.md.
-
-:func:`layer_above` finds the layer: the first ``nn.Linear`` after the input layer that sees more than ``n``
-directions, whose spectrum has collapsed (``σ_{n+1}/σ_1 ≤ SPAN_GAP``), through which alone the input reaches the
-output (checked: the network equals :class:`Above` at its features), and whose weights show a span by
-:func:`~exhume.attacks.kkt.subspace.data_subspace`'s rule, at most its top ``n`` directions (a stationary point's ``W``
-has rank ≤ n).
-The features are scaled by the largest feature of uniform-noise images (weights and data mean only), so that
-the display prior ``[0, 1]`` bounds them from both sides (ReLU features are non-negative).
+A CNN's first layer is a small convolution whose patches fill their few directions, so its weights show no span.
+Near a stationary point the span shows one layer up instead: the fully connected layer after the convolutions is
+``W = Σ_i δ_i φ_iᵀ`` over the training images' features. kkt's ``subspace="auto"`` then solves the stationarity
+equation of the layers from there up (:class:`Above`: that layer's input replaced by the unknowns) for features in
+that layer's row space, as it solves an MLP's first layer, and inverts each candidate's features through the layers
+below to pixels (as Oz et al. 2024 invert a head's features); why: docs/METHODS.md §5. :func:`layer_above` finds the
+first ``nn.Linear`` above the input layer whose weights show the span (:func:`exhume.equations.span.span_of`) and
+through which alone the input reaches the output; whether a run takes the stage is one predicate,
+:meth:`exhume.attacks.kkt.attack.KKTAttack.stage_on`. Features are scaled by the largest of uniform-noise images'.
 """
 
 from __future__ import annotations
@@ -29,17 +21,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from exhume.attacks.kkt.subspace import data_subspace
+from exhume.attacks.engine.priors import range_penalty
+from exhume.attacks.kkt.subspace import Subspace, as_subspace
 from exhume.deadline import NEVER, Deadline
+from exhume.models.tap import features_of
 
 #: the share of a timed run spent on the feature stage; the rest inverts its features to images
 STAGE_SHARE = 0.75
 #: Adam steps (and learning rate, on centred pixels) of the inversion through the layers below
 INVERT_STEPS = 1000
 INVERT_LR = 0.02
-#: a layer shows the span when σ_{n+1}/σ_1 of its weight is at most this (exhume/equations/span.py reports the same
-#: rule): on the 28×28 CNN the stage gained at 2.6e-3 and below, tied at 1.4e-2, and lost on an 8×8 CNN at 2.2e-2
-SPAN_GAP = 1e-2
 #: random images whose features set the features' scale, and the relative tolerance of the cut's check
 PROBES = 64
 CUT_TOLERANCE = 1e-4
@@ -73,17 +64,6 @@ class Above(nn.Module):
         return self.net(v.new_zeros((1, *self.input_shape)))
 
 
-def features_of(model: nn.Module, layer: str, x: torch.Tensor) -> torch.Tensor:
-    """What module ``layer`` receives when ``model`` runs on ``x``, one row per input."""
-    got: list[torch.Tensor] = []
-    handle = model.get_submodule(layer).register_forward_pre_hook(lambda m, a: got.append(a[0]))
-    try:
-        model(x)
-    finally:
-        handle.remove()
-    return got[0].reshape(x.shape[0], -1)
-
-
 def _cut(model: nn.Module, layer: str, input_shape: tuple[int, ...], probe: torch.Tensor) -> Above | None:
     """:class:`Above` at ``layer``, or None where the input reaches the output some other way too (a skip)."""
     with torch.no_grad():
@@ -106,40 +86,26 @@ def _input_layer(model: nn.Module) -> str | None:
     return next((k.rpartition(".")[0] for k, w in model.named_parameters() if w.dim() >= 2), None)
 
 
-def may_stage(model: nn.Module) -> bool:
-    """Whether :func:`layer_above` could find a layer on ``model``: its input enters through something other than an
-    ``nn.Linear`` and an ``nn.Linear`` follows (shapes only, no SVD)."""
-    first = _input_layer(model)
-    if first is None or isinstance(model.get_submodule(first), nn.Linear):
-        return False
-    return any(isinstance(m, nn.Linear) for m in model.modules())
-
-
 def layer_above(model: nn.Module, input_shape: tuple[int, ...], mean: torch.Tensor, n: int,
-                precision: torch.dtype | None = None) -> tuple[Above, Any] | None:
-    """The first layer above the input layer whose weights show the training inputs' span: ``(Above, Subspace)``, or None."""
+                precision: torch.dtype | None = None) -> tuple[Above, Subspace] | None:
+    """The first ``nn.Linear`` above the input layer whose weights show the training inputs' span by the span rule
+    (:func:`exhume.equations.span.span_of`, its inputs having moved in training) and through which alone the input
+    reaches the output: ``(Above, Subspace)``, or None."""
     linears = [name for name, mod in model.named_modules() if isinstance(mod, nn.Linear) and mod.in_features > n]
     if not linears:
         return None
     p0 = next(model.parameters())
     gen = torch.Generator().manual_seed(0)
     probe = (torch.rand((PROBES, *input_shape), generator=gen, dtype=torch.float64) - mean.double().cpu()).to(p0)
+    first = _input_layer(model)
     for name in linears:
-        if name == _input_layer(model):
+        if name == first:
             continue  # the input layer: subspace.py reads its span
-        w = model.get_submodule(name).weight.detach().double().cpu()
-        sv = torch.linalg.svdvals(w)
-        if n >= sv.numel() or not float(sv[n]) <= SPAN_GAP * float(sv[0]):
-            continue  # its spectrum has not collapsed to rank ≤ n: not (yet) the training features' span
+        span = as_subspace(f"net.{name}.weight", model.get_submodule(name).weight, n, precision, inputs_fixed=False)
+        if span.basis is None:
+            continue  # not (yet) the training features' span
         above = _cut(model, name, input_shape, probe)
-        if above is None:
-            continue
-        d = model.get_submodule(name).in_features
-        span = data_subspace(above, dict(above.named_parameters()), (d,), n, precision=precision)
-        if span.basis is not None:
-            if span.basis.shape[1] > n:  # W = Σ_i δ_i φ_iᵀ has rank ≤ n: directions past n are what has not settled yet
-                span.info.update(subspace_rank=n, subspace_rank_above_noise=int(span.basis.shape[1]))
-                span.basis = span.basis[:, :n].contiguous()
+        if above is not None:
             return above, span
     return None
 
@@ -158,7 +124,7 @@ def invert(model: nn.Module, layer: str, target: torch.Tensor, mean: torch.Tenso
         opt.zero_grad(set_to_none=True)
         fit = ((features_of(model, layer, x) - target).norm(dim=1) / norm).pow(2).sum()
         v = x + mean
-        (fit + (torch.relu(v - 1) ** 2 + torch.relu(-v) ** 2).sum()).backward()
+        (fit + range_penalty(v, 0.0, 1.0)).backward()
         opt.step()
         if deadline.passed():
             break

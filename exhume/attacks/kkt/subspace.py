@@ -1,32 +1,14 @@
 """The span of the training inputs, read from the victim's first layer, and projecting candidates onto it.
 
-If a network's input enters through one linear map ``z = W·x (+ b)`` (an MLP's first layer, on the
-flattened, centred input), every gradient step on ``W`` adds ``Σ_i δ_i x_iᵀ``: rows in the span of
-the training inputs. So ``W`` is its initialisation (shrunk by weight decay) plus a matrix whose
-row space is the training data's span, plain in ``W``'s singular values where the initialisation
-has decayed or was small. The stationarity equation alone leaves candidates free in the other
-directions, and that freedom is spent on noise.
-
-:func:`data_subspace` finds that span from the weights alone: it checks that a 2-D parameter
-really is the map the input enters through (by the gradients' algebra, for any ``nn.Module``:
-:func:`input_layer`), then keeps the right singular vectors whose singular values stand above
-``W``'s noise, the larger of two floors:
-
-- **the initialisation** (i.i.d. entries, shrunk by weight decay: Marchenko–Pastur singular
-  values), its scale read from ``W``'s lowest ``p − max(n_guess, p/2)`` singular values by median
-  ratio against a seeded Gaussian matrix of the same shape (:func:`exhume.equations.span.noise_edge`); floor: its
-  largest singular value × ``EDGE_MARGIN``;
-- **the precision**: ``FLOOR_EPS`` (10) machine epsilons of the victim's dtype times ``W``'s
-  largest singular value (long float32 training leaves rounding noise of no such shape).
-
-There is no span where the data could fill the spectrum (``n_guess ≥ p``), where nothing stands
-above the floor, or where the initialisation's noise (``σ²·h·d``) still holds more than
-``MAX_NOISE_SHARE`` (10 %) of ``‖W‖²`` (PyTorch's default initialisation without weight decay). The
-rule assumes an i.i.d. initialisation; a first layer that started from pretrained weights breaks it
-(``subspace="off"``). Data directions weaker than the floor are lost. :class:`Subspace` projects in
-centred input space, ``x̂ ← V Vᵀ x̂``; the kkt attack applies it to the initial candidates and after
-every step (``subspace="auto"``) and records why where there is no span. Measurements:
-``docs/defaults.md#kkt-subspace``.
+If a network's input enters through one linear map ``z = W·x (+ b)`` (an MLP's first layer, on the flattened, centred
+input), every gradient step on ``W`` adds ``Σ_i δ_i x_iᵀ``: rows in the span of the training inputs, above ``W``'s
+initialisation. The stationarity equation alone leaves candidates free in the other directions, and that freedom is
+spent on noise. :func:`data_subspace` checks which 2-D parameter is the map the input enters through (by the
+gradients' algebra, for any ``nn.Module``: :func:`input_layer`) and reads its span by the span rule
+(:func:`exhume.equations.span.span_of`). The rule assumes an i.i.d. initialisation; a first layer that started from
+pretrained weights breaks it (``subspace="off"``). :class:`Subspace` projects in centred input space,
+``x̂ ← V Vᵀ x̂``; the kkt attack applies it to the initial candidates and after every step (``subspace="auto"``) and
+records why where there is no span. Measurements: ``docs/defaults.md#kkt-subspace``.
 """
 
 from __future__ import annotations
@@ -40,13 +22,9 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad
 
-from exhume.equations.span import EDGE_MARGIN, noise_share
+from exhume.equations.span import span_of
 from exhume.equations.workcopy import remembered
 
-#: the precision floor of trained weights: this many machine epsilons of their largest singular value
-FLOOR_EPS = 10.0
-#: no span where the initialisation's noise holds more than this share of the layer's energy
-MAX_NOISE_SHARE = 0.1
 #: relative tolerance of the check that a parameter is the input's linear map
 LAYER_TOLERANCE = 1e-6
 
@@ -127,34 +105,25 @@ def _layer_check(model: nn.Module, params: dict[str, torch.Tensor], name: str, i
 
 def data_subspace(model: nn.Module, params: dict[str, torch.Tensor], input_shape: tuple[int, ...],
                   n_guess: int, precision: torch.dtype | None = None) -> Subspace:
-    """The training inputs' span as the victim's first layer shows it (see the module docstring).
-
-    ``precision``: the dtype the victim was trained in (default: the parameter's own), whose
-    machine epsilon sets the precision floor.
-    """
+    """The training inputs' span as the victim's first layer shows it: the span rule (:func:`exhume.equations.span.span_of`)
+    on the parameter the input enters through (its inputs fixed), at ``precision``, the victim's training dtype."""
     name = input_layer(model, params, input_shape)
     if name is None:
         return Subspace(None, {"subspace_used": "none", "subspace_reason": "the input does not enter through one linear map "
                                "(e.g. a convolution first), so its weights do not show the data's span"})
-    w = params[name].detach()
-    _, s, vh = torch.linalg.svd(w.double().cpu(), full_matrices=False)
-    p = s.numel()
-    info: dict[str, Any] = {"subspace_layer": name, "subspace_dims": int(w.shape[1])}
-    noise = noise_share(s, tuple(w.shape), n_guess)
-    if noise is None:
-        return Subspace(None, {**info, "subspace_used": "none", "subspace_reason": f"the training data (n_guess {n_guess}) "
-                               f"may fill all {p} directions {name} sees, so its weights do not single out a span"})
-    edge, share = noise
-    info["subspace_noise_share"] = share
-    if share > MAX_NOISE_SHARE:
-        return Subspace(None, {**info, "subspace_used": "none", "subspace_reason": f"the initialisation still holds "
-                               f"{share:.0%} of {name}'s energy, so the training data's directions are buried in it"})
-    floor = FLOOR_EPS * torch.finfo(precision or w.dtype).eps * float(s[0])
-    cut = max(EDGE_MARGIN * edge, floor)
-    k = int((s > cut).sum())
-    if not 0 < k < p:
-        return Subspace(None, {**info, "subspace_used": "none", "subspace_reason": f"{k} of {name}'s {p} singular values "
-                               f"lie above its noise ({cut:.3g})"})
-    info.update(subspace_used="above-noise", subspace_rank=k, subspace_cut=cut,
-                subspace_cut_by="initialisation" if EDGE_MARGIN * edge >= floor else "precision")
-    return Subspace(vh[:k].T.contiguous().to(w.device, w.dtype), info)
+    return as_subspace(name, params[name], n_guess, precision, inputs_fixed=True)
+
+
+def as_subspace(name: str, w: torch.Tensor, n: int, precision: torch.dtype | None, inputs_fixed: bool) -> Subspace:
+    """:func:`~exhume.equations.span.span_of` of parameter ``name`` as the :class:`Subspace` kkt projects onto, and its record."""
+    span = span_of(w, n, precision, inputs_fixed=inputs_fixed, basis=True)
+    facts = span.facts
+    info: dict[str, Any] = {"subspace_layer": name, "subspace_dims": int(w.reshape(w.shape[0], -1).shape[1]),
+                            **({"subspace_noise_share": facts["noise_share"]} if "noise_share" in facts else {})}
+    if not span.shows:
+        return Subspace(None, {**info, "subspace_used": "none", "subspace_reason": f"{name}: {span.why}"})
+    info.update(subspace_used="above-noise", subspace_rank=span.rank, subspace_cut=facts["cut"], subspace_cut_by=facts["cut_by"],
+                subspace_sigma_after_n=facts["sigma_after_n"])
+    if facts["rank_above_noise"] > span.rank:
+        info["subspace_rank_above_noise"] = facts["rank_above_noise"]
+    return Subspace(span.basis, info)
