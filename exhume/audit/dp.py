@@ -1,19 +1,8 @@
 """The audit of a model trained with differential privacy (``exhume audit --dp-epsilon E``; docs/audit.md).
 
-What a DP practitioner checks: the informed adversary, the one DP's guarantee is stated against,
-run on the owner's own model and data, beside the bound for the owner's own mechanism:
-
-- **the informed adversary** (docs/METHODS.md §7): ``dp_targets`` of the training records, each with
-  every other one known: kkt with the known records (the audit's own solve, ranked by what the known
-  records leave; :meth:`~exhume.attacks.kkt.attack.KKTAttack.informed`) and the candidate game (the
-  target among k images the model never saw, from the audit's unseen images), each success rate with
-  its 95 % Clopper–Pearson interval;
-- **the bound** for the same game: Hayes, Mahloujifar and Balle's, exact, for the mechanism's noise
-  multiplier, sampling rate and steps where the owner states them (``--dp-noise-multiplier``,
-  ``--dp-sample-rate``, ``--dp-steps``), else from (ε, δ) alone (:mod:`exhume.privacy`); κ = 1/k for the
-  game, the control's rate for reconstruction;
-- **context only**: what exhume measured on its own reference victims at that ε (``dp_measured.json``,
-  ``exhume experiment dp``), labelled with their setting: not a statement about this model.
+The informed adversary run on the owner's own model and data (``dp_targets`` targets, every other record known:
+kkt's ranking and the candidate game on the unseen images), each rate beside the bound for the owner's mechanism
+(σ, q, T where stated, else (ε, δ)); exhume's reference curve only as context, labelled.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
-"""What the records an informed adversary knows leave of an equation, and how well one record explains it.
+"""What the records an informed adversary knows leave of an equation, and how much one record explains of it.
 
-Every equation here is linear in its multipliers: ``target = Σ_i Σ_k λ_ik·c_ik``, one column
-``c_ik = ∇_θ h(θ^(k); x_i)`` per record and gradient point (docs/METHODS.md §1 and §6). With the
-records of a set K known (Balle, Cherubin and Hayes 2022's informed adversary) but not their
-multipliers, the part of ``target`` they cannot explain is its projection off their columns'
-span, ``P⊥·target`` (and off the start's direction where the equation fits its decay): what the
-unknown records and the equation's own error leave. :class:`Remainder` holds an orthonormal basis
-of that span; kkt with known records solves ``‖P⊥(target − Σ_j λ_j ∇h(x̂_j))‖²``; :func:`explained`
-scores candidates by the share of ``‖P⊥·target‖²`` their columns explain (the candidate game of
-Hayes, Mahloujifar and Balle 2023), with multipliers free (non-negative where the equation's are)
-or given (``1/(n·w)`` for ``h = −ℓ`` at a stationary point of ``mean loss + (w/2)‖θ‖²``).
-Weights (and a known start) only: the records are the attacker's own.
+Every equation here is linear in its multipliers, one column ``∇_θ h(θ^(k); x_i)`` per record and gradient point;
+with records known but not their multipliers, what they cannot explain is the projection off their columns' span
+(:class:`Remainder`), and a candidate is scored by the share of it its own columns explain (:func:`explained`).
+Weights (and a known start) only. docs/METHODS.md §7.
 """
 
 from __future__ import annotations

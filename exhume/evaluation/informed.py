@@ -1,15 +1,8 @@
-"""What the evaluator measures of the informed adversary (docs/METHODS.md §7): reconstructed targets, the game's wins.
+"""What the evaluator measures of the informed adversary (docs/METHODS.md §7, "reconstructs a target").
 
-- **A target is reconstructed** when its best candidate (matched as exhume evaluate matches, SSIM) is more
-  similar to it than the most similar image of a pool of unseen images from the same distribution: §4's
-  memorisation criterion, applied to the one record the attacker did not know. The same test applied to a
-  record the model never saw (a control) gives the prior's baseline κ: the chance the candidates "reconstruct"
-  an image that was not trained on.
-- **The candidate game is won** at k when the trained-on candidate's score is strictly above every one of the
-  other k − 1 candidates' (a tie is a loss); chance is 1/k. Scores are computed per candidate, so one run over
-  the largest k decides every smaller game on its first candidates.
-
-Each rate comes with its exact (Clopper–Pearson) interval (:func:`exhume.privacy.clopper_pearson`).
+A target is reconstructed when its best named candidate beats its best image of an unseen pool (§4's memorisation
+criterion for the one unknown record); the game is won at k when the trained-on candidate's score is strictly above
+every other of the first k (a tie loses). Rates carry their exact (Clopper–Pearson) interval.
 """
 
 from __future__ import annotations

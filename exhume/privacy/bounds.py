@@ -1,23 +1,8 @@
-"""The most any informed adversary reconstructs of a training record from a model trained with DP-SGD.
+"""The most any informed adversary reconstructs of a record from a model trained with DP-SGD (docs/METHODS.md §7).
 
-Balle, Cherubin and Hayes (2022) call a mechanism (η, γ)-ReRo for a prior π over the target
-when no adversary, given the model *and every other training record*, reconstructs the target
-within η with probability above γ; κ is the prior's baseline (the best guess without the model;
-1/k for a uniform prior over k candidates). Hayes, Mahloujifar and Balle (2023) bound DP-SGD
-with noise multiplier σ, Poisson rate q and T steps by γ ≤ B_κ(μ, ν) = sup{ν(E) : μ(E) ≤ κ},
-μ = N(0, σ²·I_T) (the target left out), ν = its mixture with the target's clipped gradient present
-at each step with probability q; B_κ = 1 − T(μ, ν)(κ), the trade-off curve of the pair at κ
-(Kaissis et al. 2023). :func:`rero_bound` computes it:
-
-- at q = 1, in closed form: the pair is the Gaussian shift by √T/σ, B_κ = Φ(Φ⁻¹(κ) + √T/σ);
-- below 1, from the privacy loss distribution of the pair composed T times, by Google's
-  ``dp_accounting`` (connect-the-dots, pessimistic: an upper bound on B_κ by construction), with
-  a lower estimate beside it (privacy buckets, optimistic, and two explicit tests): the exact
-  B_κ lies between them, and their gap is the computation's error. Reading a trade-off curve off
-  ``dp_accounting``'s discretised distribution follows Kulynych et al. (2024, ``riskcal``).
-
-:func:`dp_bound` is the bound from (ε, δ) alone, 1 − f_{ε,δ}(κ) with f the (ε, δ)-DP trade-off
-curve: min(1, e^ε·κ + δ) for small κ (Balle et al.). docs/METHODS.md §7.
+:func:`rero_bound`: Hayes, Mahloujifar and Balle's (2023) ``B_κ`` for noise multiplier σ, Poisson rate q and T
+steps, in closed form at q = 1 and from Google's ``dp_accounting`` privacy loss distribution below it (the value an
+upper bound, ``low`` a lower estimate: the exact bound lies between); :func:`dp_bound`: from (ε, δ) alone.
 """
 
 from __future__ import annotations

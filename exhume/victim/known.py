@@ -1,18 +1,6 @@
-"""Records an informed adversary holds besides the weights (docs/METHODS.md §7, the informed adversary).
-
-Balle, Cherubin and Hayes (2022) measure differential privacy against reconstruction with an
-adversary who knows every training record but the target; Hayes, Mahloujifar and Balle (2023) give
-it a prior of k candidates, one of which was trained on. Two threat models follow, stated in
-:class:`~exhume.request.ThreatModel` and attached to the attacker's view by
-:func:`~exhume.request.view_of`:
-
-- ``known_records``: training records the attacker knows (all n − 1 others, or any subset); the
-  rest are to be reconstructed;
-- ``candidates``: k records of which one was trained on; the attacker names it (chance 1/k).
-
-Either is an ``.npz`` (``x``: images in display space, ``(k, C, H, W)``, ``(k, H, W)`` or uint8;
-``y``: labels) or a pair ``(x, y)``. Binary labels are ±1 (0/1 read as −1/+1), multiclass class
-ids, regression targets as given.
+"""Records an informed adversary holds besides the weights (docs/METHODS.md §7): training records it knows
+(``known_records``), or the candidate game's k candidates (``candidates``), each an ``.npz`` of ``x`` (display
+space) and ``y`` or a pair ``(x, y)``; binary labels ±1 (0/1 read as −1/+1), class ids, regression targets.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """The candidate game (Hayes, Mahloujifar and Balle 2023) from the weights: k candidates, one trained on; name it.
 
-The informed adversary knows the training records in ``view.known`` (any subset; all n − 1 others
-in the game's usual form) and holds the k candidates ``view.candidates``. Each candidate is scored
-by the share of what the known records leave of kkt's equation that its own gradient explains
-(:func:`exhume.equations.remainder.explained`): the stationarity equation from the weights alone,
-or with the start known the known-start equation (``start_equation``, as kkt's). Where the victim's
-loss and weight decay are known and the training set's size is (the known records and the one
-unknown), the stationary point fixes every record's multiplier of ``h = −ℓ`` at ``1/(n·w)`` and the
-score uses it (``multipliers="auto"``); elsewhere the multipliers are free. One pass, no
-optimisation: the result lists the candidates best first, their scores beside them, and names the
-first (``named``: its index among the candidates given). Chance is 1/k. docs/METHODS.md §7.
+Each candidate is scored by the share of what the known records leave of kkt's equation that its own gradient
+explains (:func:`exhume.equations.remainder.explained`), the best named; chance 1/k. One pass, no optimisation.
+:func:`rank` is kkt's ranking of its own candidates with known records. docs/METHODS.md §7.
 """
 
 from __future__ import annotations

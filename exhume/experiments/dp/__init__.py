@@ -1,23 +1,9 @@
 """``exhume experiment dp``: what differential privacy buys against reconstruction, measured as DP is measured.
 
-n = 100 bundled MNIST digits (odd against even); each victim trained at every privacy level from
-the same seed: ε = ∞, clipping alone (noise 0) and DP-SGD at each target ε through Opacus
-(:mod:`exhume.victim.private`, δ = 1e-5, its RDP accountant; the noise seeded and recorded: research
-victims). Settings (:mod:`~exhume.experiments.dp.cli`): the demo's victim (weights only), a
-mini-batch SGD MLP (start known), and on request the recipe CNN and an ordinary CNN with its start.
-
-Per victim (:mod:`~exhume.experiments.dp.cells`, :mod:`~exhume.experiments.dp.informed`):
-
-- the uninformed attack: one kkt run judged by ``exhume.evaluate`` (memorised against a control);
-- the informed adversary (every other training record known; docs/METHODS.md §7): targets
-  reconstructed by kkt with the known records, and the candidate game at k = 2, 8, 100;
-- beside each rate, with its 95 % interval: the exact bound of Hayes et al. for the victim's own
-  (σ, q, T) and the same game (:mod:`exhume.privacy`), κ = 1/k for the game and the control's rate
-  for reconstruction (:mod:`~exhume.experiments.dp.pooling`).
-
-Writes ``dp.csv``, ``dp.md``, ``dp.json``, ``dp.png`` and ``dp-curve.json`` (:mod:`~exhume.experiments.dp.report`;
-``exhume/audit/dp_measured.json`` is the CPU default's curve, the audit's context). Finished cells are
-reused with ``--resume`` (``cells/<key>/row.json``); ``--chunk-seconds`` stops a chunk checkpointed.
+Victims (:mod:`.cli`) trained at each privacy level through Opacus (the noise seeded and recorded: research
+victims), each attacked uninformed (one kkt run, :mod:`.cells`) and by the informed adversary (:mod:`.informed`),
+each rate with its 95 % interval beside the exact bound for the victim's own σ, q, T (:mod:`.pooling`); the table,
+figure and files (:mod:`.report`). docs/METHODS.md §7; finished cells are reused with ``--resume``.
 """
 
 from __future__ import annotations

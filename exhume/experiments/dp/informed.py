@@ -1,15 +1,7 @@
-"""The informed adversary on one victim of ``exhume experiment dp`` (docs/METHODS.md §7).
-
-For each target (the first ``targets`` training records), the attacker knows every other training
-record, the victim's weights and, in the start-known settings, its start and training settings:
-
-- **free reconstruction**: kkt with the known records (:meth:`~exhume.attacks.kkt.attack.KKTAttack.informed`):
-  the cell's own kkt solve (it does not depend on the target, so it is run once per victim) ranked by
-  what each candidate explains of what the known records leave; its first ``informed_named`` candidates
-  are judged against the target, and against a control record never trained on (the prior's baseline);
-- **the candidate game** (``exhume.attack(..., "game")``): the target among 99 images never trained on,
-  drawn from the same distribution (public to the attacker); one run scores all 100, which decides the
-  games at every k on the first k − 1 of them.
+"""The informed adversary on one victim of ``exhume experiment dp`` (docs/METHODS.md §7): for each target, every other
+training record known, the cell's kkt solve ranked by what they leave (it does not depend on the target, so it runs
+once per victim) and judged on its named candidates and on a control; and the game among 99 unseen images, whose
+one run decides every smaller k on its first candidates.
 """
 
 from __future__ import annotations
