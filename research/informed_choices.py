@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     ds = load_dataset(victim.data_spec["dataset"])
     train = victim.load_train_set(ds)
     pool = select_pool(ds, train.spec["task"], 1000, exclude=np.asarray(train.indices), seed=5)
-    rng, found = np.random.default_rng(0), {}
+    rng, found, shares = np.random.default_rng(0), {}, []
     base = exhume.attack(victim, "kkt", restarts=1, progress=False, iterations=3000, seed=0) if args.mode == "rank" else None
     for t in range(args.targets):
         rest = [i for i in range(len(train)) if i != t]
@@ -50,6 +50,7 @@ def main(argv=None) -> int:
             cand = (torch.cat([train.x[t:t + 1], pool.x[others]]), torch.cat([train.y[t:t + 1], pool.y[others]]))
             r = exhume.attack(victim, "game", restarts=1, progress=False, multipliers=args.multipliers, known_records=known, candidates=cand)
             s = np.asarray(r.record.extras["explained_share"])
+            shares.append(s[0])
             for k, won in game_wins(s[0], s[1:], (2, 8, 100)).items():
                 found[k] = found.get(k, 0) + int(won)
         else:
@@ -57,7 +58,8 @@ def main(argv=None) -> int:
                               candidates=(base.candidates.clamp(0, 1), base.labels))
             for top in (1, 2, 4):
                 found[top] = found.get(top, 0) + int(reconstructed(train.x[t:t + 1], r.candidates[:top], pool.x)[0])
-    print(args.mode, args.multipliers, found, "of", args.targets, flush=True)
+    print(args.mode, args.multipliers, found, "of", args.targets,
+          f"(the target's median share of the remainder {np.median(shares):.3f})" if shares else "", flush=True)
     return 0
 
 

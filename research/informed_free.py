@@ -77,7 +77,9 @@ def main(argv=None) -> int:
         tp = perp(theta)
         if args.mode == "read":
             w = tp[:params[names[0]].numel()].reshape(params[names[0]].shape)
-            vh = torch.linalg.svd(w, full_matrices=False)[2][:2]
+            _, sv, vh = torch.linalg.svd(w, full_matrices=False)
+            vh = vh[:2]
+            print("sigma_2/sigma_1", round(float(sv[1] / sv[0]), 3), end=" ")
             imgs = [(s * v).reshape(train.x.shape[1:]) for v in vh for s in (1, -1)]
             cands = torch.stack([(i / i.abs().max() * (train.x.double() - mean).abs().max() + mean).clamp(0, 1) for i in imgs])
         else:
