@@ -192,7 +192,7 @@ def test_the_audit_reads_the_reference_curve_as_context_and_never_extrapolates()
     at = reference_reading(100.0, True, _table())
     assert at["status"] == "read" and at["percent"] == [5, 5] and at["setting"] == "minibatch"
     assert at["reading"].startswith("context, not your model: on exhume's reference victim (mini-batch, start known")
-    assert "game at k = 8 named 50–50 %" in at["reading"] and "models like yours" not in at["reading"]
+    assert "game at k = 8 named 50 %" in at["reading"] and "models like yours" not in at["reading"]
     between = reference_reading(300.0, False, _table())
     assert between["percent"] == [5, 20] and between["at_epsilons"] == [100.0, 1000.0] and between["setting"] == "paper"
     assert reference_reading(0.1, True, _table())["status"] == "outside the measured range"

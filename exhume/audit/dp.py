@@ -55,7 +55,8 @@ def reference_reading(epsilon: float, start_known: bool, table: dict[str, Any] |
     where = f"at ε = {at[0]:.3g}" if at[0] == at[1] else f"between ε = {at[0]:.3g} and {at[1]:.3g}"
     what = table["settings"][setting].get("what", setting)
     games = [p["named"] for p in flat if at[0] <= p["epsilon"] <= at[1] and p["named"] is not None]
-    game = "" if not games else f"; the informed game at k = 8 named {round(100 * min(games))}–{round(100 * max(games))} %"
+    low, high = (round(100 * min(games)), round(100 * max(games))) if games else (0, 0)
+    game = "" if not games else f"; the informed game at k = 8 named {low} %" if low == high else f"; the informed game at k = 8 named {low}–{high} %"
     text = (f"context, not your model: on exhume's reference victim ({what}; {source['measured_on']}) {where} the uninformed kkt "
             f"memorised {amount} of the training images{game} ({source['date']}, `{source['command']}`)")
     return {"status": "read", "reading": text, "percent": percent, "at_epsilons": at, "setting": setting, **source}
