@@ -68,6 +68,7 @@ class ThreatModel:
     candidates: Any = None
 
     def __post_init__(self) -> None:
+        from exhume.victim.known import Records
         from exhume.victim.start import TrainingSettings, training_settings
 
         if self.loss is not None:
@@ -90,7 +91,7 @@ class ThreatModel:
         training_settings(self.training)  # unknown or out-of-range settings: one line
         for name in ("known_records", "candidates"):
             value = getattr(self, name)
-            if value is not None and not isinstance(value, (str, PathLike, tuple, list)) and type(value).__name__ != "Records":
+            if value is not None and not isinstance(value, (str, PathLike, tuple, list, Records)):
                 raise ConfigError(f"{name} must be an .npz file (x: images, y: labels) or a pair (x, y), got {type(value).__name__}")
 
     @property
