@@ -63,8 +63,9 @@ class CandidateGame(Attack):
         return None
 
     def run(self, view, out: str | Path | None = None, seed: int = 0, device: str = "cpu", progress: bool = True,
-            deadline: Deadline = NEVER, **_: Any) -> Reconstruction:
-        """Score every candidate (one pass; ``deadline`` and the run-folder keywords are not needed)."""
+            deadline: Deadline = NEVER, checkpoint_every: int | None = None, log_every: int | None = None,
+            **_: Any) -> Reconstruction:
+        """Score every candidate: one pass, so no deadline, checkpoint or log cadence binds it."""
         self.check(view)
         t0 = time.perf_counter()
         cand = view.candidates

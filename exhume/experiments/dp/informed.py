@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from exhume.experiments.dp.cells import threat_of
+from exhume.experiments.dp.cells import METHOD, threat_of
 from exhume.experiments.dp.cli import NON_PRIVATE
 
 #: the candidates of the largest game: the target and the images never trained on beside it
@@ -44,7 +44,7 @@ def informed_cell(victim, recon, setting: str, level: str, seed: int, s: dict[st
 
     train, pool, public, controls = samples(victim, s, seed)
     rng = np.random.default_rng(seed)
-    threat, kkt = threat_of(victim, setting), get_attack("kkt")
+    threat, kkt = threat_of(victim, setting), get_attack(METHOD)
     hits, matched, wins = 0, 0, dict.fromkeys(s["games"], 0)
     for t in range(s["targets"]):
         rest = [i for i in range(len(train)) if i != t]
