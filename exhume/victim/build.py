@@ -96,6 +96,8 @@ def make_victim(
     num_classes = num_classes_of(ds, task) if kind == "multiclass" else None
     torch.manual_seed(seed)
     model = build_model(spec, tuple(task_data.x.shape[1:]), out_features(kind, num_classes)).to(device=device, dtype=dtype)
+    if private is not None:  # DP's guarantee covers what depends on the training set: the centring mean must not
+        task_data, public = public_mean(ds, task_data, seed)
     x, y = task_data.centred.to(device=device, dtype=dtype), task_data.y.to(device)
     if kind in ("binary", "regression"):
         y = y.to(dtype)
@@ -103,6 +105,8 @@ def make_victim(
     start = time.perf_counter()
     metrics = fit(model, x, y, kind, train, seed, progress, checkpoint=checkpoint, resume=resume, private=private)
     privacy = metrics.pop("dp", None)
+    if privacy is not None:
+        privacy["mean"] = public
     if test_size > 0:
         metrics.update(_test_accuracy(model, ds, task, task_data, test_size, exclude_from_test, seed, y.dtype))
     metrics["wall_seconds"] = round(time.perf_counter() - start, 3)
@@ -121,6 +125,23 @@ def make_victim(
         train_indices=np.asarray(task_data.indices),
         start=start_weights,
     )
+
+
+#: images outside the training set whose mean centres a private victim's inputs
+PUBLIC_MEAN_IMAGES = 1000
+
+
+def public_mean(ds, task_data, seed: int):
+    """``(task_data centred by a public mean, its record)``: the mean of :data:`PUBLIC_MEAN_IMAGES` images of the task the
+    victim never trains on. The training set's own mean would be released unnoised with the weights (and from it and
+    the n − 1 other records the last one exactly): docs/METHODS.md §7."""
+    from dataclasses import replace
+
+    from exhume.data.tasks import select_pool
+
+    pool = select_pool(ds, task_data.spec["task"], PUBLIC_MEAN_IMAGES, exclude=np.asarray(task_data.indices), seed=seed + 11)
+    return replace(task_data, mean=pool.x.mean(0)), (f"public: the mean of {len(pool)} images of the task outside the training "
+                                                      f"set (seed {seed + 11}), not the training set's")
 
 
 def make_minibatch_victim(data: str = "mnist", task: str = "multiclass", n: int = 1000,

@@ -175,7 +175,9 @@ class Victim:
         if not np.array_equal(np.sort(task.indices), np.sort(self.train_indices)):
             raise VictimError("the training set rebuilt from the data spec does not match the saved training indices "
                               "(train_indices.npy); refusing to evaluate against other images")
-        return task
+        from dataclasses import replace
+
+        return replace(task, mean=self.mean)  # centred as the victim saw it (a private victim's mean is public)
 
     def save(self, folder: str | Path) -> Path:
         if self.arch is None:
