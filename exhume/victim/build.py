@@ -78,6 +78,7 @@ def make_victim(
     resume: bool = False,
     private: DPConfig | None = None,
     keep_start: bool = False,
+    public_centring: bool = False,
 ) -> Victim:
     """Select ``n`` training images, build the architecture and train it (seeded).
 
@@ -86,7 +87,8 @@ def make_victim(
     evaluator keeps apart). ``checkpoint``: a file that full-batch training writes as it goes
     (:func:`~exhume.victim.train.train_victim`); ``resume=True`` continues from it. ``private``: DP-SGD through
     Opacus (:mod:`exhume.victim.private`, recorded as ``train_config["dp"]``); ``keep_start`` (always with
-    ``private``): keep the weights training started from (``victim.start``)."""
+    ``private``): keep the weights training started from (``victim.start``); ``public_centring`` (always with
+    ``private``): centre the inputs by a public mean (:func:`public_mean`), not the training set's."""
     ds = load_dataset(data, root=root)
     task_data = select_task(ds, task, n, seed=seed)
     kind = task_data.task
@@ -96,7 +98,8 @@ def make_victim(
     num_classes = num_classes_of(ds, task) if kind == "multiclass" else None
     torch.manual_seed(seed)
     model = build_model(spec, tuple(task_data.x.shape[1:]), out_features(kind, num_classes)).to(device=device, dtype=dtype)
-    if private is not None:  # DP's guarantee covers what depends on the training set: the centring mean must not
+    public = None
+    if private is not None or public_centring:  # DP covers what depends on the training set: the centring mean must not
         task_data, public = public_mean(ds, task_data, seed)
     x, y = task_data.centred.to(device=device, dtype=dtype), task_data.y.to(device)
     if kind in ("binary", "regression"):
@@ -119,7 +122,8 @@ def make_victim(
         weight_decay=train.weight_decay or None,
         num_classes=num_classes,
         arch=spec,
-        train_config={**train.to_dict(), "seed": seed, "dtype": str(dtype).replace("torch.", ""), **({"dp": privacy} if privacy else {})},
+        train_config={**train.to_dict(), "seed": seed, "dtype": str(dtype).replace("torch.", ""), **({"dp": privacy} if privacy else {}),
+                      **({"centring": public} if public else {})},
         metrics=metrics,
         data_spec=task_data.spec,
         train_indices=np.asarray(task_data.indices),

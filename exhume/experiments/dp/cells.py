@@ -41,7 +41,7 @@ def victim_of(setting: str, level: str, seed: int, s: dict[str, Any], folder: Pa
         return load_victim(folder)
     train, private = train_configs(setting, s, level, seed)
     victim = make_victim("mnist", "odd-even", s["n"], SETTINGS[setting]["arch"], train, seed=seed, progress=progress,
-                         private=private, keep_start=True)
+                         private=private, keep_start=True, public_centring=True)  # ε = ∞ too: the weights are what is measured
     victim.save(folder)
     return victim
 
