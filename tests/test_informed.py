@@ -98,3 +98,16 @@ def test_exhume_attack_takes_the_game_from_files_and_the_record_names_the_threat
     got = load_reconstruction(tmp_path / "g")
     assert "11 training records known" in got.record.threat_model and "4 candidates" in got.record.threat_model
     assert got.record.settings["named"] == 0
+
+
+def test_a_training_set_mean_gives_the_informed_adversary_the_target_without_the_weights():
+    """x_t = n·μ − Σ_{k≠t} x_k where μ is the training set's mean (the view holds it); centred by a public mean instead
+    (every private victim's, or public_centring=True), the same arithmetic misses the target."""
+    kw = dict(data="mnist", task="odd-even", n=12, arch="mlp:8;bias=all", train=TrainConfig(loss="logistic", max_epochs=2),
+              test_size=0, progress=False)
+    for public, close in ((False, True), (True, False)):
+        v = make_victim(**kw, public_centring=public)
+        x = v.train_set.x
+        guess = len(x) * v.attacker_view().mean - x[1:].sum(0)
+        assert torch.allclose(guess, x[0], atol=1e-4) == close
+    assert "public" in v.train_config["centring"]
