@@ -105,7 +105,7 @@ def test_ghost_clipping_equals_opacus_per_sample_gradients():
 def test_clipping_that_never_bites_at_rate_one_is_ordinary_gradient_descent():
     """Noise 0, a clipping norm above every gradient, the full batch: the objective mean loss + (w/2)·‖θ‖² of train_victim."""
     private = make_victim(**TINY, train=_full(15), private=DPConfig(noise_multiplier=0.0, max_grad_norm=1e6))
-    plain = make_victim(**TINY, train=_full(15))
+    plain = make_victim(**TINY, train=_full(15), public_centring=True)  # a private victim is centred by a public mean
     for a, b in zip(private.model.parameters(), plain.model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert plain.privacy is None and plain.start is None

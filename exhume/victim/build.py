@@ -88,7 +88,7 @@ def make_victim(
     (:func:`~exhume.victim.train.train_victim`); ``resume=True`` continues from it. ``private``: DP-SGD through
     Opacus (:mod:`exhume.victim.private`, recorded as ``train_config["dp"]``); ``keep_start`` (always with
     ``private``): keep the weights training started from (``victim.start``); ``public_centring`` (always with
-    ``private``): centre the inputs by a public mean (:func:`public_mean`), not the training set's."""
+    ``private``): inputs centred by :func:`public_mean`."""
     ds = load_dataset(data, root=root)
     task_data = select_task(ds, task, n, seed=seed)
     kind = task_data.task
@@ -98,30 +98,20 @@ def make_victim(
     num_classes = num_classes_of(ds, task) if kind == "multiclass" else None
     torch.manual_seed(seed)
     model = build_model(spec, tuple(task_data.x.shape[1:]), out_features(kind, num_classes)).to(device=device, dtype=dtype)
-    public = None
-    if private is not None or public_centring:  # DP covers what depends on the training set: the centring mean must not
-        task_data, public = public_mean(ds, task_data, seed)
+    task_data, public = public_mean(ds, task_data, seed) if private is not None or public_centring else (task_data, None)
     x, y = task_data.centred.to(device=device, dtype=dtype), task_data.y.to(device)
     if kind in ("binary", "regression"):
         y = y.to(dtype)
     start_weights = {k: v.detach().cpu().float().clone() for k, v in model.named_parameters()} if keep_start or private else None
     start = time.perf_counter()
     metrics = fit(model, x, y, kind, train, seed, progress, checkpoint=checkpoint, resume=resume, private=private)
-    privacy = metrics.pop("dp", None)
-    if privacy is not None:
-        privacy["mean"] = public
+    privacy = {**dp, "mean": public} if (dp := metrics.pop("dp", None)) else None
     if test_size > 0:
         metrics.update(_test_accuracy(model, ds, task, task_data, test_size, exclude_from_test, seed, y.dtype))
     metrics["wall_seconds"] = round(time.perf_counter() - start, 3)
     return Victim(
-        model=model.cpu().float().eval(),
-        task=kind,
-        input_shape=tuple(task_data.x.shape[1:]),
-        mean=task_data.mean,
-        loss=train.loss,
-        weight_decay=train.weight_decay or None,
-        num_classes=num_classes,
-        arch=spec,
+        model=model.cpu().float().eval(), task=kind, input_shape=tuple(task_data.x.shape[1:]), mean=task_data.mean,
+        loss=train.loss, weight_decay=train.weight_decay or None, num_classes=num_classes, arch=spec,
         train_config={**train.to_dict(), "seed": seed, "dtype": str(dtype).replace("torch.", ""), **({"dp": privacy} if privacy else {}),
                       **({"centring": public} if public else {})},
         metrics=metrics,
