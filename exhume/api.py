@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from exhume.attacks import DEFAULT_METHOD, Reconstruction, check_uses_start, get_attack
+from exhume.attacks import DEFAULT_METHOD, Reconstruction, check_uses_records, check_uses_start, get_attack
 from exhume.attacks.engine.memory import check_memory
 from exhume.deadline import Deadline
 from exhume.errors import ConfigError
@@ -52,6 +52,7 @@ def attack(victim: Victim | AttackerView, method: str = DEFAULT_METHOD, seed: in
     view = view_of(victim, request.threat)  # the attacker's view, with the start attached: once per run
     if view.start is not None:
         check_uses_start(method)  # given here, or carried by the view
+    check_uses_records(method, view)  # the informed adversary's records, where the attack would ignore them
     restarts = request.budget.restarts
     default_plan = restarts is None and has_plan(method) and init is None and mix is None
     if storage is not None or (restarts != 1 and (restarts is not None or default_plan)):
@@ -78,10 +79,10 @@ def _run_once(atk, view, victim, run: dict[str, Any], output: Output) -> Reconst
     out, resume = output.folder, output.resume
     run = {**run, "resume": resume, "checkpoint_every": output.checkpoint_every, "log_every": output.log_every}
     if out is None:
-        return _finish(atk.run(view, out=None, **run), victim, fp)
+        return _finish(_informed(atk, view, atk.run(view, out=None, **run)), victim, fp)
     owner = RunOwner(fp, atk.config.get("iterations", atk.config.get("steps")))
     with own_run_folder(out, resume=resume, force=output.force):
-        result = _finish(atk.run(view, out=out, owner=owner, **run), victim, fp)
+        result = _finish(_informed(atk, view, atk.run(view, out=out, owner=owner, **run)), victim, fp)
         result.save(out)
     return result
 
@@ -98,8 +99,9 @@ def _portfolio(source, view, method: str, params: dict[str, Any], request: Reque
     request = replace(request, budget=replace(request.budget, max_seconds=None))  # it travels as the deadline
 
     def portfolio() -> Reconstruction:
-        return run_portfolio(view, method, request=request, seed=seed, storage=storage, study_name=study_name,
-                             variants=variants, progress=progress, deadline=deadline, **params)
+        pooled = run_portfolio(view, method, request=request, seed=seed, storage=storage, study_name=study_name,
+                               variants=variants, progress=progress, deadline=deadline, **params)
+        return _informed(get_attack(method, **params), view, pooled)
 
     if out is None or storage is not None:  # a shared study keeps its restarts in the database
         return _finish(portfolio(), source, None)
@@ -146,6 +148,11 @@ def check_owner(folder: Path, view: AttackerView, resume: bool) -> None:
         raise RunFolderError(f"cannot resume: the restarts in {folder} were computed for {what} "
                              f"(recorded {saved!r}, this run's {key!r}); choose another -o or pass --force")
     mark.write_text(key + "\n")
+
+
+def _informed(atk, view: AttackerView, result: Reconstruction) -> Reconstruction:
+    """What ``atk`` makes of the training records the attacker knows, once its run or its restarts returned ``result``."""
+    return result if getattr(view, "known", None) is None else atk.informed(view, result)
 
 
 def _finish(result: Reconstruction, victim: Victim | AttackerView, fp: str | None, out=None) -> Reconstruction:

@@ -198,12 +198,19 @@ def add_start_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--train-batch-size", type=int, default=None, help="mini-batch size")
     g.add_argument("--optimizer-state", default=None, metavar="FILE",
                    help="Adam's final state: tensors exp_avg_sq.<parameter> (+ step), or torch.save(optimizer.state_dict())")
+    i = p.add_argument_group("informed adversary", "records the attacker knows besides the weights (docs/METHODS.md §7): "
+                             "training records (the rest are reconstructed), or the candidate game's k candidates")
+    i.add_argument("--known-records", default=None, metavar="FILE", help="an .npz (x: images in [0, 1], y: labels) of training "
+                   "records the attacker knows: all but the targets, or any subset (kkt ranks its candidates by what they leave)")
+    i.add_argument("--candidates", default=None, metavar="FILE", help="an .npz (x, y) of k records of which one was trained on: "
+                   "the candidate game (--method game names it; chance 1/k)")
 
 
 def start_arguments(args: argparse.Namespace) -> dict[str, Any]:
     """The threat model's fields (:class:`exhume.request.ThreatModel`) from its flags (empty without them)."""
     facts = {k: getattr(args, k) for k in ("loss", "weight_decay") if getattr(args, k) is not None}
-    return {**facts, **_start_fields(args)}
+    records = {k: getattr(args, k, None) for k in ("known_records", "candidates") if getattr(args, k, None) is not None}
+    return {**facts, **_start_fields(args), **records}
 
 
 def _start_fields(args: argparse.Namespace) -> dict[str, Any]:

@@ -53,6 +53,9 @@ class ThreatModel:
     ``.safetensors`` / state-dict file, never unpickled); ``training``: the settings the owner knows
     (a dict of :class:`~exhume.victim.start.TrainingSettings` fields, or one); ``start_partial``: the
     start covers some parameters only; ``optimizer_state``: Adam's final state (a file, read with the model).
+    ``known_records``: training records the attacker knows, the informed adversary's; ``candidates``: k records
+    of which one was trained on, the candidate game's (each an ``.npz`` of ``x`` and ``y`` or a pair ``(x, y)``,
+    :mod:`exhume.victim.known`).
     """
 
     start: Any = None
@@ -61,8 +64,11 @@ class ThreatModel:
     optimizer_state: Any = None
     loss: str | None = None
     weight_decay: float | None = None
+    known_records: Any = None
+    candidates: Any = None
 
     def __post_init__(self) -> None:
+        from exhume.victim.known import Records
         from exhume.victim.start import TrainingSettings, training_settings
 
         if self.loss is not None:
@@ -83,10 +89,19 @@ class ThreatModel:
             raise ConfigError("optimizer_state adds Adam's second moment to training settings given as a dict; with "
                               "TrainingSettings, set its second_moment instead")
         training_settings(self.training)  # unknown or out-of-range settings: one line
+        for name in ("known_records", "candidates"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (str, PathLike, tuple, list, Records)):
+                raise ConfigError(f"{name} must be an .npz file (x: images, y: labels) or a pair (x, y), got {type(value).__name__}")
 
     @property
     def known_start(self) -> bool:
         return self.start is not None
+
+    @property
+    def informed(self) -> bool:
+        """The attacker holds training records or candidates (the informed adversary's threat models)."""
+        return self.known_records is not None or self.candidates is not None
 
     @property
     def facts(self) -> dict[str, Any]:
@@ -242,7 +257,7 @@ def view_of(victim, threat: ThreatModel | None = None):
         raise ConfigError(f"expected a Victim or an AttackerView, got {type(victim).__name__}")
     if threat is None:
         return view
-    view = with_facts(view, threat.facts)
+    view = with_records(with_facts(view, threat.facts), threat)
     if not threat.known_start:
         return view
     partial = threat.start_partial
@@ -264,3 +279,16 @@ def with_facts(view, facts: dict[str, Any]):
                               f"leave {name} out (the metadata's is used) or correct the victim")
     missing = {k: v for k, v in facts.items() if getattr(view, k) is None}
     return replace(view, **missing) if missing else view
+
+
+def with_records(view, threat: ThreatModel):
+    """``view`` with the records ``threat`` says the attacker knows (known training records, the game's candidates)."""
+    from exhume.victim.known import records_of
+
+    if not threat.informed:
+        return view
+    shape, task = tuple(view.input_shape), view.task
+    known = None if threat.known_records is None else records_of(threat.known_records, shape, task, "known_records")
+    candidates = None if threat.candidates is None else records_of(threat.candidates, shape, task, "candidates")
+    return replace(view, known=known if known is not None else view.known,
+                   candidates=candidates if candidates is not None else view.candidates)

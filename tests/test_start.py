@@ -329,5 +329,5 @@ def test_a_start_for_an_attack_that_ignores_it_is_refused():
     import exhume
 
     model, start, _ = _fine_tuned()
-    with pytest.raises(ConfigError, match="'tldr' attack does not use the starting weights; attacks that do: kkt, simulate"):
+    with pytest.raises(ConfigError, match="'tldr' attack does not use the starting weights; attacks that do: game, kkt, simulate"):
         exhume.attack(_view(model), method="tldr", restarts=1, start=start, progress=False)

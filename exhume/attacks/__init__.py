@@ -18,6 +18,8 @@ from exhume.attacks.engine.base import (
     Reconstruction,
     RestartPlan,
     attack_class,
+    attack_using,
+    check_uses_records,
     check_uses_start,
     get_attack,
     load_reconstruction,
@@ -27,4 +29,5 @@ from exhume.attacks.engine.record import PortfolioRecord, RestartRecord, RunReco
 from exhume.equations.kinds import Equation, SolvedEquation, Stationarity
 
 __all__ = ["ATTACKS", "DEFAULT_METHOD", "Attack", "Equation", "Param", "PortfolioRecord", "Reconstruction", "RestartPlan", "RestartRecord",
-           "RunRecord", "SolvedEquation", "Stationarity", "attack_class", "check_uses_start", "get_attack", "load_reconstruction", "register"]
+           "RunRecord", "SolvedEquation", "Stationarity", "attack_class", "attack_using", "check_uses_records", "check_uses_start",
+           "get_attack", "load_reconstruction", "register"]

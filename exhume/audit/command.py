@@ -85,9 +85,9 @@ def _print_verdict(result, out: Path) -> None:
     if m.get("law"):
         print(law_line(m["law"]))
     if m.get("dp"):
-        from exhume.audit.dp import dp_line
+        from exhume.audit.dp import dp_lines
 
-        print(dp_line(m["dp"]))
+        print(dp_lines(m["dp"]))
     print(f"metrics: {out / 'evaluation' / 'metrics.json'}   report: {out / 'report.html'}")
 
 

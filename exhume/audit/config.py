@@ -84,10 +84,19 @@ class AuditConfig:
                                        "sequential) and seed, and takes nesterov, eps, drop_last", metavar="JSON")
     optimizer_state: str | None = setting(None, "Adam's final state: tensors exp_avg_sq.<parameter> (+ step), or "
                                           "torch.save(optimizer.state_dict()); with --start-weights", path=True, metavar="FILE")
-    dp_epsilon: float | None = setting(None, "the model was trained with differential privacy (DP-SGD) at this ε: the summary "
-                                       "and the report state it, exhume's measured reading at that ε and what the verdict means "
-                                       "there", type=float, metavar="EPSILON")
+    dp_epsilon: float | None = setting(None, "the model was trained with differential privacy (DP-SGD) at this ε: the audit runs "
+                                       "the informed adversary on your model and data (--dp-targets records, every other one "
+                                       "known) and sets its measured success beside the bound for your mechanism", type=float,
+                                       metavar="EPSILON")
     dp_delta: float | None = setting(None, "its δ (default 1e-5); with --dp-epsilon", type=float, metavar="DELTA")
+    dp_noise_multiplier: float | None = setting(None, "your DP-SGD's noise multiplier σ (with --dp-sample-rate and --dp-steps: the "
+                                                "exact bound for your mechanism; without them, the bound from ε and δ alone)",
+                                                type=float, metavar="SIGMA")
+    dp_sample_rate: float | None = setting(None, "your DP-SGD's sampling rate q (expected batch / n; 1 for the full batch)",
+                                           type=float, metavar="Q")
+    dp_steps: int | None = setting(None, "your DP-SGD's number of steps T", type=int, metavar="T")
+    dp_targets: int = setting(10, "the informed adversary's targets among your training records (default 10; each with every "
+                              "other training record known)", type=int, metavar="K")
 
     def __post_init__(self) -> None:
         for name, value in _validated(self).items():
@@ -137,14 +146,30 @@ def _validated(cfg: AuditConfig) -> dict[str, Any]:
 def _dp_settings(cfg: AuditConfig) -> dict[str, Any]:
     """The DP budget stated: ε finite and > 0, δ in (0, 1) (default 1e-5), δ only with ε."""
     if cfg.dp_epsilon is None:
-        if cfg.dp_delta is not None:
-            raise ConfigError("dp_delta is the δ of a DP budget: give dp_epsilon (--dp-epsilon) too")
+        stray = [k for k in ("dp_delta", "dp_noise_multiplier", "dp_sample_rate", "dp_steps") if getattr(cfg, k) is not None]
+        if stray:
+            raise ConfigError(f"{', '.join(stray)} describe a DP budget: give dp_epsilon (--dp-epsilon) too")
         return {}
     epsilon = check_setting("dp_epsilon", _numeric(cfg.dp_epsilon), positive=True)
     delta = check_setting("dp_delta", _numeric(1e-5 if cfg.dp_delta is None else cfg.dp_delta), positive=True, high=1.0)
     if delta >= 1.0:
         raise ConfigError(f"dp_delta: expected a number < 1, got {delta}")
-    return {"dp_epsilon": epsilon, "dp_delta": delta}
+    return {"dp_epsilon": epsilon, "dp_delta": delta, **_mechanism(cfg)}
+
+
+def _mechanism(cfg: AuditConfig) -> dict[str, Any]:
+    """The DP-SGD mechanism the owner knows: σ, q and T together (or none of them), and the informed adversary's targets."""
+    given = {k: getattr(cfg, k) for k in ("dp_noise_multiplier", "dp_sample_rate", "dp_steps")}
+    if any(v is not None for v in given.values()) and any(v is None for v in given.values()):
+        missing = ", ".join(f"--{k.replace('_', '-')}" for k, v in given.items() if v is None)
+        raise ConfigError(f"the bound for your mechanism needs its noise multiplier, sampling rate and steps together: give {missing} "
+                          "too (or none of them: the bound from ε and δ alone)")
+    out = {"dp_targets": check_setting("dp_targets", cfg.dp_targets, integer=True, low=1)}
+    if given["dp_noise_multiplier"] is not None:
+        out.update(dp_noise_multiplier=check_setting("dp_noise_multiplier", _numeric(given["dp_noise_multiplier"]), low=0.0),
+                   dp_sample_rate=check_setting("dp_sample_rate", _numeric(given["dp_sample_rate"]), positive=True, high=1.0),
+                   dp_steps=check_setting("dp_steps", given["dp_steps"], integer=True, low=1))
+    return out
 
 
 def _start_settings(cfg: AuditConfig) -> dict[str, Any]:

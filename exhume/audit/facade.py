@@ -356,10 +356,12 @@ def _judge(data: _Audited, recon, cfg: AuditConfig, settings: dict[str, Any] | N
     m["audit"] = {**(settings or {}), "method": cfg.method, "max_seconds": deadline.seconds, "seed": cfg.seed,
                   "wall_seconds": None, **_start_record(data.view, cfg)}
     m["law"] = _law(data, cfg)
-    if cfg.dp_epsilon is not None:
+    if cfg.dp_epsilon is not None:  # the informed adversary on the owner's model and data, beside the bound
         from exhume.audit.dp import dp_record
 
-        m["dp"] = dp_record(cfg.dp_epsilon, cfg.dp_delta, data.view.start is not None, m, cfg.method)
+        informed = time.perf_counter()
+        m["dp"] = dp_record(cfg, data, recon, m)
+        data.judging_parts["informed adversary (DP)"] = time.perf_counter() - informed
     if out is not None:
         _write_scores(scores, out / "evaluation", data.roc)
     _timed(m, data, deadline, judging)

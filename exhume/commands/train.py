@@ -60,7 +60,12 @@ def add_dp_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dp-noise-multiplier", type=float, default=None, help="the noise multiplier itself instead of "
                    "--dp-epsilon; 0 clips without noise (not private: the control for clipping's own effect)")
     g.add_argument("--max-grad-norm", type=float, default=None, help="the per-sample clipping norm C (default 1.0)")
-    g.add_argument("--dp-accountant", default=None, choices=ACCOUNTANTS, help="Opacus's accountant (default rdp)")
+    g.add_argument("--dp-accountant", default=None, choices=ACCOUNTANTS, help="Opacus's accountant (default rdp; gdp, a "
+                   "central-limit approximation, is refused at sampling rate 1)")
+    g.add_argument("--dp-secure-mode", action="store_true", help="Opacus's secure mode: the noise and the sampling from a "
+                   "cryptographically secure generator (needs torchcsprng built for your torch)")
+    g.add_argument("--dp-noise-seed", type=int, default=None, help="seed the sampling and the noise (recorded: whoever holds "
+                   "the victim can replay them; for experiments, not private). Default: a secret seed, not recorded")
 
 
 def configs(args: argparse.Namespace):
@@ -69,13 +74,7 @@ def configs(args: argparse.Namespace):
     from exhume.victim import MiniBatchConfig, TrainConfig
     from exhume.victim.private import DPConfig
 
-    given = {k: getattr(args, k) for k in ("dp_epsilon", "dp_noise_multiplier", "dp_delta", "max_grad_norm", "dp_accountant")}
-    private = given["dp_epsilon"] is not None or given["dp_noise_multiplier"] is not None
-    if not private and any(v is not None for v in given.values()):
-        raise ConfigError("--dp-delta, --max-grad-norm and --dp-accountant set differentially private training: give "
-                          "--dp-epsilon (or --dp-noise-multiplier) too")
-    if private and args.epochs is None:
-        raise ConfigError("differentially private training needs --epochs: the accountant solves the noise for the steps planned")
+    private = _check_dp_flags(args)
     if args.batch_size is not None and any(t is not None for t in (args.loss_threshold, args.residual_threshold, args.span_threshold)):
         raise ConfigError("--loss-threshold, --residual-threshold and --span-threshold stop full-batch training; mini-batch "
                           "training runs --epochs")
@@ -91,10 +90,32 @@ def configs(args: argparse.Namespace):
         cfg = TrainConfig(loss=loss, optimizer=args.optimizer, lr=args.lr, weight_decay=args.wd, max_epochs=args.epochs or 1_000_000,
                           max_seconds=seconds, loss_threshold=args.loss_threshold, residual_threshold=args.residual_threshold,
                           span_threshold=args.span_threshold)
-    dp = DPConfig(epsilon=args.dp_epsilon, noise_multiplier=args.dp_noise_multiplier,
+    dp = DPConfig(epsilon=args.dp_epsilon, noise_multiplier=args.dp_noise_multiplier, secure_mode=args.dp_secure_mode,
+                  noise_seed=args.dp_noise_seed,
                   **{k: v for k, v in (("delta", args.dp_delta), ("max_grad_norm", args.max_grad_norm),
                                        ("accountant", args.dp_accountant)) if v is not None}) if private else None
     return cfg, dp
+
+
+def _check_dp_flags(args: argparse.Namespace) -> bool:
+    """Whether ``args`` ask for differentially private training; a flag that needs it without it, or that private
+    training cannot honour, is one line."""
+    given = {k: getattr(args, k) for k in ("dp_epsilon", "dp_noise_multiplier", "dp_delta", "max_grad_norm", "dp_accountant",
+                                           "dp_noise_seed")}
+    given["dp_secure_mode"] = args.dp_secure_mode or None
+    private = given["dp_epsilon"] is not None or given["dp_noise_multiplier"] is not None
+    if not private and any(v is not None for v in given.values()):
+        raise ConfigError("--dp-delta, --max-grad-norm, --dp-accountant, --dp-secure-mode and --dp-noise-seed set differentially "
+                          "private training: give --dp-epsilon (or --dp-noise-multiplier) too")
+    if not private:
+        return False
+    if args.epochs is None:
+        raise ConfigError("differentially private training needs --epochs: the accountant solves the noise for the steps planned")
+    stops = [f"--{k.replace('_', '-')}" for k in ("loss_threshold", "residual_threshold", "span_threshold") if getattr(args, k) is not None]
+    if stops:
+        raise ConfigError(f"{', '.join(stops)} would stop training on what it reads of the model; differentially private "
+                          "training runs its planned --epochs (the accountant's ε is theirs): leave it out")
+    return True
 
 
 def run(args: argparse.Namespace) -> int:
@@ -127,5 +148,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"privacy ({dp['library']}, {dp['accountant']} accountant): ε = {spent} at δ = {dp['delta']:g}, noise multiplier "
               f"{dp['noise_multiplier']:.4g}, clipping norm {dp['max_grad_norm']:g}, sampling rate {dp['sample_rate']:.4g}, "
               f"{dp['steps']} steps; start kept in {Path(args.out) / 'start.safetensors'}")
+        print(f"privacy, randomness: {dp['randomness']}" + "".join(f"\nprivacy, accountant: {w}" for w in
+                                                                     [dp.get("accountant_note"), *dp.get("accountant_warnings", [])] if w))
     print(layers_text(m["layers"]))
     return 0

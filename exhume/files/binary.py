@@ -135,3 +135,23 @@ def open_image_checked(f: Path, budget: list[int]):
         im.close()
         raise DataError(f"image folder: the images up to {f} hold more than {LIMITS.folder_pixels} numbers; expected a smaller folder")
     return im
+
+
+def read_npz_arrays(path: Path, names: tuple[str, ...], what: str, error: type[ExhumeError] = DataError) -> dict[str, np.ndarray]:
+    """The arrays ``names`` of an ``.npz`` of plain arrays (never unpickled), the file's size checked first; a missing
+    array, or a file that is not one, is one line."""
+    import zipfile
+
+    try:
+        if path.stat().st_size > LIMITS.npz_bytes:
+            raise error(f"{what} {path} holds {path.stat().st_size} bytes; at most {LIMITS.npz_bytes} are read")
+        with np.load(path, allow_pickle=False) as npz:
+            missing = [k for k in names if k not in npz.files]
+            if missing:
+                raise error(f"{what} {path} has no array {', '.join(map(repr, missing))} (found: {', '.join(sorted(npz.files)) or 'none'}); "
+                            f"save it with np.savez(PATH, {', '.join(f'{k}=...' for k in names)})")
+            return {k: np.asarray(npz[k]) for k in names}
+    except ExhumeError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise error(f"{what} {path} is not a readable .npz of plain arrays ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None

@@ -19,6 +19,7 @@ class Limits:
     model_parameters: int = 100_000_000  # an architecture in victim.json or --arch (400 MB as float32)
     candidates_x_pool_block: int = 4_000_000  # similarity entries held at once by exhume evaluate (32 MB)
     one_to_one_entries: int = 25_000_000  # training images x candidates for the Hungarian matching (200 MB)
+    npz_bytes: int = 1 << 30  # an .npz of records an attacker knows (known records, candidates)
     gradient_matrix_bytes: int = 1 << 30  # per-sample gradients held at once by the audit's KKT residual check
 
 

@@ -78,6 +78,7 @@ def make_victim(
     resume: bool = False,
     private: DPConfig | None = None,
     keep_start: bool = False,
+    public_centring: bool = False,
 ) -> Victim:
     """Select ``n`` training images, build the architecture and train it (seeded).
 
@@ -86,7 +87,8 @@ def make_victim(
     evaluator keeps apart). ``checkpoint``: a file that full-batch training writes as it goes
     (:func:`~exhume.victim.train.train_victim`); ``resume=True`` continues from it. ``private``: DP-SGD through
     Opacus (:mod:`exhume.victim.private`, recorded as ``train_config["dp"]``); ``keep_start`` (always with
-    ``private``): keep the weights training started from (``victim.start``)."""
+    ``private``): keep the weights training started from (``victim.start``); ``public_centring`` (always with
+    ``private``): inputs centred by :func:`public_mean`."""
     ds = load_dataset(data, root=root)
     task_data = select_task(ds, task, n, seed=seed)
     kind = task_data.task
@@ -96,31 +98,44 @@ def make_victim(
     num_classes = num_classes_of(ds, task) if kind == "multiclass" else None
     torch.manual_seed(seed)
     model = build_model(spec, tuple(task_data.x.shape[1:]), out_features(kind, num_classes)).to(device=device, dtype=dtype)
+    task_data, public = public_mean(ds, task_data, seed) if private is not None or public_centring else (task_data, None)
     x, y = task_data.centred.to(device=device, dtype=dtype), task_data.y.to(device)
     if kind in ("binary", "regression"):
         y = y.to(dtype)
     start_weights = {k: v.detach().cpu().float().clone() for k, v in model.named_parameters()} if keep_start or private else None
     start = time.perf_counter()
     metrics = fit(model, x, y, kind, train, seed, progress, checkpoint=checkpoint, resume=resume, private=private)
-    privacy = metrics.pop("dp", None)
+    privacy = {**dp, "mean": public} if (dp := metrics.pop("dp", None)) else None
     if test_size > 0:
         metrics.update(_test_accuracy(model, ds, task, task_data, test_size, exclude_from_test, seed, y.dtype))
     metrics["wall_seconds"] = round(time.perf_counter() - start, 3)
     return Victim(
-        model=model.cpu().float().eval(),
-        task=kind,
-        input_shape=tuple(task_data.x.shape[1:]),
-        mean=task_data.mean,
-        loss=train.loss,
-        weight_decay=train.weight_decay or None,
-        num_classes=num_classes,
-        arch=spec,
-        train_config={**train.to_dict(), "seed": seed, "dtype": str(dtype).replace("torch.", ""), **({"dp": privacy} if privacy else {})},
+        model=model.cpu().float().eval(), task=kind, input_shape=tuple(task_data.x.shape[1:]), mean=task_data.mean,
+        loss=train.loss, weight_decay=train.weight_decay or None, num_classes=num_classes, arch=spec,
+        train_config={**train.to_dict(), "seed": seed, "dtype": str(dtype).replace("torch.", ""), **({"dp": privacy} if privacy else {}),
+                      **({"centring": public} if public else {})},
         metrics=metrics,
         data_spec=task_data.spec,
         train_indices=np.asarray(task_data.indices),
         start=start_weights,
     )
+
+
+#: images outside the training set whose mean centres a private victim's inputs
+PUBLIC_MEAN_IMAGES = 1000
+
+
+def public_mean(ds, task_data, seed: int):
+    """``(task_data centred by a public mean, its record)``: the mean of :data:`PUBLIC_MEAN_IMAGES` images of the task the
+    victim never trains on. The training set's own mean would be released unnoised with the weights (and from it and
+    the n − 1 other records the last one exactly): docs/METHODS.md §7."""
+    from dataclasses import replace
+
+    from exhume.data.tasks import select_pool
+
+    pool = select_pool(ds, task_data.spec["task"], PUBLIC_MEAN_IMAGES, exclude=np.asarray(task_data.indices), seed=seed + 11)
+    return replace(task_data, mean=pool.x.mean(0)), (f"public: the mean of {len(pool)} images of the task outside the training "
+                                                      f"set (seed {seed + 11}), not the training set's")
 
 
 def make_minibatch_victim(data: str = "mnist", task: str = "multiclass", n: int = 1000,

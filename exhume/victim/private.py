@@ -7,10 +7,9 @@ their sum. For a target ``(ε, δ)`` its ``make_private_with_epsilon`` solves th
 with its accountant over the planned steps; at the end the accountant reports the ε spent. Nothing
 here clips, samples or accounts by hand.
 
-- Full batch (:class:`~exhume.victim.TrainConfig`): the expected batch is the whole training set
-  (sampling rate 1), one step per epoch, ``max_epochs`` steps planned; gradient descent or Adam.
-- Mini-batch (:class:`~exhume.victim.MiniBatchConfig`): sampling rate ``1 / ⌈n / batch_size⌉``
-  (Opacus's), ``epochs`` planned; SGD with momentum or Adam.
+- Full batch (:class:`~exhume.victim.TrainConfig`): sampling rate 1, one step per epoch, ``max_epochs``
+  steps planned; gradient descent or Adam. Mini-batch (:class:`~exhume.victim.MiniBatchConfig`):
+  sampling rate ``1 / ⌈n / batch_size⌉`` (Opacus's), ``epochs`` planned; SGD with momentum or Adam.
 
 Weight decay is the optimiser's ``weight_decay``, applied to the noised gradient: post-processing,
 it costs no privacy, and the objective stays ``mean loss + (w/2)·‖θ‖²``. Stopping rules that read
@@ -19,13 +18,23 @@ recorded is then the one spent. Per-sample norms are Opacus's ghost clipping by 
 linear layers; checked against its per-sample gradients, ``grad_sample_mode="hooks"``, in the tests).
 ``noise_multiplier=0`` clips without noise: not private (ε = ∞), the control that separates
 clipping's own effect from the noise's. The trained module is the one passed in, unwrapped, with
-its own parameter names. The record (:func:`train_private`'s ``"dp"``) holds what the bounds of
-:mod:`exhume.victim.rero` read.
+its own parameter names.
+
+The batches' sampling and the noise are drawn from a seed taken from the operating system and never
+recorded (``noise_seed=None``); a ``noise_seed`` makes them replayable, for experiments only (whoever
+holds the record can subtract the noise), and ``secure_mode`` is Opacus's (a cryptographically secure
+generator, from ``torchcsprng``). Opacus's gdp accountant, a central-limit approximation, is refused
+at sampling rate 1 and labelled below it. Opacus's warnings pass through but three that are handled
+here: the secure generator's (recorded as ``secure_mode``), the accountant's range of orders (recorded
+as ``accountant_warnings``) and ghost clipping's backward hooks (internal). The record
+(:func:`train_private`'s ``"dp"``) holds what :mod:`exhume.privacy` reads (docs/METHODS.md §7).
 """
 
 from __future__ import annotations
 
 import math
+import re
+import secrets
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -43,6 +52,13 @@ from exhume.progress import Progress
 ACCOUNTANTS = ("rdp", "prv", "gdp")
 #: how Opacus computes per-sample gradient norms (``grad_sample_mode``)
 GRAD_SAMPLE_MODES = ("ghost", "hooks")
+#: what Opacus's gdp accountant is (its record's ``accountant_note``)
+GDP_NOTE = ("Opacus's gdp accountant: a central-limit approximation for small sampling rates and many steps (Bu et al. "
+            "2020), not an upper bound on ε")
+#: the Opacus warnings handled here (by message): the secure generator's, recorded as secure_mode; ghost clipping's
+#: backward hooks, internal to Opacus; the accountant's range of orders, recorded as accountant_warnings
+HANDLED = {"secure": re.compile(r"Secure RNG turned off"), "hooks": re.compile(r"Full backward hook is firing"),
+           "orders": re.compile(r"Optimal order is the (smallest|largest) alpha")}
 INSTALL = 'pip install "exhume[dp]"'
 
 
@@ -65,6 +81,8 @@ class DPConfig:
     noise_multiplier: float | None = None
     accountant: str = "rdp"
     grad_sample_mode: str = "ghost"
+    noise_seed: int | None = None
+    secure_mode: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -82,6 +100,14 @@ class DPConfig:
             raise ConfigError(f"unknown accountant {self.accountant!r}; Opacus's: {', '.join(ACCOUNTANTS)}")
         if self.grad_sample_mode not in GRAD_SAMPLE_MODES:
             raise ConfigError(f"unknown grad_sample_mode {self.grad_sample_mode!r}; known: {', '.join(GRAD_SAMPLE_MODES)}")
+        if self.noise_seed is not None and (isinstance(self.noise_seed, bool) or not isinstance(self.noise_seed, int)
+                                            or self.noise_seed < 0):
+            raise ConfigError(f"noise_seed must be an integer ≥ 0 or None (a secret seed), got {self.noise_seed!r}")
+        if not isinstance(self.secure_mode, bool):
+            raise ConfigError(f"secure_mode must be True or False, got {self.secure_mode!r}")
+        if self.secure_mode and self.noise_seed is not None:
+            raise ConfigError("secure_mode draws the noise from the operating system: a noise_seed would make it replayable; "
+                              "give one or the other")
 
     @property
     def clipping_only(self) -> bool:
@@ -133,10 +159,12 @@ def check_private_model(model: nn.Module) -> None:
 
 
 def _make_private(engine, model, opt, loader, loss: str, dp: DPConfig, epochs: int, seed: int):
-    """Opacus's private model, optimiser, criterion and Poisson loader; an ε it cannot reach is one line."""
+    """Opacus's private model, optimiser, criterion and Poisson loader; an ε it cannot reach is one line. ``seed``
+    seeds the noise (Opacus's secure generator replaces it in secure mode)."""
     common = {"module": model, "optimizer": opt, "data_loader": loader, "criterion": _Loss(loss), "max_grad_norm": dp.max_grad_norm,
               "poisson_sampling": True, "grad_sample_mode": dp.grad_sample_mode,
-              "noise_generator": torch.Generator(device=next(model.parameters()).device).manual_seed(seed)}
+              "noise_generator": None if dp.secure_mode else
+              torch.Generator(device=next(model.parameters()).device).manual_seed(seed)}
     try:
         if dp.epsilon is not None:
             made = engine.make_private_with_epsilon(target_epsilon=dp.epsilon, target_delta=dp.delta, epochs=epochs, **common)
@@ -193,42 +221,81 @@ def _loop(private, opt, criterion, loader, train, epochs: int, progress: bool) -
 
 def train_private(model: nn.Module, x: torch.Tensor, y: torch.Tensor, train, dp: DPConfig, seed: int = 0,
                   progress: bool = True) -> dict[str, Any]:
-    """Train ``model`` in place with DP-SGD (see the module docstring); returns metrics with the ``"dp"`` record. Leaves it in eval mode."""
+    """Train ``model`` in place with DP-SGD (see the module docstring); returns metrics with the ``"dp"`` record. Leaves it in
+    eval mode. ``seed`` is the victim's (its data and initialisation); the sampling and the noise are ``dp``'s."""
     from torch.utils.data import DataLoader, TensorDataset
 
     opacus = require_opacus()
     dp.validate()
     full = not hasattr(train, "batch_size")
-    if full and (train.loss_threshold is not None or train.residual_threshold is not None):
-        raise ConfigError("a stopping rule that reads the training loss (loss_threshold, residual_threshold) is not private: "
-                          "differentially private training runs its planned epochs")
+    if full and any(getattr(train, k, None) is not None for k in ("loss_threshold", "residual_threshold", "span_threshold")):
+        raise ConfigError("differentially private training runs its planned epochs (the accountant's ε is theirs): a stopping "
+                          "rule on the training loss, the stationarity residual or the weights' spectrum (loss_threshold, "
+                          "residual_threshold, span_threshold) is refused with it")
     check_private_model(model)
     epochs = train.max_epochs if full else train.epochs
+    sampling, noise = (dp.noise_seed, dp.noise_seed + 1) if dp.noise_seed is not None else (secrets.randbits(63), secrets.randbits(63))
     loader = DataLoader(TensorDataset(x, y), batch_size=len(x) if full else min(train.batch_size, len(x)),
-                        generator=torch.Generator().manual_seed(seed))
+                        generator=torch.Generator().manual_seed(sampling))
+    _check_accountant(dp, 1.0 / len(loader))
     model.train()
-    with warnings.catch_warnings():  # Opacus's advice (secure RNG, hooks, α range) is not the user's to act on here
-        warnings.simplefilter("ignore")
-        engine = opacus.PrivacyEngine(accountant=dp.accountant)
-        private, opt, criterion, data = _make_private(engine, model, _optimizer(model, train), loader, train.loss, dp, epochs, seed)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine = _engine(opacus, dp)
+        private, opt, criterion, data = _make_private(engine, model, _optimizer(model, train), loader, train.loss, dp, epochs, noise)
         try:
             metrics = _loop(private, opt, criterion, data, train, epochs, progress)
         finally:
             private.to_standard_module()  # hooks and per-sample attributes removed: the plain module, its own names
             model.eval()
         spent = None if dp.clipping_only else float(engine.get_epsilon(dp.delta))
-    metrics["dp"] = _record(opacus, dp, opt, data, epochs, metrics["steps"], spent)
+    metrics["dp"] = {**_record(opacus, dp, opt, data, epochs, metrics["steps"], spent), **_warnings_passed(caught)}
     with torch.no_grad():
         metrics["final_loss"] = float(torch.cat([per_sample_loss(train.loss, _logits(model(x[i:i + 1000])), y[i:i + 1000])
                                                  for i in range(0, len(x), 1000)]).mean())
     return {**metrics, "stationarity_residual": None}
 
 
+def _check_accountant(dp: DPConfig, rate: float) -> None:
+    """gdp at sampling rate 1 is refused: its central-limit approximation is made for small rates."""
+    if dp.accountant == "gdp" and rate >= 1.0 and not dp.clipping_only:
+        raise ConfigError("Opacus's gdp accountant is a central-limit approximation made for small sampling rates; at "
+                          "sampling rate 1 (the full batch) it misstates ε (the mechanism is exactly √T/σ-GDP): use the rdp "
+                          "or prv accountant")
+
+
+def _engine(opacus, dp: DPConfig):
+    """Opacus's PrivacyEngine; secure mode without ``torchcsprng`` is one line."""
+    try:
+        return opacus.PrivacyEngine(accountant=dp.accountant, secure_mode=dp.secure_mode)
+    except ImportError:
+        raise ConfigError("Opacus's secure mode (--dp-secure-mode) needs the torchcsprng package built for your torch "
+                          f"{torch.__version__.split('+')[0]}; install it, or train without secure mode") from None
+
+
+def _warnings_passed(caught) -> dict[str, Any]:
+    """Re-emit every warning but those handled here (:data:`HANDLED`); the accountant's range of orders, recorded."""
+    orders = []
+    for w in caught:
+        text = str(w.message)
+        if HANDLED["orders"].search(text):
+            orders.append(text)
+        elif not (HANDLED["secure"].search(text) or HANDLED["hooks"].search(text)):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return {"accountant_warnings": list(dict.fromkeys(orders))}
+
+
 def _record(opacus, dp: DPConfig, opt, loader, epochs: int, steps: int, spent: float | None) -> dict[str, Any]:
     """What the victim folder records of its privacy (``train_config["dp"]``)."""
+    randomness = ("secure: Opacus's secure mode (torchcsprng)" if dp.secure_mode
+                  else f"seeded (noise_seed {dp.noise_seed}): whoever holds this record can replay the sampling and the noise; "
+                  "for experiments, not private" if dp.noise_seed is not None
+                  else "secret: seeds drawn from the operating system and not recorded (torch's generator, not Opacus's "
+                  "secure mode)")
     return {"library": f"opacus {opacus.__version__}", "mechanism": "clipping only (no noise): not private" if dp.clipping_only
             else "DP-SGD", "epsilon": dp.epsilon, "delta": dp.delta, "accountant": dp.accountant,
+            "accountant_note": GDP_NOTE if dp.accountant == "gdp" else None,
             "noise_multiplier": float(opt.noise_multiplier), "max_grad_norm": dp.max_grad_norm, "sample_rate": 1.0 / len(loader),
             "expected_batch_size": opt.expected_batch_size, "poisson_sampling": True, "clipping": "flat (all parameters)",
             "grad_sample_mode": dp.grad_sample_mode, "planned_steps": epochs * len(loader), "steps": steps,
-            "epsilon_spent": spent}
+            "epsilon_spent": spent, "secure_mode": dp.secure_mode, "randomness": randomness}

@@ -35,6 +35,7 @@ from exhume.files.jsonio import write_json
 from exhume.files.schemas import read_victim_meta
 from exhume.losses import check_loss
 from exhume.models import build_model
+from exhume.victim.known import Records
 from exhume.victim.start import TrainingSettings, check_start, frozen_names, load_start, training_settings
 from exhume.victim.wrap import Audited, two_logit_probe
 
@@ -57,6 +58,8 @@ class AttackerView:
     n_train_hint: int | None = None  # a guess of the training-set size (e.g. from a model card)
     start: dict[str, torch.Tensor] | None = None  # the weights training started from, where known (exhume.victim.start)
     training: TrainingSettings | None = None  # how training ran from the start, as far as the owner knows
+    known: Records | None = None  # training records the informed adversary knows (exhume.victim.known)
+    candidates: Records | None = None  # k records of which one was trained on: the candidate game (exhume.victim.known)
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -75,6 +78,10 @@ class AttackerView:
         if self.training is not None and self.training.second_moment is not None:
             self.training.second_moment = check_start(self.training.second_moment, self.model, "training setting second_moment",
                                                       partial=True)
+        for name in ("known", "candidates"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), Records):
+                raise ConfigError(f"{name} must be exhume.victim.known.Records (exhume.request.view_of makes them), "
+                                  f"got {type(getattr(self, name)).__name__}")
         if self.start is not None:
             self.start = check_start(self.start, self.model, partial=True)
             trained = [k for k, _ in self.model.named_parameters()]
@@ -85,7 +92,12 @@ class AttackerView:
     @property
     def threat_model(self) -> str:
         """What the attacker knows, in words (recorded with every reconstruction)."""
-        return "the attacker knows the starting weights" if self.start is not None else "weights only"
+        words = "the attacker knows the starting weights" if self.start is not None else "weights only"
+        if self.known is not None:
+            words += f"; informed: {len(self.known)} training records known"
+        if self.candidates is not None:
+            words += f"; the candidate game: {len(self.candidates)} candidates, one trained on"
+        return words
 
 
 def broadcast_stat(value, input_shape: tuple[int, ...], what: str) -> torch.Tensor:
@@ -163,7 +175,9 @@ class Victim:
         if not np.array_equal(np.sort(task.indices), np.sort(self.train_indices)):
             raise VictimError("the training set rebuilt from the data spec does not match the saved training indices "
                               "(train_indices.npy); refusing to evaluate against other images")
-        return task
+        from dataclasses import replace
+
+        return replace(task, mean=self.mean)  # centred as the victim saw it (a private victim's mean is public)
 
     def save(self, folder: str | Path) -> Path:
         if self.arch is None:

@@ -188,6 +188,9 @@ class Attack:
     multipliers: ClassVar[bool] = False
     uses_start: ClassVar[bool] = False  # a start in the view changes what it solves (exhume.attack refuses one otherwise)
     batchable: ClassVar[bool] = False  # the portfolio may run its restarts as one batched problem
+    #: the records of the informed adversary's threat models it uses from the view ("known", "candidates";
+    #: exhume.victim.known): exhume.attack refuses a view holding others
+    uses_records: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, preset: str | None = None, **kwargs: Any) -> None:
         kwargs = self.with_preset(preset, kwargs)
@@ -263,6 +266,11 @@ class Attack:
         from exhume.attacks.engine.memory import generic_peak
 
         return generic_peak(self, view)
+
+    def informed(self, view, recon: Reconstruction) -> Reconstruction:
+        """What the attack makes of the training records the attacker knows (``view.known``, where ``"known"`` is in
+        :attr:`uses_records`) once its run, or its pooled restarts, returned ``recon`` (:func:`exhume.attack` calls it)."""
+        return recon
 
     def unbatched_on(self, view) -> str | None:
         """Why this attack's restarts on ``view`` cannot share one batched problem (None: they can, where the class is
@@ -361,6 +369,23 @@ def check_uses_start(name: str) -> None:
     if not attack_class(name).uses_start:
         known = ", ".join(sorted(k for k, cls in ATTACKS.items() if cls.uses_start))
         raise ConfigError(f"the {name!r} attack does not use the starting weights; attacks that do: {known}")
+
+
+def check_uses_records(name: str, view) -> None:
+    """Refuse known records or candidates in ``view`` for the attack ``name`` if it would ignore them."""
+    for kind, words in (("known", "known training records (known_records)"), ("candidates", "the candidate game's candidates")):
+        if getattr(view, kind, None) is not None and kind not in attack_class(name).uses_records:
+            users = ", ".join(sorted(k for k, cls in ATTACKS.items() if kind in cls.uses_records)) or "none"
+            raise ConfigError(f"the {name!r} attack does not use {words}; attacks that do: {users}")
+
+
+def attack_using(kind: str) -> str:
+    """The registered attack that uses the informed adversary's ``kind`` of records (``"candidates"``: the candidate game):
+    the rooms above find it by what it declares, not by its name."""
+    found = sorted(k for k, cls in ATTACKS.items() if kind in cls.uses_records)
+    if len(found) != 1:
+        raise ConfigError(f"expected one attack that uses {kind!r}, found {found or 'none'}")
+    return found[0]
 
 
 def get_attack(name: str, **kwargs: Any) -> Attack:

@@ -21,6 +21,7 @@ take) and :mod:`~exhume.attacks.kkt.attack` (the attack class). Each default bey
 measured reason: docs/METHODS.md §5 and docs/defaults.md.
 """
 
+from exhume.attacks.kkt import game as _game  # noqa: F401  (registers "game", the candidate game)
 from exhume.attacks.kkt.attack import KKTAttack
 from exhume.attacks.kkt.problem import Problem
 from exhume.attacks.kkt.settings import (

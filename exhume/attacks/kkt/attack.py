@@ -49,6 +49,7 @@ class KKTAttack(Attack):
     multipliers = True
     uses_start = True  # a start in the view switches the equation (start_equation="auto")
     batchable = True  # exhume/portfolio/batched/ stacks its restarts
+    uses_records = ("known",)  # the informed adversary: candidates ranked by what the known records leave (informed)
     params = PARAMS
     presets = PRESETS
     retired = RETIRED
@@ -100,6 +101,23 @@ class KKTAttack(Attack):
 
     def check(self, view) -> None:
         check(self.config, view)
+
+    def informed(self, view, recon: Reconstruction) -> Reconstruction:
+        """With training records known (the informed adversary): the candidates ranked by the share of what those records
+        leave of the equation each explains (:func:`exhume.attacks.kkt.game.rank`), best first; the solve itself is the
+        same. Its first ``candidates_per_point`` × the unknown records are its reconstruction of them (docs/METHODS.md §7)."""
+        from exhume.attacks.kkt.game import rank
+
+        if view.known is None:
+            return recon
+        order, shares, info = rank(view, recon.candidates.clamp(0, 1), recon.labels, self.config["start_equation"])
+        unknown = max(1, int(self.config["n_guess"] or view.n_train_hint or len(view.known) + 1) - len(view.known))
+        named = min(len(order), max(1, round(self.config["candidates_per_point"] * unknown)))
+        record = dataclasses.replace(recon.record, threat_model=view.threat_model,
+                                     settings={**recon.record.settings, **info, "informed_named": named},
+                                     extras={**recon.record.extras, "multipliers": recon.scores.tolist() if recon.scores is not None else None})
+        return dataclasses.replace(recon, candidates=recon.candidates[order], labels=recon.labels[order], scores=shares[order].float(),
+                                   record=record, provenance={k: v[order] for k, v in recon.provenance.items()})
 
     def stage_on(self, view, model=None) -> tuple[Any, Subspace] | None:
         """Whether a run on ``view`` takes the feature stage, the one predicate lone and batched restarts ask: with
