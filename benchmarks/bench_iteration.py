@@ -5,7 +5,7 @@ One iteration is what one optimisation step of the attack needs: the stationarit
 pass to the candidates ``x`` and the multipliers ``λ`` (a double backward through the network).
 The optimiser update, the dual and prior penalties are not included (they are elementwise and cheap).
 
-* exhume: ``exhume.attacks.stationarity.stationarity_residual`` (``torch.func.grad`` of
+* exhume: ``exhume.equations.stationarity.stationarity_residual`` (``torch.func.grad`` of
   ``Σ λ_j margin(functional_call(model, p, x), y)`` inside ``soft_activations(α)``).
 * reference: written here, without exhume: a hand-written forward of the same bias-free MLP with
   ``soft_relu``, ``torch.autograd.grad(Σ λ_j y_j out_j, params, create_graph=True)``, the same
@@ -59,12 +59,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from exhume.attacks import surrogate
+from exhume.attacks.engine.loop import make_optimizer
+from exhume.attacks.engine.snapshots import IterateTracker
 from exhume.attacks.kkt import KKTAttack
-from exhume.attacks.loop import make_optimizer
-from exhume.attacks.snapshots import IterateTracker
-from exhume.attacks.stationarity import residual_value_and_gradients, stationarity_residual, stationarity_residual_and_objective
-from exhume.attacks.surrogate import soft_relu
+from exhume.equations import surrogate
+from exhume.equations.stationarity import residual_value_and_gradients, stationarity_residual, stationarity_residual_and_objective
+from exhume.equations.surrogate import soft_relu
 from exhume.models import MLP
 from exhume.models.builders import build_model
 from exhume.victim import AttackerView

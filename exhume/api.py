@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from exhume.attacks import Reconstruction, get_attack
-from exhume.attacks.base import DEFAULT_METHOD, check_uses_start
-from exhume.attacks.memory import check_memory
+from exhume.attacks import DEFAULT_METHOD, Reconstruction, check_uses_start, get_attack
+from exhume.attacks.engine.memory import check_memory
 from exhume.deadline import Deadline
 from exhume.errors import ConfigError
 from exhume.request import Output, Request, deadline_of, view_of
@@ -72,7 +71,7 @@ def attack(victim: Victim | AttackerView, method: str = DEFAULT_METHOD, seed: in
 def _run_once(atk, view, victim, run: dict[str, Any], output: Output) -> Reconstruction:
     """One run of ``atk`` on ``view`` with the keywords ``run``: in ``output.folder`` (locked, owned by the victim's
     fingerprint, saved there) when given."""
-    from exhume.attacks.checkpoint import RunOwner
+    from exhume.attacks.engine.checkpoint import RunOwner
     from exhume.files.runfolder import fingerprint, own_run_folder
 
     fp = fingerprint(view.model)

@@ -3,7 +3,7 @@
 The victim's training, the known start, the attacks and the command line import these rather
 than spell the names again (``tests/test_settings_once.py`` checks that no such list appears twice
 in ``exhume/``). Lists that belong to one room stay there: the losses in :mod:`exhume.losses`, the
-match rules in :mod:`exhume.evaluation.matching`, the default attack in :mod:`exhume.attacks.base`.
+match rules in :mod:`exhume.evaluation.matching`, the default attack in :mod:`exhume.attacks.engine.base`.
 """
 
 from __future__ import annotations

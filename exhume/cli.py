@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from exhume.attacks.base import DEFAULT_METHOD
+from exhume.attacks import DEFAULT_METHOD
 from exhume.choices import BATCH_CHOICES, DTYPE_NAMES, TRAINING_OPTIMIZERS
 from exhume.errors import ConfigError, DivergenceError, ExhumeError, VictimError
 from exhume.params import parse_params, parse_restarts

@@ -78,7 +78,7 @@ class Deadline:
         return self if self.at is None else Deadline.after(self.left() * fraction)
 
     def later(self, seconds: float) -> Deadline:
-        """This deadline ``seconds`` later: time not charged to a run (its caller's callback, :func:`~exhume.attacks.loop.run_loop`)."""
+        """This deadline ``seconds`` later: time not charged to a run (its caller's callback, :func:`~exhume.attacks.engine.loop.run_loop`)."""
         seconds = _seconds("a deadline's delay", seconds)
         return self if self.at is None else Deadline(self.at + seconds, self.seconds + seconds)
 

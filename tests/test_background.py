@@ -10,7 +10,7 @@ import torch
 from test_subspace import N, _digits, _victim  # the 784-64-64 victim trained on 12 bundled MNIST digits
 
 from exhume.attacks import get_attack
-from exhume.attacks.priors import BACKGROUND_TAU, background_level, dark_floor
+from exhume.attacks.engine.priors import BACKGROUND_TAU, background_level, dark_floor
 from exhume.data.datasets import load_bundled_mnist
 from exhume.errors import ConfigError
 from exhume.evaluation.metrics import evaluate_images

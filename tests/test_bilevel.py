@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from exhume.attacks import get_attack
-from exhume.attacks.bilevel import conjugate_gradient, flatten, implicit_gradient, inner_objective, solve_inner
-from exhume.attacks.lower_level import extreme_eigenvalues, spectral_damping
+from exhume.attacks.bilevel.attack import conjugate_gradient, flatten, implicit_gradient, inner_objective, solve_inner
+from exhume.attacks.bilevel.lower_level import extreme_eigenvalues, spectral_damping
 from exhume.errors import ConfigError
 from exhume.models import build_model
 from exhume.victim import AttackerView, TrainConfig, train_victim
@@ -42,7 +42,7 @@ def _problem(kind: str):
 def _lbfgs(model, like, theta0, x, y, wd, steps, tol, beta=None):
     """The lower level by full-batch L-BFGS (strong Wolfe) to ``max|∇_θE| ≤ tol``: a reference for the attack's Newton-CG
     (it stalls on unsmoothed ReLU victims); returns ``θ`` and ``‖∇_θE‖``."""
-    from exhume.attacks.surrogate import smooth_activations
+    from exhume.equations.surrogate import smooth_activations
 
     def objective(t):
         with smooth_activations(beta):

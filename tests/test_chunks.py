@@ -278,7 +278,7 @@ def test_every_experiment_cut_into_chunks_ends_with_the_uninterrupted_table(name
     # and the first chunk's end lands in an attack for sure: a timer's signal at its second step, as a real one would
     import signal
 
-    from exhume.attacks import loop
+    from exhume.attacks.engine import loop
 
     def alarm_once(desc, total, max_seconds, start, elapsed, step, *args, real=loop.run_loop, fired=[], **kw):  # noqa: B006
         def stepped(i, *a):

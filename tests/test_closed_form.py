@@ -11,8 +11,8 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 from exhume.attacks import get_attack
-from exhume.attacks.closed_form import RIDGE, closed_form_residual, gradient_rows
-from exhume.attacks.trajectory import build_equation
+from exhume.attacks.kkt.closed_form import RIDGE, closed_form_residual, gradient_rows
+from exhume.equations.trajectory import build_equation
 from exhume.errors import ConfigError
 from exhume.evaluation.ssim import ssim_matrix
 from exhume.losses import margin
@@ -136,8 +136,8 @@ def test_minmax_candidate_scale_matches_a_dimmed_reconstruction_and_treats_the_c
 def test_merged_gradient_points_leave_the_learned_equation_as_it_was_and_a_nonlinear_one_whole():
     """Where the readout alone is trained its gradient is the same at both endpoints: the one-point equation with each
     candidate's multipliers summed is the two-point one (any multipliers); a model trained throughout keeps both points."""
-    from exhume.attacks.closed_form import one_point
-    from exhume.attacks.trajectory import start_residual
+    from exhume.attacks.kkt.closed_form import one_point
+    from exhume.equations.trajectory import start_residual
 
     view, _ = random_features(width=300)
     model = view.model.double()

@@ -13,12 +13,12 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from exhume.attacks import get_attack
-from exhume.attacks.equations import ExactRun
-from exhume.attacks.record import parse_record
+from exhume.attacks.engine.record import parse_record
+from exhume.equations.kinds import ExactRun
+from exhume.equations.recipe import batches
 from exhume.errors import ConfigError
 from exhume.evaluation.assumptions import checks_for
 from exhume.evaluation.residuals import exact_run_residual as exact_residual
-from exhume.replay import batches
 from exhume.victim import AttackerView
 from exhume.victim.start import TrainingSettings
 
@@ -187,8 +187,8 @@ def _tiny(seed: int = 0, optimizer: str = "sgd"):
 def test_the_functional_replay_and_its_jacobian_equal_the_checkpointed_replay():
     from torch.func import jacfwd
 
-    from exhume.attacks.exact import make_replay, replay
-    from exhume.attacks.exact_lm import run_flat
+    from exhume.attacks.replay.lm import run_flat
+    from exhume.equations.exact import make_replay, replay
 
     view, x, y = _tiny()
     model, params = view.model, dict(view.model.named_parameters())
@@ -312,7 +312,7 @@ def test_bad_simulate_arguments_are_refused_by_name(kwargs, message):
 def test_a_run_folder_of_the_removed_coarse_simulation_still_loads_and_evaluates(tmp_path):
     import exhume
     from exhume.attacks import Reconstruction, load_reconstruction
-    from exhume.attacks.equations import KnownStart
+    from exhume.equations.kinds import KnownStart
     from exhume.evaluation.assumptions import equation_of
 
     gen = torch.Generator().manual_seed(0)

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from exhume.attacks import get_attack
-from exhume.attacks.feature_stage import Above, features_of, invert, layer_above
+from exhume.attacks.kkt.stage import Above, features_of, invert, layer_above
 from exhume.data import load_dataset
 from exhume.data.tasks import select_task
 from exhume.models import build_model
@@ -128,8 +128,8 @@ def test_a_staged_run_resumes_its_stage_from_its_checkpoint(tmp_path, monkeypatc
 
 
 def test_the_stage_and_the_diagnostic_read_the_span_by_one_rule():
-    from exhume.attacks import feature_stage
-    from exhume.victim import diagnostics
+    from exhume.attacks.kkt import stage as feature_stage
+    from exhume.equations import span as diagnostics
 
     assert feature_stage.SPAN_GAP == diagnostics.SPAN_GAP
 

@@ -12,11 +12,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from exhume.attacks import get_attack
-from exhume.attacks.formulation import NO_DECAY_MARGIN, typical_margin
 from exhume.attacks.kkt import PRESETS, KKTAttack
-from exhume.attacks.stationarity import homogeneity_degree, stationarity_residual, stationarity_residual_and_objective
-from exhume.attacks.surrogate import soft_activations, soft_relu
 from exhume.deadline import Deadline
+from exhume.equations.formulation import NO_DECAY_MARGIN, typical_margin
+from exhume.equations.stationarity import homogeneity_degree, stationarity_residual, stationarity_residual_and_objective
+from exhume.equations.surrogate import soft_activations, soft_relu
 from exhume.errors import ConfigError, ExhumeError
 from exhume.victim import AttackerView
 
@@ -305,7 +305,7 @@ def test_multiclass_victim_without_class_count_is_refused():
 def test_shared_loop_checkpoints_on_interrupt_and_excludes_callback_time():
     import time as _time
 
-    from exhume.attacks.loop import run_loop
+    from exhume.attacks.engine.loop import run_loop
 
     saved, history = [], []
 
@@ -356,7 +356,7 @@ GONE = {"lambda_scale_factor": (0.5, 1.0), "consistency_weight": (1e-3, 0.0), "s
 
 def test_kkt_declares_twenty_five_settings():
     """The run's plumbing (seconds, cadence) and the victim's facts (loss, weight decay) are not kkt's settings."""
-    from exhume.attacks.base import MOVED
+    from exhume.attacks.engine.base import MOVED
 
     assert len(KKTAttack.params) == 25 and not (set(GONE) | set(MOVED)) & set(KKTAttack.params)
 

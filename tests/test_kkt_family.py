@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from exhume.attacks import get_attack
-from exhume.attacks.formulation import auto_form
-from exhume.attacks.stationarity import negative_loss_objective, output_objective, per_candidate_gradients, stationarity_residual
+from exhume.equations.formulation import auto_form
+from exhume.equations.stationarity import negative_loss_objective, output_objective, per_candidate_gradients, stationarity_residual
 from exhume.errors import ConfigError
 from exhume.losses import margin, soft_margin
 from exhume.models import MLP, build_model

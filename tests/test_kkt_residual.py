@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import exhume.evaluation.residuals as residuals  # the residual lives with the evaluation: it reads the training set
-from exhume.attacks.equations import Stationarity
+from exhume.equations.kinds import Stationarity
 from exhume.evaluation.assumptions import checks_for
 from exhume.evaluation.residuals import kkt_residual_nnls
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
+from exhume.equations.span import layer_spectra
 from exhume.evaluation.layers import layer_diagnostics, layers_text
 from exhume.models import build_model
-from exhume.victim.diagnostics import layer_spectra
 
 
 def _fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, lr: float = 0.2, wd: float = 5e-3) -> nn.Module:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from exhume.attacks import get_attack
-from exhume.attacks import memory as mem
+from exhume.attacks.engine import memory as mem
 from exhume.models import build_model
 from exhume.victim import AttackerView
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from exhume.attacks import PortfolioRecord, Reconstruction, RestartRecord, RunRecord
-from exhume.attacks.equations import Stationarity
+from exhume.equations.kinds import Stationarity
 from exhume.evaluation.identifiability import identifiability
 from exhume.evaluation.verdict import decide
 from exhume.evaluation.weights_membership import membership_exposure, roc_summary, tpr_at

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from exhume.attacks import ATTACKS, get_attack
-from exhume.attacks.base import DEFAULT_METHOD, Param
+from exhume.attacks.engine.base import DEFAULT_METHOD, Param
 from exhume.errors import ConfigError
 
 EXHUME = Path(__file__).resolve().parents[1] / "exhume"

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from exhume.attacks import ATTACKS
-from exhume.attacks.loop import CANDIDATE_PARAMS, make_optimizer, open_run
-from exhume.attacks.priors import project_range, range_penalty
+from exhume.attacks.engine.loop import CANDIDATE_PARAMS, make_optimizer, open_run
+from exhume.attacks.engine.priors import project_range, range_penalty
 from exhume.errors import ExhumeError
 
 
@@ -36,7 +36,7 @@ def test_no_attack_declares_the_runs_plumbing_or_the_victims_facts_and_each_run_
     and giving one as a setting is one line saying where it went."""
     import inspect
 
-    from exhume.attacks.base import MOVED
+    from exhume.attacks.engine.base import MOVED
     from exhume.errors import ConfigError
 
     cls = ATTACKS[name]

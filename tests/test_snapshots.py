@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from exhume.attacks import get_attack
-from exhume.attacks.snapshots import IterateTracker
+from exhume.attacks.engine.snapshots import IterateTracker
 from exhume.victim import AttackerView
 
 

@@ -10,7 +10,7 @@ from _start_cases import fine_tuned as _fine_tuned
 from safetensors.torch import save_file
 from torch import nn
 
-from exhume.attacks.trajectory import build_equation
+from exhume.equations.trajectory import build_equation
 from exhume.errors import ConfigError, ExhumeError
 from exhume.evaluation.residuals import explained
 from exhume.losses import margin
@@ -224,8 +224,8 @@ def test_adam_s_second_moment_preconditions_only_while_the_start_survives():
 
 def test_the_span_is_read_from_what_training_added_to_the_input_layer():
     """After SGD from a known start, W_T − c·W_0 has exactly the training inputs' row space (c fitted by the nuclear norm)."""
-    from exhume.attacks.subspace import data_subspace
-    from exhume.attacks.trajectory import added_inputs_layer, nuclear_decay
+    from exhume.attacks.kkt.subspace import data_subspace
+    from exhume.equations.trajectory import added_inputs_layer, nuclear_decay
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 1), nn.Flatten(0)).double()
@@ -265,7 +265,9 @@ def test_the_set_up_checks_run_once_for_a_probe_and_its_restarts_and_again_when_
     gradients of the whole model, seconds on a wide one) are remembered for the victim: a sizing probe and the restarts
     of one portfolio pay for them once, the reconstruction the same to the bit as with the checks run every time; a
     victim changed in place, or given other tensors, is checked again."""
-    from exhume.attacks import formulation, get_attack, subspace, workcopy
+    from exhume.attacks import get_attack
+    from exhume.attacks.kkt import subspace
+    from exhume.equations import formulation, workcopy
     from exhume.portfolio import run_portfolio
 
     torch.manual_seed(0)
@@ -308,7 +310,7 @@ def test_a_start_that_training_forgot_is_left_out_and_the_stationary_equation_so
     why; a start that survives, or one with a frozen parameter, keeps the known-start equation."""
     from exhume.attacks import get_attack
     from exhume.attacks.kkt import equation_for
-    from exhume.attacks.trajectory import start_survival
+    from exhume.equations.trajectory import start_survival
 
     model, start, _ = forgotten()
     assert start_survival({k: v.detach() for k, v in model.named_parameters()}, start, list(start)) < 0.1

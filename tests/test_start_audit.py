@@ -145,8 +145,8 @@ def test_a_known_start_run_judged_without_its_start_is_checked_as_unknown_not_as
     assumption is unchecked (so never 'no evidence'), not judged by the stationarity equation."""
     from types import SimpleNamespace
 
-    from exhume.attacks.equations import KnownStart, Stationarity
-    from exhume.attacks.record import parse_record
+    from exhume.attacks.engine.record import parse_record
+    from exhume.equations.kinds import KnownStart, Stationarity
     from exhume.evaluation.assumptions import checks_for, equation_of
 
     eq = equation_of("kkt", recon=SimpleNamespace(record=parse_record({"equation_used": "endpoints"}, {})))
@@ -159,7 +159,7 @@ def test_a_known_start_run_judged_without_its_start_is_checked_as_unknown_not_as
 def test_the_known_start_check_leaves_batchnorm_to_its_residual_and_still_names_smooth_layers():
     """Eval-mode BatchNorm is modelled by the known-start equation (the residual measures whether it holds);
     the stationarity check still names it, and a smooth activation is named by both."""
-    from exhume.attacks.equations import KnownStart, Stationarity
+    from exhume.equations.kinds import KnownStart, Stationarity
     from exhume.evaluation.assumptions import checks_for
 
     bn = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.ReLU(), nn.Flatten(), nn.Linear(8, 1)).eval()

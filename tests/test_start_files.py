@@ -9,7 +9,7 @@ from _start_cases import Tiny, state
 from safetensors.torch import save_file
 from torch import nn
 
-from exhume.attacks.trajectory import build_equation
+from exhume.equations.trajectory import build_equation
 from exhume.errors import ConfigError, VictimError
 from exhume.victim import AttackerView
 from exhume.victim.start import TrainingSettings, check_start, frozen_names, load_start, training_settings

@@ -1,4 +1,4 @@
-"""The training inputs' span read from the first layer (exhume.attacks.subspace) and kkt's projection onto it."""
+"""The training inputs' span read from the first layer (exhume.attacks.kkt.subspace) and kkt's projection onto it."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import torch
 from torch import nn
 
 from exhume.attacks import get_attack
-from exhume.attacks.base import attack_model
-from exhume.attacks.stationarity import least_squares, per_candidate_gradients
-from exhume.attacks.subspace import MIN_DENOISE_SHARE, data_subspace, input_layer, learned_part, noise_edge
+from exhume.attacks.engine.base import attack_model
+from exhume.attacks.kkt.subspace import data_subspace, input_layer
 from exhume.data.datasets import load_bundled_mnist
+from exhume.equations.span import MIN_DENOISE_SHARE, learned_part, noise_edge
+from exhume.equations.stationarity import least_squares, per_candidate_gradients
 from exhume.errors import ConfigError
 from exhume.losses import margin
 from exhume.models import build_model

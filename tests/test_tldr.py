@@ -11,9 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from exhume.attacks import get_attack
-from exhume.attacks.generator import CONDITIONINGS, ConditionedGenerator, hot_matrix, sample_conditioning
-from exhume.attacks.inversion import FeatureTap
-from exhume.attacks.inversion_losses import ce_term, cosine_term, grad_norm_term, kl_term, ortho_term, perturb, pixel_term, tv_term
+from exhume.attacks.generative.generator import CONDITIONINGS, ConditionedGenerator, hot_matrix, sample_conditioning
+from exhume.attacks.generative.inversion import FeatureTap
+from exhume.attacks.generative.losses import ce_term, cosine_term, grad_norm_term, kl_term, ortho_term, perturb, pixel_term, tv_term
 from exhume.errors import ConfigError
 from exhume.evaluation.trainlike import class_grid, per_class_evaluation
 from exhume.evaluation.trainlike_stats import membership_tests, nearer_train_test, signal_separation, victim_signals

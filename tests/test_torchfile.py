@@ -76,7 +76,7 @@ def test_a_training_checkpoint_without_its_fields_is_refused(tmp_path):
 
 def test_a_checkpoint_above_the_file_cap_resumes_when_its_size_is_what_the_run_writes(tmp_path, monkeypatch):
     """The cap follows the shapes being restored: a run's own large checkpoint loads; a file far above them does not."""
-    from exhume.attacks.checkpoint import load_checkpoint, save_checkpoint
+    from exhume.attacks.engine.checkpoint import load_checkpoint, save_checkpoint
 
     monkeypatch.setattr(torchfile, "LIMITS", dataclasses.replace(torchfile.LIMITS, torch_file_bytes=10_000))
     monkeypatch.setattr(torchfile, "CHECKPOINT_SLACK", 1_000)

@@ -8,9 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from exhume.attacks import get_attack, kkt, surrogate
-from exhume.attacks.stationarity import TracedResidual, negative_loss_objective, output_objective, stationarity_residual_and_objective
-from exhume.attacks.surrogate import soft_activations, soft_relu, soft_relu_composite, soft_relu_one_node
+from exhume.attacks import get_attack, kkt
+from exhume.equations import surrogate
+from exhume.equations.stationarity import TracedResidual, negative_loss_objective, output_objective, stationarity_residual_and_objective
+from exhume.equations.surrogate import soft_activations, soft_relu, soft_relu_composite, soft_relu_one_node
 from exhume.losses import margin, soft_margin
 from exhume.models import CNN, MLP
 from exhume.victim import AttackerView

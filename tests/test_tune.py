@@ -366,7 +366,7 @@ def test_distinct_in_row_blocks_equals_the_dense_cosine_matrix(monkeypatch):
     """candidate_terms' ``distinct`` never builds the m × m cosine matrix; blocked, it flags what the dense rule flags."""
     import dataclasses
 
-    from exhume.attacks import score as score_mod  # the score lives beside the attacks
+    from exhume.attacks.engine import score as score_mod  # the score lives beside the attacks
 
     g = torch.Generator().manual_seed(3)
     flat = torch.randn(40, 30, generator=g, dtype=torch.float64)

@@ -12,7 +12,7 @@ multipliers ``λ_j``. Loss::
 for ``λ``; ReLU derivative ``sigmoid(19.2·z)``; float64; ``λ_min = 0.415``. No weight-decay scale,
 no averaging, the last iterate is returned.
 
-The stationarity term is :func:`exhume.attacks.stationarity.stationarity_residual` with weights
+The stationarity term is :func:`exhume.equations.stationarity.stationarity_residual` with weights
 ``λ_j / m`` and the margin objective (``y_j Φ(x̂_j)`` for binary outputs): the same sum over
 parameter tensors, computed through torch.func (``tests/test_zoo_reference.py`` checks it against
 a hand computation on a tiny model).
@@ -24,10 +24,10 @@ import time
 
 import torch
 
-from exhume.attacks.base import Reconstruction, attack_model
-from exhume.attacks.formulation import candidate_labels
-from exhume.attacks.record import RunRecord
-from exhume.attacks.stationarity import stationarity_residual
+from exhume.attacks.engine.base import Reconstruction, attack_model
+from exhume.attacks.engine.record import RunRecord
+from exhume.equations.formulation import candidate_labels
+from exhume.equations.stationarity import stationarity_residual
 from exhume.losses import margin
 
 RECIPE = {"init_scale": 1.74e-3, "lr_x": 0.282, "lr_lambda": 1e-4, "momentum": 0.9, "alpha": 19.2,

@@ -145,7 +145,7 @@ def job(args) -> None:
     wall = time.perf_counter() - t0
     raw = {}
     if args.method == "newpair":  # judge the raw candidates, then those the default's dark floor returns
-        from exhume.attacks.priors import background_level, dark_floor
+        from exhume.attacks.engine.priors import background_level, dark_floor
 
         recon.save(Path(args.result).parent.parent / "raw" / Path(args.result).stem)  # for other thresholds, post hoc
         r = exhume.evaluate(recon, victim, pool_size=1000, figures=False).metrics

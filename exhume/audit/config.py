@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from exhume.attacks.base import DEFAULT_METHOD
+from exhume.attacks import DEFAULT_METHOD
 from exhume.errors import ConfigError
 from exhume.files.fields import check_setting
 from exhume.losses import CLASSIFIER_LOSSES, LOSS_ALIASES
@@ -149,7 +149,7 @@ def _dp_settings(cfg: AuditConfig) -> dict[str, Any]:
 
 def _start_settings(cfg: AuditConfig) -> dict[str, Any]:
     """The known-start settings checked (the start's tensors are checked against the model when the audit runs)."""
-    from exhume.attacks.base import check_uses_start
+    from exhume.attacks import check_uses_start
     from exhume.victim.start import training_settings
 
     if cfg.start is not None and not isinstance(cfg.start, (str, Path, dict)):

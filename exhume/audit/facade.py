@@ -118,7 +118,7 @@ def _check_matching_size(n: int, method: str, attack_args: dict[str, Any]) -> No
     """Refuse, before anything runs, a training set the evaluation's one-to-one matching would refuse after the attack.
 
     The evaluation pairs every training image with every candidate (``LIMITS.one_to_one_entries``);
-    one run of the attack makes :meth:`~exhume.attacks.base.Attack.candidate_count` candidates (a
+    one run of the attack makes :meth:`~exhume.attacks.engine.base.Attack.candidate_count` candidates (a
     portfolio at least that many).
     """
     from exhume.attacks import attack_class

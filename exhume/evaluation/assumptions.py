@@ -1,6 +1,6 @@
 """Does the attack's model of the victim hold? The checks of an attack's equation, for the verdict.
 
-An attack declares the equation it inverts as a description (:mod:`exhume.attacks.equations`);
+An attack declares the equation it inverts as a description (:mod:`exhume.equations.kinds`);
 :func:`equation_of` gives it, :func:`checks_for` the checks of its type (:data:`CHECKS`, a new
 equation registers its own), which read the real training data (evaluator side). When they fail, an
 attack that finds nothing says little, so the verdict is *inconclusive* rather than *no evidence*.
@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from exhume.attacks.equations import Equation, ExactRun, KnownStart, Stationarity
-from exhume.attacks.formulation import MARGIN_FORMS
+from exhume.equations.formulation import MARGIN_FORMS
+from exhume.equations.kinds import Equation, ExactRun, KnownStart, Stationarity
 from exhume.evaluation.residuals import relative_stationarity
 
 #: models above this relative stationarity residual on their own training data are "far from a stationary point"
@@ -178,7 +178,7 @@ class ExactRunChecks(_StartChecks):
                "whether the stated recipe is the one that ran is unknown")
 
     def layer_failures(self, model: nn.Module, sample: torch.Tensor) -> list[str]:
-        from exhume.attacks.exact import train_mode_failures
+        from exhume.equations.exact import train_mode_failures
 
         return train_mode_failures(model)
 

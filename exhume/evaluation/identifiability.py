@@ -1,6 +1,6 @@
 """Does the attack's equation single out the training images? The residual at the truth beside the attack's best.
 
-An attack that inverts an equation of the weights (:mod:`exhume.attacks.equations`) minimises a
+An attack that inverts an equation of the weights (:mod:`exhume.equations.kinds`) minimises a
 relative residual over its candidates and reports its final value (``final_relative_stationarity``,
 per restart for a portfolio). The evaluator, who holds the training images, asks the attack's
 declared equation for the same quantity with the training images as the candidates

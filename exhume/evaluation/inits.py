@@ -10,7 +10,7 @@ return display-space images that are passed to an attack as ``run(init=..., init
 - ``mix``: ``λ₂(λ₁ x_GT + (1 − λ₁) x_part) + (1 − λ₂) x_rnd`` (oracle).
 
 Every set is ordered with the +1 images first, matching the attacks' fixed candidate labels
-(:func:`exhume.attacks.formulation.binary_labels`), so candidate ``j`` starts from an image of its label.
+(:func:`exhume.equations.formulation.binary_labels`), so candidate ``j`` starts from an image of its label.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from exhume.attacks.record import ORACLE_INITS
+from exhume.attacks.engine.record import ORACLE_INITS
 from exhume.errors import ConfigError
 
 INIT_KINDS = ("noise", *ORACLE_INITS)

@@ -1,6 +1,6 @@
 """The training inputs at each weight layer (EVALUATOR-SIDE: it reads the training inputs).
 
-Beside the weights-only spectra of :mod:`exhume.victim.diagnostics`, for every ``nn.Linear`` and ``nn.Conv2d``
+Beside the weights-only spectra of :mod:`exhume.equations.span`, for every ``nn.Linear`` and ``nn.Conv2d``
 module of the model, at the training inputs:
 
 - **near-zero pre-activations**: the share of the layer's outputs within ``1e-2`` and ``1e-3`` of zero, and their
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from exhume.victim.diagnostics import layer_spectra
+from exhume.equations.span import layer_spectra
 
 #: the pre-activation magnitudes counted as near zero
 NEAR_ZERO = (1e-2, 1e-3)
@@ -86,7 +86,7 @@ def _distance(w: torch.Tensor, rows: torch.Tensor, n: int) -> dict[str, float] |
 
 
 def layer_diagnostics(model: nn.Module, x: torch.Tensor, n: int | None = None) -> dict[str, Any]:
-    """:func:`~exhume.victim.diagnostics.layer_spectra` of ``model`` with, per layer, the near-zero pre-activations at
+    """:func:`~exhume.equations.span.layer_spectra` of ``model`` with, per layer, the near-zero pre-activations at
     the (centred, as the model takes them) training inputs ``x`` and their distance to its top-``n`` row space
     (``n``: default ``len(x)``); ``finding`` says where the span shows and how far the inputs are from it."""
     n = int(n or x.shape[0])

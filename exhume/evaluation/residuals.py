@@ -133,11 +133,11 @@ def stationarity_fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: s
     (``h``: the run's formulation ``form``, λ ≥ 0 but for ``output``; ``t`` = θ or, where the run denoised, the
     learned part for its ``n_guess``), by least squares in float64 (as :func:`explained`).
     Value None when the ``n × p`` gradients (three copies) exceed ``memory`` (``LIMITS.gradient_matrix_bytes``)."""
-    from exhume.attacks.formulation import objective_for
-    from exhume.attacks.stationarity import gram_least_squares
-    from exhume.attacks.subspace import learned_part
-    from exhume.attacks.trajectory import StartEquation, per_sample
-    from exhume.attacks.workcopy import attack_model
+    from exhume.equations.formulation import objective_for
+    from exhume.equations.span import learned_part
+    from exhume.equations.stationarity import gram_least_squares
+    from exhume.equations.trajectory import StartEquation, per_sample
+    from exhume.equations.workcopy import attack_model
 
     how = (f"min over λ {'signed' if form == 'output' else '≥ 0'} of ‖t − Σ_i λ_i ∇θ h(x_i)‖² / ‖t‖² at the training "
            f"images (h: the {form} formulation; t: θ")
@@ -169,15 +169,15 @@ def stationarity_fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: s
 
 def explained(model: nn.Module, eq, x: torch.Tensor, y: torch.Tensor, objective, nonnegative: bool = False) -> dict[str, float]:
     """How well points ``x`` (labels ``y``, centred) explain what training added (``eq``: a
-    :class:`~exhume.attacks.trajectory.StartEquation`), by least squares in float64.
+    :class:`~exhume.equations.trajectory.StartEquation`), by least squares in float64.
 
     Returns ``relative_residual`` ``min ‖target − Σ λ ∇h − c·direction‖² / ‖target − c·direction‖²``
     (λ signed; where ``c`` is free it is fitted, the denominator with the start alone) and the fitted ``c``. Memory: ``m·K × P`` float64
     numbers (500 points of a 784-256-256 MLP at two points: 2.2 GB). The training images explain what training
     added far better than unseen images do.
     """
-    from exhume.attacks.stationarity import least_squares
-    from exhume.attacks.trajectory import per_sample
+    from exhume.equations.stationarity import least_squares
+    from exhume.equations.trajectory import per_sample
 
     J = per_sample(model, eq, x, y, objective).double()
     t = torch.cat([eq.target[k].reshape(-1) for k in eq.names]).double()
@@ -198,10 +198,10 @@ def known_start_residual(view, x: torch.Tensor, y: torch.Tensor, equation: str =
     training added with the training points as the candidates (float64, λ ≥ 0 with a classifier's
     margin unless ``nonnegative=False``). To judge it, compare the same for as many unseen points.
     """
-    from exhume.attacks.formulation import form_for, resolve
-    from exhume.attacks.record import SolvedEquation
-    from exhume.attacks.trajectory import build_equation
-    from exhume.attacks.workcopy import attack_model
+    from exhume.equations.formulation import form_for, resolve
+    from exhume.equations.kinds import SolvedEquation
+    from exhume.equations.trajectory import build_equation
+    from exhume.equations.workcopy import attack_model
 
     model, params = attack_model(view.model, "cpu", torch.float64)
     eq = build_equation(view, model, params, equation, len(x), decay, preconditioner)
@@ -217,11 +217,11 @@ def known_start_residual(view, x: torch.Tensor, y: torch.Tensor, equation: str =
 
 def exact_run_residual(view, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
     """The exact run replayed on the real training data ``(x, y)`` (centred inputs, exhume's labels), float64:
-    ``{"value", "definition", "steps"}``, value :func:`~exhume.attacks.exact.relative_gap` (0 up to rounding when
+    ``{"value", "definition", "steps"}``, value :func:`~exhume.equations.exact.relative_gap` (0 up to rounding when
     the recipe is the one that ran)."""
-    from exhume.attacks.exact import hard_labels, make_replay, relative_gap, replay
-    from exhume.attacks.workcopy import attack_model
-    from exhume.replay import total_steps
+    from exhume.equations.exact import hard_labels, make_replay, relative_gap, replay
+    from exhume.equations.recipe import total_steps
+    from exhume.equations.workcopy import attack_model
 
     model, params = attack_model(view.model, "cpu", torch.float64)
     r = make_replay(model, params, view.start, view.training, len(x), view.task)

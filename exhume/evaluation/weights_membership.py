@@ -7,7 +7,7 @@ same way for the owner's training images (members) and for unseen images (non-me
 - ``loss``: ``−ℓ(x; θ_T)``, the record's loss (black box: the standard loss attack);
 - ``loss_drop`` (start known): ``ℓ(x; θ_0) − ℓ(x; θ_T)``, the start as a reference model;
 - ``gradient_alignment`` (white box): ``cos(−∇_θ ℓ(x; θ_T), t)`` with ``t`` what the threat model's
-  equation explains (:func:`exhume.attacks.trajectory.build_equation`): the weights ``θ_T``
+  equation explains (:func:`exhume.equations.trajectory.build_equation`): the weights ``θ_T``
   weights only (at a stationary point ``θ_T = (1/(n·w)) Σ_i −∇_θ ℓ_i``), ``P ⊙ (θ_T − c·θ_0)``
   with the start (what training added, Adam-preconditioned where its state is given, frozen
   parameters left out); each member's own gradient is a term of that sum;
@@ -48,8 +48,8 @@ SCORE_TEXT = {"loss": "−ℓ(x; θ_T): the record's loss (black box)",
 
 def _target(view, model, params, n_train: int) -> tuple[Any, str]:
     """What the threat model's equation explains (its parameters, the target ``t``) and its description."""
-    from exhume.attacks.record import SolvedEquation
-    from exhume.attacks.trajectory import build_equation
+    from exhume.equations.kinds import SolvedEquation
+    from exhume.equations.trajectory import build_equation
 
     equation = SolvedEquation.TRAJECTORY if view.start is None else SolvedEquation.ENDPOINTS
     eq = build_equation(view, model, params, equation.value, n_train)
@@ -83,8 +83,8 @@ def _record_scores(model, point: dict, names, t: torch.Tensor, loss: str, x: tor
 def membership_scores(view, x: torch.Tensor, y: torch.Tensor, n_train: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Every score of the module docstring for records ``x`` (as the view's model takes them) with labels ``y``;
     ``n_train``: the training set's size (where the training settings give the start's decay by epochs)."""
-    from exhume.attacks.trajectory import _project
-    from exhume.attacks.workcopy import attack_model
+    from exhume.equations.trajectory import _project
+    from exhume.equations.workcopy import attack_model
 
     model, params = attack_model(view.model, "cpu", torch.float64)
     eq, precond = _target(view, model, params, n_train)

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from exhume.attacks.base import DEFAULT_METHOD
+from exhume.attacks import DEFAULT_METHOD
 from exhume.errors import ConfigError
 from exhume.experiments.registry import command_line, positive_numbers, register_experiment, seed_list, write_csv
 from exhume.files.jsonio import read_json, write_json

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from exhume.attacks.base import ATTACKS
+from exhume.attacks.engine.base import ATTACKS
 from exhume.attacks.kkt import traces
 from exhume.choices import BATCH_CHOICES
 from exhume.deadline import NEVER, Deadline
@@ -48,7 +48,7 @@ PER_RESTART = ("lr", "lr_lambda")
 def use_batched(setting: str, device: str, method: str, storage: str | None,
                 unbatched: Callable[[], str | None] | None = None) -> tuple[bool, str]:
     """``(batched?, why)`` for ``batch_restarts=setting``; 'on' where it cannot apply is one clear error. ``unbatched()``:
-    why this attack's runs on this victim have no batched path (:meth:`~exhume.attacks.base.Attack.unbatched_on`), asked
+    why this attack's runs on this victim have no batched path (:meth:`~exhume.attacks.engine.base.Attack.unbatched_on`), asked
     only where batching would otherwise be chosen."""
     if setting not in BATCH_CHOICES:
         raise ConfigError(f"batch_restarts must be one of {', '.join(BATCH_CHOICES)}, got {setting!r}")
@@ -104,9 +104,9 @@ def groups(pending: list[Restart], capacity: int | None = None) -> list[list[Res
 
 def capacity(view, method: str, restart: Restart, device: str) -> int | None:
     """How many restarts one batch may hold: the memory available on ``device`` over one restart's estimated peak
-    (:mod:`exhume.attacks.memory`; conservative, the set-up's peak is counted in every restart); None when unknown."""
+    (:mod:`exhume.attacks.engine.memory`; conservative, the set-up's peak is counted in every restart); None when unknown."""
     from exhume.attacks import get_attack
-    from exhume.attacks.memory import available_bytes
+    from exhume.attacks.engine.memory import available_bytes
 
     need = get_attack(method, **restart.kwargs).peak_memory_bytes(view)
     room = available_bytes(device)
@@ -195,10 +195,10 @@ def value_and_gradients(vmapped):
 
 def trace(f, args) -> Any:
     """``f`` traced once into a graph of tensor operations (``make_fx``) and checked against ``f`` on ``args``;
-    None when it cannot be traced or its replay disagrees (as :class:`~exhume.attacks.stationarity.TracedResidual`)."""
+    None when it cannot be traced or its replay disagrees (as :class:`~exhume.equations.stationarity.TracedResidual`)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from exhume.attacks.stationarity import replay_agrees
+    from exhume.equations.stationarity import replay_agrees
 
     try:
         graph = make_fx(f, tracing_mode=TRACING_MODE, _allow_non_fake_inputs=True)(*args)
@@ -259,8 +259,8 @@ def run_group(view, method: str, restarts: list[Restart], store, resume: bool, d
               deadline: Deadline, every: tuple[int | None, int | None] = (None, None)) -> list[tuple[Member, Any]]:
     """Run one group of restarts batched until ``deadline`` or their iteration budget, checkpointing and logging
     ``every`` ``(checkpoint_every, log_every)`` steps (None: the attack's); ``[(member, result)]``."""
-    from exhume.attacks.loop import run_loop
-    from exhume.attacks.priors import background_level
+    from exhume.attacks.engine.loop import run_loop
+    from exhume.attacks.engine.priors import background_level
     from exhume.heap import retained_heap
 
     batch = open_batch(view, restarts, method, store, resume, device)

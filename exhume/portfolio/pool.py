@@ -5,7 +5,7 @@
    ``rank = explained(restart) × plausibility(candidate)``, where ``explained = 1 − min(r, 1)``
    with ``r`` the restart's final relative stationarity residual (how much of the weights its
    candidates explain; 1 when the attack reports none), and the plausibility is the product of
-   the per-candidate terms of :func:`exhume.attacks.score.candidate_terms` (not shrunk to the data
+   the per-candidate terms of :func:`exhume.attacks.engine.score.candidate_terms` (not shrunk to the data
    mean, inside the pixel range, and, for binary tasks with multipliers, a margin consistent
    with its λ).
 3. **Merge near-duplicates**: two candidates with the same label whose display-space images
@@ -267,7 +267,7 @@ def _confirmed_by_ssim(images: torch.Tensor, i: torch.Tensor, j: torch.Tensor, t
 
 def rank_scores(view, recon: Reconstruction) -> torch.Tensor:
     """The attacker-side rank of each candidate of one restart (higher is better)."""
-    from exhume.attacks.score import candidate_terms
+    from exhume.attacks.engine.score import candidate_terms
 
     # the margin-consistency term holds at a stationary point only; the known-start equation's multipliers are free
     record = recon.record

@@ -6,8 +6,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from exhume.attacks import Reconstruction, RestartRecord
-from exhume.attacks.base import DEFAULT_METHOD
+from exhume.attacks import DEFAULT_METHOD, Reconstruction, RestartRecord
 from exhume.deadline import NEVER, Deadline
 from exhume.errors import ConfigError
 from exhume.files.runfolder import fingerprint
@@ -100,9 +99,9 @@ def _pooled(recon: Reconstruction, victim, view, t0: float, batching: Batching, 
 def check_portfolio_memory(view, method: str, attack_kwargs: dict[str, Any], variants, workers: int | None, restarts,
                            device: str) -> None:
     """Refuse, before the sizing probe or any restart runs, a portfolio whose restarts running side by side (one per
-    worker) would need more memory than is available (:func:`exhume.attacks.memory.check_memory`, one line)."""
+    worker) would need more memory than is available (:func:`exhume.attacks.engine.memory.check_memory`, one line)."""
     from exhume.attacks import get_attack
-    from exhume.attacks.memory import check_memory
+    from exhume.attacks.engine.memory import check_memory
 
     plan = make_plan(method, restarts if isinstance(restarts, int) else None, workers=workers, variants=variants,
                      attack_kwargs=attack_kwargs)

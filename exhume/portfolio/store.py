@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from exhume.attacks import Reconstruction, RestartRecord, load_reconstruction
-from exhume.attacks.record import parse_restart
+from exhume.attacks.engine.record import parse_restart
 from exhume.errors import ConfigError, ExhumeError
 from exhume.files.jsonio import read_json, write_json
 

@@ -1,7 +1,7 @@
 """Which restarts a portfolio runs: the variants each attack declares, and the default number of restarts.
 
 Restart ``k`` runs with seed ``seed + k`` and the overrides ``variants[k % len]`` of the attack's
-:class:`~exhume.attacks.base.RestartPlan` on top of the caller's keyword arguments, so restart 0 is
+:class:`~exhume.attacks.engine.base.RestartPlan` on top of the caller's keyword arguments, so restart 0 is
 always the caller's own settings. An attack that declares no plan runs once by default, and its
 restarts, when asked for, differ by seed only.
 

@@ -2,10 +2,10 @@
 
 Each trial runs the attack (``method``) for a fixed wall-clock budget with suggested values of the
 parameters that declare a search range (``Param.search``, collected by
-:meth:`~exhume.attacks.base.Attack.search_space`; for the default attack, :data:`SEARCH_SPACE`),
-and is scored by :func:`exhume.attacks.score.attacker_score`: the weights and the candidates only,
+:meth:`~exhume.attacks.engine.base.Attack.search_space`; for the default attack, :data:`SEARCH_SPACE`),
+and is scored by :func:`exhume.attacks.engine.score.attacker_score`: the weights and the candidates only,
 never the training set (the objective receives an :class:`~exhume.victim.AttackerView`). The first
-trial of a new study is the attack's own settings (:meth:`~exhume.attacks.base.Attack.search_start`),
+trial of a new study is the attack's own settings (:meth:`~exhume.attacks.engine.base.Attack.search_start`),
 so the selected run is never worse *by the attacker's score* than the defaults. An attack that
 declares no search space is refused in one line.
 
@@ -29,8 +29,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from exhume.attacks import ATTACKS, attack_class, get_attack
-from exhume.attacks.base import DEFAULT_METHOD
+from exhume.attacks import ATTACKS, DEFAULT_METHOD, attack_class, get_attack
 from exhume.deadline import Deadline
 from exhume.errors import ConfigError, DivergenceError
 from exhume.interrupts import let_through, whole_step
@@ -92,7 +91,7 @@ def suggest(trial, space: dict[str, tuple[float, float, bool]] | None = None) ->
 def _searchable(view, trials: int, trial_seconds: float, fixed: dict[str, Any], method: str, threat=None):
     """The search space of ``method`` and the view with ``threat``'s start, after refusing (one line each) what no trial
     could run or score."""
-    from exhume.attacks.score import check_scorable
+    from exhume.attacks.engine.score import check_scorable
     from exhume.victim import AttackerView
 
     if not isinstance(view, AttackerView):
@@ -179,7 +178,7 @@ def _objective(view, study, method: str, fixed: dict[str, Any], space, out: Path
 def _trial(view, trial, atk, folder: Path, seed: int, device: str, report_every: int, deadline: Deadline) -> float:
     """One trial's attack run until ``deadline`` (its own seconds, from its start), its score reported every
     ``report_every`` iterations (for pruning); its reconstruction saved in ``folder``; returns the attacker-side score."""
-    from exhume.attacks.score import attacker_score, score_reconstruction
+    from exhume.attacks.engine.score import attacker_score, score_reconstruction
 
     optuna = load_optuna()
 

@@ -3,7 +3,7 @@
 A fine-tuned model's start is the public checkpoint it was fine-tuned from; an owner auditing a
 model before release can keep its initial weights (or the seed that drew them). With the start
 known, what training *added*, ``θ_T − c·θ_0``, is a sum of per-sample gradients along the
-trajectory, an equation that holds after any number of steps (:mod:`exhume.attacks.trajectory`).
+trajectory, an equation that holds after any number of steps (:mod:`exhume.equations.trajectory`).
 
 - :func:`check_start`: a dict ``name → tensor`` checked against a module: every key a parameter
   (or buffer) of the module, of the parameter's shape, finite; one line naming the first defect.
@@ -29,9 +29,9 @@ import torch
 from torch import nn
 
 from exhume.choices import TRAINING_OPTIMIZERS
+from exhume.equations.recipe import SAMPLERS, steps_per_epoch
 from exhume.errors import ConfigError, VictimError
 from exhume.files.weights import read_tensors
-from exhume.replay import SAMPLERS, steps_per_epoch
 from exhume.starts import frozen_names, start_digest  # noqa: F401  (the victim room's names for them)
 
 SETTING_KEYS = ("optimizer", "lr", "momentum", "betas", "eps", "weight_decay", "steps", "epochs", "batch_size", "adam_step",
@@ -94,7 +94,7 @@ class TrainingSettings:
     ``weight_decay``; ``steps``, or ``epochs`` with ``batch_size`` (steps = epochs × ⌈n/batch⌉,
     ``n`` the training-set size); ``second_moment``: Adam's ``exp_avg_sq`` per parameter name at
     the end of training, with ``adam_step`` (its step count, for the bias correction). The exact
-    run (:mod:`exhume.replay`) also needs ``sampler`` (``random``: ``DataLoader(shuffle=True,
+    run (:mod:`exhume.equations.recipe`) also needs ``sampler`` (``random``: ``DataLoader(shuffle=True,
     generator=torch.Generator().manual_seed(seed))``; ``sequential``), ``seed``, and takes ``nesterov``
     and ``drop_last``. ``momentum``, ``betas`` and ``eps`` default to torch's (0, (0.9, 0.999), 1e-8);
     ``given`` records which settings were stated (betas stated for SGD is inconsistent).

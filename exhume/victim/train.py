@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from exhume.choices import FULL_BATCH_OPTIMIZERS
+from exhume.equations.span import span_gap
 from exhume.errors import ConfigError, DivergenceError, ExhumeError
 from exhume.files.fields import check_setting
 from exhume.files.runfolder import tensors_digest
@@ -20,7 +21,6 @@ from exhume.interrupts import whole_step
 from exhume.losses import check_loss, per_sample_loss
 from exhume.losses import relative_objective_gradient as stationarity_residual  # ‖∇ objective‖ / ‖w·θ‖
 from exhume.progress import Progress
-from exhume.victim.diagnostics import span_gap
 
 
 def check_training(loss: str, optimizer: str, known: tuple[str, ...], lr: float, weight_decay: float, what: str = "optimizer",
@@ -44,7 +44,7 @@ class TrainConfig:
     of: ``max_epochs``, ``max_seconds``, the training loss below ``loss_threshold``, or the
     relative stationarity residual below ``residual_threshold`` (only with weight decay), or every weight layer that
     sees more than ``n`` directions with ``σ_{n+1}/σ_1`` below ``span_threshold``: its spectrum collapsed to the
-    training inputs' span (:func:`exhume.victim.diagnostics.span_gap`), what a layer above a CNN's convolutions
+    training inputs' span (:func:`exhume.equations.span.span_gap`), what a layer above a CNN's convolutions
     shows only near a stationary point, where the residual of a ReLU network may not fall (docs/METHODS.md §1).
     Both are checked every ``log_every`` epochs.
     """

@@ -8,11 +8,11 @@ Unknowns: ``m`` candidates ``x̂_j`` (centred input space) with fixed labels ``�
     + prior_weight · Σ relu(v − hi)² + relu(lo − v)²             pixels in the valid range
     + tv_weight · mean_j Σ (differences of neighbouring pixels of v_j)²   smoothness (images)
 
-``h`` is the margin, the soft margin, ``−ℓ`` or ``Φ`` (:mod:`exhume.attacks.formulation`); ``v = x̂ + mean ∈
+``h`` is the margin, the soft margin, ``−ℓ`` or ``Φ`` (:mod:`exhume.equations.formulation`); ``v = x̂ + mean ∈
 [0, 1]`` (``prior="display"``) or ``v = x̂ ∈ [−1, 1]`` (``prior="centred"``, the reference's). Every ReLU keeps its
-forward pass and uses ``sigmoid(α·z)`` as its derivative (:mod:`exhume.attacks.surrogate`). With the starting weights
-in the view, ``θ`` becomes what training added (§6, :mod:`exhume.attacks.trajectory`); ``multipliers="closed-form"``
-solves λ by least squares every step (:mod:`exhume.attacks.closed_form`).
+forward pass and uses ``sigmoid(α·z)`` as its derivative (:mod:`exhume.equations.surrogate`). With the starting weights
+in the view, ``θ`` becomes what training added (§6, :mod:`exhume.equations.trajectory`); ``multipliers="closed-form"``
+solves λ by least squares every step (:mod:`exhume.attacks.kkt.closed_form`).
 
 The package, by responsibility: :mod:`~exhume.attacks.kkt.settings` (the parameter table, constants, presets, the
 'auto' rules), :mod:`~exhume.attacks.kkt.problem` (the equation, the multipliers' scale, the span, the unknowns),

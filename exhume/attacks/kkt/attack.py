@@ -9,23 +9,23 @@ from typing import Any, NamedTuple
 
 import torch
 
-from exhume.attacks import feature_stage
-from exhume.attacks.base import Attack, Reconstruction, RestartPlan, register
-from exhume.attacks.checkpoint import BUDGET_SETTINGS, resumable_settings
-from exhume.attacks.equations import Equation, KnownStart, Stationarity
-from exhume.attacks.formulation import form_for
+from exhume.attacks.engine.base import Attack, Reconstruction, RestartPlan, register
+from exhume.attacks.engine.checkpoint import BUDGET_SETTINGS, resumable_settings
+from exhume.attacks.engine.loop import LoopEnd, attack_loop, make_optimizer, open_run
+from exhume.attacks.engine.priors import background_level, dark_floor
+from exhume.attacks.engine.record import RunRecord
+from exhume.attacks.engine.snapshots import IterateTracker
 from exhume.attacks.kkt import problem as problem_mod
+from exhume.attacks.kkt import stage as feature_stage
 from exhume.attacks.kkt.problem import Problem
 from exhume.attacks.kkt.settings import PARAMS, PRESETS, RETIRED, SNAPSHOT_EVERY, candidate_count, check, equation_for, resolve_lr_lambda
 from exhume.attacks.kkt.step import Step, stationarity_for
+from exhume.attacks.kkt.subspace import Subspace
 from exhume.attacks.kkt.terms import criterion, residual, solved_u, terms
-from exhume.attacks.loop import LoopEnd, attack_loop, make_optimizer, open_run
-from exhume.attacks.priors import background_level, dark_floor
-from exhume.attacks.record import RunRecord, SolvedEquation
-from exhume.attacks.snapshots import IterateTracker
-from exhume.attacks.subspace import Subspace
-from exhume.attacks.trajectory import StartEquation, forgotten_start
 from exhume.deadline import NEVER, Deadline
+from exhume.equations.formulation import form_for
+from exhume.equations.kinds import Equation, KnownStart, SolvedEquation, Stationarity
+from exhume.equations.trajectory import StartEquation, forgotten_start
 from exhume.starts import start_digest
 
 
@@ -56,7 +56,7 @@ class KKTAttack(Attack):
 
     def equation_used(self, view) -> str:
         """The equation a run on ``view`` solves: 'stationary', or with a start 'trajectory' / 'endpoints'
-        (:mod:`exhume.attacks.trajectory`, whose :func:`~exhume.evaluation.residuals.known_start_residual` is its check)."""
+        (:mod:`exhume.equations.trajectory`, whose :func:`~exhume.evaluation.residuals.known_start_residual` is its check)."""
         return equation_for(self.config["start_equation"], view)
 
     def equation_on(self, view) -> Equation:
@@ -77,7 +77,7 @@ class KKTAttack(Attack):
         """Peak bytes from the victim's parameters ``P``, input size ``D``, activations per input ``A``, the candidates ``m`` and
         the dtype's bytes ``b``: the larger of the set-up (SVDs of the weights in float64: ``5.2·8P + 1.4·m·D·b``) and the
         steps (``6.8·P·b + 14.9·m·D·b + 5.2·m·A·b``), coefficients measured (``benchmarks/memory_estimate.py``)."""
-        from exhume.attacks import memory as mem
+        from exhume.attacks.engine import memory as mem
 
         b, m = mem.dtype_bytes(self.config["dtype"]), self.effective(view, "m")
         p, d = mem.parameter_count(view.model), mem.input_elements(view)
@@ -110,7 +110,7 @@ class KKTAttack(Attack):
             found = feature_stage.layer_above(view.model, tuple(view.input_shape), view.mean, n)
             if found is not None:
                 return (f"the input enters through no linear map and {found[0].layer}'s weights show the span: each kkt run "
-                        "solves it one layer up (exhume/attacks/feature_stage.py), one restart per process")
+                        "solves it one layer up (exhume/attacks/kkt/stage.py), one restart per process")
         return None
 
     def run(self, view, out: str | Path | None = None, seed: int = 0, device: str = "cpu", resume: bool = False,
@@ -130,13 +130,13 @@ class KKTAttack(Attack):
         keywords ``multipliers`` and ``labels`` (for attacker-side scoring during a hyperparameter search).
         ``trace`` (not a setting: for tests and benchmarks) forces the traced step (True) or the eager one (False);
         None leaves it to the settings and the deadline's seconds (:func:`~exhume.attacks.kkt.settings.traces`).
-        ``owner``: whose run its checkpoints are (:class:`~exhume.attacks.checkpoint.RunOwner`; :func:`exhume.attack`'s).
+        ``owner``: whose run its checkpoints are (:class:`~exhume.attacks.engine.checkpoint.RunOwner`; :func:`exhume.attack`'s).
         """
         self.check(view)
         every = self.cadence(checkpoint_every, log_every)
         p = self.problem(view, torch.device(device), seed, init)
         staged = None if init is not None else self.staged(view, p, seed, progress, deadline, out, resume, (checkpoint_every, log_every), owner)
-        if staged is not None:  # the span one layer up (exhume/attacks/feature_stage.py)
+        if staged is not None:  # the span one layer up (exhume/attacks/kkt/stage.py)
             if callback is not None:
                 callback(staged.record.iterations, staged.record.seconds, staged.candidates)
             return staged
@@ -158,9 +158,9 @@ class KKTAttack(Attack):
                every: tuple[int | None, int | None] = (None, None), owner=None) -> Reconstruction | None:
         """Where the input enters through no linear map (a convolution first) but a layer above shows the span
         (``subspace="auto"``, the stationary equation, no start): kkt on the layers from there up for features in its
-        row space, the features inverted to images through the layers below (:mod:`exhume.attacks.feature_stage`); None
+        row space, the features inverted to images through the layers below (:mod:`exhume.attacks.kkt.stage`); None
         elsewhere (MLPs keep their first layer's rule, measured on the zoo). The stage gets
-        :data:`~exhume.attacks.feature_stage.STAGE_SHARE` of ``deadline``, the inversion the rest. The stage checkpoints in
+        :data:`~exhume.attacks.kkt.stage.STAGE_SHARE` of ``deadline``, the inversion the rest. The stage checkpoints in
         ``out/feature_stage`` and resumes from there; the inversion (1,000 steps at most) runs again."""
         cfg = self.config
         if (cfg["subspace"] != "auto" or p.eq is not None or view.start is not None

@@ -9,12 +9,13 @@ from typing import Any
 
 import torch
 
-from exhume.attacks.base import DTYPES, attack_model, initial_candidates
-from exhume.attacks.closed_form import one_point
-from exhume.attacks.formulation import Formulation, resolve
+from exhume.attacks.engine.base import DTYPES, attack_model, initial_candidates
+from exhume.attacks.kkt.closed_form import one_point
 from exhume.attacks.kkt.settings import LR_LAMBDA_MARGIN, START_CANDIDATES_PER_POINT, candidate_count, equation_for, resolve_lr_lambda
-from exhume.attacks.subspace import Subspace, data_subspace, learned_part, remembered_input_layer
-from exhume.attacks.trajectory import StartEquation, added_inputs_layer, build_equation, multiplier_scale
+from exhume.attacks.kkt.subspace import Subspace, data_subspace, remembered_input_layer
+from exhume.equations.formulation import Formulation, resolve
+from exhume.equations.span import learned_part
+from exhume.equations.trajectory import StartEquation, added_inputs_layer, build_equation, multiplier_scale
 
 
 @dataclass
@@ -34,8 +35,8 @@ class Problem:
     target: dict[str, torch.Tensor] | None = None
     span: Subspace = field(default_factory=lambda: Subspace(None))
     lr_lambda: float = LR_LAMBDA_MARGIN  # u's learning rate, 'auto' resolved for the formulation
-    eq: StartEquation | None = None  # the known-start equation (exhume.attacks.trajectory), or the stationary one
-    closed: bool = False  # multipliers solved in closed form every step (exhume.attacks.closed_form), u not learned
+    eq: StartEquation | None = None  # the known-start equation (exhume.equations.trajectory), or the stationary one
+    closed: bool = False  # multipliers solved in closed form every step (exhume.attacks.kkt.closed_form), u not learned
 
 
 def build(cfg: dict[str, Any], given: frozenset[str], view, dev: torch.device, seed: int, init: torch.Tensor | None,
@@ -111,7 +112,7 @@ def frozen_layer_reason(layer: str) -> str:
 
 
 def span(cfg: dict[str, Any], view, model, params, n: int, eq: StartEquation | None, x: torch.Tensor) -> Subspace:
-    """The training inputs' span (:mod:`exhume.attacks.subspace`), the candidates projected onto it; with a known
+    """The training inputs' span (:mod:`exhume.attacks.kkt.subspace`), the candidates projected onto it; with a known
     start read from what training added to the input layer."""
     if cfg["subspace"] == "off":
         return Subspace(None)

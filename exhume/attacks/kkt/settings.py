@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from exhume.attacks.base import Param
-from exhume.attacks.formulation import FORMULATIONS, MARGIN_FORMS
-from exhume.attacks.loop import BACKGROUND, CANDIDATE_PARAMS, RETIRED_CANDIDATE_SETTINGS, budget_params
-from exhume.attacks.trajectory import EQUATIONS, PRECONDITIONERS, forgotten_start
+from exhume.attacks.engine.base import Param
+from exhume.attacks.engine.loop import BACKGROUND, CANDIDATE_PARAMS, RETIRED_CANDIDATE_SETTINGS, budget_params
+from exhume.equations.formulation import FORMULATIONS, MARGIN_FORMS
+from exhume.equations.trajectory import EQUATIONS, PRECONDITIONERS, forgotten_start
 from exhume.errors import ConfigError
 
 #: lr_lambda="auto": the multipliers' learning rate for the margin formulations (binary, multiclass), where the
@@ -24,18 +24,18 @@ LR_LAMBDA_SIGNED = 1e-2
 #: loaded machine (docs/defaults.md)
 TRACE_MIN_SECONDS = 30.0
 TRACE_MIN_ITERATIONS = 1000
-#: iterations between two snapshot comparisons of the averaged iterate (:mod:`exhume.attacks.snapshots`)
+#: iterations between two snapshot comparisons of the averaged iterate (:mod:`exhume.attacks.engine.snapshots`)
 SNAPSHOT_EVERY = 500
 #: how kkt's multipliers are found (the "multipliers" setting)
 MULTIPLIER_MODES = ("learned", "closed-form")
-#: start_equation="auto" with the starting weights known (exhume/attacks/trajectory.py)
+#: start_equation="auto" with the starting weights known (exhume/equations/trajectory.py)
 DEFAULT_START_EQUATION = "endpoints"
 #: candidates per training point with a known start, unless candidates_per_point is given: at equal iterations
 #: m = n memorised as much as m = 2n or more, in half the time (docs/defaults.md)
 START_CANDIDATES_PER_POINT = 1.0
 
 #: settings kkt no longer has, with the values under which a run did what it does now: a checkpoint that recorded
-#: one of these resumes; another value is refused (:func:`exhume.attacks.checkpoint.load_checkpoint`)
+#: one of these resumes; another value is refused (:func:`exhume.attacks.engine.checkpoint.load_checkpoint`)
 RETIRED: dict[str, tuple[Any, ...]] = {
     **RETIRED_CANDIDATE_SETTINGS, "lambda_scale_factor": (1.0,), "consistency_weight": (0.0,), "surrogate": ("fixed",),
     "sphere": ("off",), "lr_schedule": ("constant",), "mixed_derivative": ("double-backward", "jvp"), "keep": ("best",),
@@ -56,7 +56,7 @@ PARAMS: dict[str, Param] = {
                        "1e-2 (docs/METHODS.md §5)", low=0.0, words=("auto",), search=(3e-5, 5e-2, "log")),
     "lambda_min": Param(0.42, float, "dual-feasibility floor on u = λ/S", low=0.0, search=(0.1, 1.5, "log")),
     "lambda_scale": Param("auto", float, "S in λ = S·u: 'auto' or a positive number", low=0.0, low_open=True, words=("auto",)),
-    "formulation": Param("auto", str, "stationarity equation (see exhume/attacks/formulation.py)", choices=FORMULATIONS),
+    "formulation": Param("auto", str, "stationarity equation (see exhume/equations/formulation.py)", choices=FORMULATIONS),
     "alpha": Param(19.0, float, "ReLU surrogate derivative sigmoid(α·z)", low=0.0, search=(5.0, 60.0, "log")),
     "init_scale": Param(1.7e-3, float, "x̂ ~ N(0,1)·init_scale in centred space", low=0.0, search=(3e-4, 1e-2, "log")),
     "prior": Param("display", str, "pixel-range prior space", choices=("display", "centred")),
@@ -68,24 +68,24 @@ PARAMS: dict[str, Param] = {
                            f"decay (0 = the iterate itself), the snapshot (every {SNAPSHOT_EVERY} iterations) the attack's "
                            "own loss ranks lowest", low=0.0, high=0.99999),
     "subspace": Param("auto", str, "'auto': project the candidates onto the training inputs' span as the first "
-                      "layer's weights show it (where they do; see exhume/attacks/subspace.py), or, where the input enters "
+                      "layer's weights show it (where they do; see exhume/attacks/kkt/subspace.py), or, where the input enters "
                       "through a convolution and a layer above shows the span, solve for that layer's input in its row "
-                      "space and invert it to images (exhume/attacks/feature_stage.py); 'off': neither",
+                      "space and invert it to images (exhume/attacks/kkt/stage.py); 'off': neither",
                       choices=("off", "auto")),
     "denoise": Param("auto", str, "'auto': the stationarity equation explains each weight matrix's part above its "
-                     "initialisation's noise where that noise still shows (see exhume/attacks/subspace.py: learned_part); "
+                     "initialisation's noise where that noise still shows (see exhume/equations/span.py: learned_part); "
                      "'off': the weights as they are", choices=("off", "auto")),
     "background": BACKGROUND,
     "start_equation": Param("auto", str, "which equation the candidates solve: 'stationary' (a stationary point of training), "
                             "'trajectory' (what training added, on gradients at the final weights, multipliers without a "
                             "margin relation; weights only: the weights' learned part) or, with the starting weights known, "
                             "'endpoints' (on gradients at the start and the final weights); 'auto': "
-                            f"{DEFAULT_START_EQUATION!r} when the view has a start, else 'stationary' (exhume/attacks/trajectory.py)",
+                            f"{DEFAULT_START_EQUATION!r} when the view has a start, else 'stationary' (exhume/equations/trajectory.py)",
                             choices=("auto", "stationary", *EQUATIONS)),
     "multipliers": Param("learned", str, "'learned': λ = S·u optimised with the candidates (the papers' loss); "
                          "'closed-form': at every step λ minimises the equation's residual by least squares (signed, or "
                          "non-negative where the formulation's sign holds), the coefficient-free loss of "
-                         "exhume/attacks/closed_form.py: no S, lr_lambda, lambda_min or dual term", choices=MULTIPLIER_MODES),
+                         "exhume/attacks/kkt/closed_form.py: no S, lr_lambda, lambda_min or dual term", choices=MULTIPLIER_MODES),
     "start_decay": Param("auto", float, "known start: c in θ_T − c·θ_0, the start's share left by weight decay: 'auto' "
                            "(from the training settings when they fix it, else fitted), 'fit', or a number in (0, 2]",
                            low=0.0, low_open=True, high=2.0, words=("auto", "fit")),
@@ -118,7 +118,7 @@ def traces(iterations: int, seconds: float | None) -> bool:
 
 def equation_for(value: str, view) -> str:
     """``start_equation`` as used on ``view``: 'auto' is the known-start default when the view has a start that training
-    did not forget (:func:`~exhume.attacks.trajectory.forgotten_start`), else 'stationary'."""
+    did not forget (:func:`~exhume.equations.trajectory.forgotten_start`), else 'stationary'."""
     if value == "auto":
         start = getattr(view, "start", None)
         return DEFAULT_START_EQUATION if start is not None and forgotten_start(view.model, start) is None else "stationary"

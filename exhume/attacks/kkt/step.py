@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
+from exhume.attacks.engine.snapshots import IterateTracker
 from exhume.attacks.kkt import settings
 from exhume.attacks.kkt.problem import Problem
 from exhume.attacks.kkt.terms import criterion, solved_u, terms
-from exhume.attacks.snapshots import IterateTracker
-from exhume.attacks.stationarity import TracedResidual
+from exhume.equations.stationarity import TracedResidual
 from exhume.errors import DivergenceError
 
 

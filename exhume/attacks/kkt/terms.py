@@ -7,11 +7,11 @@ from typing import Any, NamedTuple
 
 import torch
 
-from exhume.attacks.closed_form import closed_form_residual
+from exhume.attacks.engine.priors import range_penalty, tv_term
+from exhume.attacks.kkt.closed_form import closed_form_residual
 from exhume.attacks.kkt.problem import Problem
-from exhume.attacks.priors import range_penalty, tv_term
-from exhume.attacks.stationarity import stationarity_residual_and_objective
-from exhume.attacks.trajectory import start_residual
+from exhume.equations.stationarity import stationarity_residual_and_objective
+from exhume.equations.trajectory import start_residual
 
 
 class Terms(NamedTuple):
@@ -33,8 +33,8 @@ def residual(p: Problem, x: torch.Tensor, u: torch.Tensor, alpha: float | None) 
 
 def terms(cfg: dict[str, Any], p: Problem, x: torch.Tensor, u: torch.Tensor, stationarity=None) -> Terms:
     """The loss at ``(x, u)`` with the settings ``cfg`` (``stationarity``: the stationarity function of the stationary
-    equation, default the eager :func:`~exhume.attacks.stationarity.stationarity_residual_and_objective`; a
-    :class:`~exhume.attacks.stationarity.TracedResidual` replays it). ``u`` is never written."""
+    equation, default the eager :func:`~exhume.equations.stationarity.stationarity_residual_and_objective`; a
+    :class:`~exhume.equations.stationarity.TracedResidual` replays it). ``u`` is never written."""
     lo, hi, shift = (0.0, 1.0, p.mean) if cfg["prior"] == "display" else (-1.0, 1.0, torch.zeros_like(p.mean))
     lam = None
     if p.closed:  # the multipliers solved in closed form; u is not used

@@ -11,9 +11,9 @@ inputs.
 ``ortho_term``     ``1/B² Σ_ij (G_ij − δ_ij)²``, ``G = F Fᵀ`` (rows of F L2-normalised unless
                    ``normalize=False``: then raw features, as the formula is written)
 ``tv_term``        ``1/B Σ_b Σ_{c,h,w} (I_{h+1,w} − I_{h,w})² + (I_{h,w+1} − I_{h,w})²``
-                   (in :mod:`exhume.attacks.priors`, shared by every attack; re-exported here)
+                   (in :mod:`exhume.attacks.engine.priors`, shared by every attack; re-exported here)
 ``pixel_term``     ``1/B Σ_b Σ relu(−I) + relu(I − 1)`` (the paper's sum, averaged over images;
-                   likewise in :mod:`exhume.attacks.priors`)
+                   likewise in :mod:`exhume.attacks.engine.priors`)
 ``grad_norm_term`` ``‖∇_θ mean_b L(f_θ(I_b), y_b)‖`` (``mode="batch"``) or
                    ``mean_b ‖∇_θ L(f_θ(I_b), y_b)‖`` (``mode="per-sample"``, torch.func vmap(grad))
 =================  ==========================================================================
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from exhume.attacks.priors import pixel_term, tv_term  # noqa: F401  (re-exported: the tldr terms in one table)
+from exhume.attacks.engine.priors import pixel_term, tv_term  # noqa: F401  (re-exported: the tldr terms in one table)
 from exhume.errors import ConfigError
 
 GRAD_MODES = ("batch", "per-sample")

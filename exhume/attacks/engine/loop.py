@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from exhume.attacks.base import DTYPES, Param
-from exhume.attacks.checkpoint import RunOwner, load_checkpoint, save_checkpoint
+from exhume.attacks.engine.base import DTYPES, Param
+from exhume.attacks.engine.checkpoint import RunOwner, load_checkpoint, save_checkpoint
 from exhume.choices import STEP_OPTIMIZERS
 from exhume.deadline import Deadline
 from exhume.heap import retained_heap
@@ -51,7 +51,7 @@ RETIRED_CANDIDATE_SETTINGS: dict[str, tuple[Any, ...]] = {"momentum": (SGD_MOMEN
 #: the output's soft threshold, as kkt and simulate declare it
 BACKGROUND = Param("auto", float, "soft threshold τ on the returned candidates, v ← max(v − τ, 0)/(1 − τ) in "
                    "display space (a number in [0, 0.5]), or 'auto': 0.03 where the data mean shows a dark "
-                   "background, else 0 (see exhume/attacks/priors.py: background_level); output only, the "
+                   "background, else 0 (see exhume/attacks/engine/priors.py: background_level); output only, the "
                    "optimisation is the same", low=0.0, high=0.5, words=("auto",))
 
 
@@ -79,7 +79,7 @@ class RunState:
     start: int = 0
     elapsed: float = 0.0
     history: list[dict[str, Any]] = field(default_factory=list)
-    owner: RunOwner | None = None  # stamped on its checkpoints (exhume.attacks.checkpoint)
+    owner: RunOwner | None = None  # stamped on its checkpoints (exhume.attacks.engine.checkpoint)
 
     def save(self, done: int, elapsed: float) -> None:
         if self.path is not None:
@@ -96,7 +96,7 @@ def open_run(out: str | Path | None, resume: bool, tensors: dict[str, torch.Tens
     ``tag`` settings must equal this run's; a setting the checkpoint predates counts as its value in
     ``defaults``, the attack's setting defaults; one the attack no longer has must hold a value ``retired``, or
     :data:`RETIRED_CANDIDATE_SETTINGS`, accepts). ``snapshot`` gives the tensors to save (default: ``tensors`` as they are
-    then); ``owner``: whose run it is (:class:`~exhume.attacks.checkpoint.RunOwner`, given to :meth:`Attack.run`)."""
+    then); ``owner``: whose run it is (:class:`~exhume.attacks.engine.checkpoint.RunOwner`, given to :meth:`Attack.run`)."""
     path = Path(out) / "checkpoint.pt" if out is not None else None
     run = RunState(path, snapshot or (lambda: tensors), optimizers, tag, owner=owner)
     if resume and path is not None and path.exists():

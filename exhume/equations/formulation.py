@@ -39,8 +39,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from exhume.attacks.stationarity import Objective, homogeneity_degree, negative_loss_objective, output_objective
-from exhume.attacks.workcopy import remembered
+from exhume.equations.stationarity import Objective, homogeneity_degree, negative_loss_objective, output_objective
+from exhume.equations.workcopy import remembered
 from exhume.errors import ConfigError
 from exhume.losses import margin, soft_margin, weighs_by_soft_margin
 
@@ -101,7 +101,7 @@ def theta_squared(params) -> float:
 def lambda_scale(form: str, loss: str | None, wd: float, model, params, input_shape, n: int, dtype,
                  victim: nn.Module | None = None) -> tuple[float, dict]:
     """``S`` from the weights alone (no training data), with the rule used (``victim``: the module ``model`` copies,
-    whose ``‖θ‖²`` and degree are then computed once, :func:`exhume.attacks.workcopy.remembered`)."""
+    whose ``‖θ‖²`` and degree are then computed once, :func:`exhume.equations.workcopy.remembered`)."""
     theta2 = remembered(victim, params, "theta_squared", lambda: theta_squared(params))
     if form == "loss":
         if wd <= 0:

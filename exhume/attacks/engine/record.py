@@ -17,33 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from enum import Enum
 from typing import Any
 
+from exhume.equations.kinds import SolvedEquation
 from exhume.errors import ExhumeError
-
-
-class SolvedEquation(str, Enum):
-    """The equation a run solved (``config["equation_used"]``; absent: ``STATIONARY``)."""
-
-    STATIONARY = "stationary"  # a stationary point of training (the KKT conditions)
-    TRAJECTORY = "trajectory"  # the known-start equation on gradients at the final weights
-    ENDPOINTS = "endpoints"  # the known-start equation on gradients at the start and the final weights
-    SIMULATED = "simulated training"  # training simulated from the start (judged by the endpoints equation)
-    EXACT_RUN = "the exact training run"  # the owner's recipe replayed
-
-    @property
-    def stationary(self) -> bool:
-        """True for the stationarity equation (its multipliers have the margin relation; its residual is KKT's)."""
-        return self is SolvedEquation.STATIONARY
-
-    @property
-    def known_start_kind(self) -> str | None:
-        """The ``kind`` of :class:`~exhume.attacks.equations.KnownStart` that checks a run of this equation (None: stationary)."""
-        if self.stationary:
-            return None
-        return SolvedEquation.ENDPOINTS.value if self is SolvedEquation.SIMULATED else self.value
-
 
 #: the initialisations built from the victim's data (evaluator-side, oracle tools; exhume.evaluation.inits builds them)
 ORACLE_INITS = ("ground-truth", "partition", "mix")
@@ -270,4 +247,4 @@ def parse_record(config: Any, summary: Any, source: str = "the reconstruction") 
         extras={k: v for k, v in summary.items() if k not in typed})
 
 
-__all__ = ["PortfolioRecord", "RestartRecord", "RunRecord", "SolvedEquation", "parse_record", "parse_restart"]
+__all__ = ["PortfolioRecord", "RestartRecord", "RunRecord", "parse_record", "parse_restart"]

@@ -1,14 +1,14 @@
 """Levenberg–Marquardt on the exact training run, for small problems (``solver="lm"`` of the ``simulate`` attack).
 
 The residual is the run's miss, ``r(x̂) = (Run(θ_0; x̂, q) − θ_T) / ‖θ_T − θ_0‖`` (its square norm is the relative
-gap of :func:`exhume.attacks.exact.relative_gap`), and its Jacobian in the candidates is formed whole by forward mode
+gap of :func:`exhume.equations.exact.relative_gap`), and its Jacobian in the candidates is formed whole by forward mode
 (``torch.func.jacfwd`` through the unrolled run, :func:`run_flat`: all columns in one vectorised pass). Each iteration
 solves ``(JᵀJ + λ·diag JᵀJ) δ = −Jᵀr`` and keeps the step only if the gap falls (λ ÷ 3), else raises λ (× 4) and
 tries again. It fits where the parameters outnumber the unknowns (``p ≥ m·d``) and ``p × m·d`` doubles fit in memory.
 
 ReLU networks: the run is replayed exactly, but ReLU's step has derivative 0, so the Jacobian does not see the
 activation patterns move. The solver therefore goes through ``schedule``: stages with the step's derivative smoothed
-to ``α·σ'(α·z)`` (:class:`exhume.attacks.exact.smoothed_step`), small ``α`` first (a smooth, global picture), then
+to ``α·σ'(α·z)`` (:class:`exhume.equations.exact.smoothed_step`), small ``α`` first (a smooth, global picture), then
 sharper, then a polish with the exact derivative, ``stage_iterations`` each (fewer when a stage stalls). A finished
 schedule that leaves the gap above ``tol`` restarts from new noise; the candidates with the smallest gap are kept
 (attacker-side: the gap needs no training data). The labels are fixed one-hot (the candidates' classes, or the user's
@@ -26,10 +26,10 @@ from typing import Any
 import torch
 from torch.func import grad, jacfwd
 
-from exhume.attacks.exact import Replay, batch_loss
-from exhume.attacks.loop import BudgetSpent
+from exhume.attacks.engine.loop import BudgetSpent
+from exhume.equations.exact import Replay, batch_loss
+from exhume.equations.recipe import init_state, update
 from exhume.errors import ConfigError, DivergenceError
-from exhume.replay import init_state, update
 
 #: a gap below this ends the search (the training images give 1e-31 in float64)
 TOL = 1e-20
@@ -198,7 +198,7 @@ def check_lm(cfg: dict[str, Any], view, n: int) -> None:
 
 
 def lm_stepper(p, lm: ExactLM, history: list[dict[str, Any]]):
-    """The attack loop's step for :class:`ExactLM` on the problem ``p`` of :mod:`exhume.attacks.simulate`."""
+    """The attack loop's step for :class:`ExactLM` on the problem ``p`` of :mod:`exhume.attacks.replay.simulate`."""
     def step(it: int, log: bool, clock) -> dict[str, str] | None:
         if lm.finished:
             raise BudgetSpent  # the gap is at rounding: nothing left to do (the loop ends at the previous iteration)

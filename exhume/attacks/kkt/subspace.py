@@ -14,8 +14,8 @@ really is the map the input enters through (by the gradients' algebra, for any `
 
 - **the initialisation** (i.i.d. entries, shrunk by weight decay: Marchenko–Pastur singular
   values), its scale read from ``W``'s lowest ``p − max(n_guess, p/2)`` singular values by median
-  ratio against a seeded Gaussian matrix of the same shape; floor: its largest singular value ×
-  ``EDGE_MARGIN``;
+  ratio against a seeded Gaussian matrix of the same shape (:func:`exhume.equations.span.noise_edge`); floor: its
+  largest singular value × ``EDGE_MARGIN``;
 - **the precision**: ``FLOOR_EPS`` (10) machine epsilons of the victim's dtype times ``W``'s
   largest singular value (long float32 training leaves rounding noise of no such shape).
 
@@ -26,13 +26,12 @@ rule assumes an i.i.d. initialisation; a first layer that started from pretraine
 (``subspace="off"``). Data directions weaker than the floor are lost. :class:`Subspace` projects in
 centred input space, ``x̂ ← V Vᵀ x̂``; the kkt attack applies it to the initial candidates and after
 every step (``subspace="auto"``) and records why where there is no span. Measurements:
-``docs/defaults.md#kkt-subspace`` (and ``#kkt-denoise`` for :func:`learned_part`).
+``docs/defaults.md#kkt-subspace``.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,13 +40,11 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad
 
-from exhume.attacks.formulation import theta_squared
-from exhume.attacks.workcopy import remembered
+from exhume.equations.span import EDGE_MARGIN, noise_share
+from exhume.equations.workcopy import remembered
 
 #: the precision floor of trained weights: this many machine epsilons of their largest singular value
 FLOOR_EPS = 10.0
-#: the rank counts singular values above the initialisation's noise edge × this
-EDGE_MARGIN = 1.1
 #: no span where the initialisation's noise holds more than this share of the layer's energy
 MAX_NOISE_SHARE = 0.1
 #: relative tolerance of the check that a parameter is the input's linear map
@@ -95,7 +92,7 @@ def input_layer(model: nn.Module, params: dict[str, torch.Tensor], input_shape: 
 def remembered_input_layer(victim: nn.Module, model: nn.Module, params: dict[str, torch.Tensor],
                            input_shape: tuple[int, ...]) -> str | None:
     """:func:`input_layer` of ``model``, the attack's working copy of the module ``victim``, checked once per victim state
-    (:func:`exhume.attacks.workcopy.remembered`: a sizing probe and the restarts of a portfolio pay for it once)."""
+    (:func:`exhume.equations.workcopy.remembered`: a sizing probe and the restarts of a portfolio pay for it once)."""
     shape = tuple(int(s) for s in input_shape)
     return remembered(victim, params, ("input_layer", shape), lambda: input_layer(model, params, shape))
 
@@ -126,39 +123,6 @@ def _layer_check(model: nn.Module, params: dict[str, torch.Tensor], name: str, i
         return False
     gxf = gx.reshape(-1)
     return float((gxf - params[name].T @ g).norm()) <= LAYER_TOLERANCE * (float(params[name].norm() * g.norm()) + 1e-300)
-
-
-def noise_edge(singular: torch.Tensor, shape: tuple[int, int], n_guess: int) -> tuple[float, float] | None:
-    """``(σ, edge)``: the entry scale of the i.i.d. part of a ``shape`` matrix whose spectrum is ``singular``, and its largest singular value.
-
-    The scale comes from the singular values below index ``max(n_guess, p/2)`` (``p`` of them in
-    all), matched by median ratio against a seeded standard Gaussian matrix of the same shape.
-    None where the data could fill the spectrum (``n_guess ≥ p``).
-    """
-    p = singular.numel()
-    if n_guess >= p:
-        return None
-    lo = max(n_guess, p // 2)
-    ref = _gaussian_spectrum(tuple(int(d) for d in shape))
-    sigma = float(torch.median(singular[lo:].double().cpu() / ref[lo:]))
-    return sigma, sigma * float(ref[0])
-
-
-@functools.lru_cache(maxsize=16)
-def _gaussian_spectrum(shape: tuple[int, int]) -> torch.Tensor:
-    """The singular values of a seeded standard Gaussian ``shape`` matrix (the same for every restart: computed once)."""
-    gen = torch.Generator().manual_seed(0)
-    return torch.linalg.svdvals(torch.randn(*shape, generator=gen, dtype=torch.float64))
-
-
-def noise_share(singular: torch.Tensor, shape: tuple[int, int], n_guess: int) -> tuple[float, float] | None:
-    """``(edge, share)``: :func:`noise_edge`'s edge and the share of the matrix's energy its i.i.d. noise holds (None as there)."""
-    noise = noise_edge(singular, shape, n_guess)
-    energy = float((singular.double() ** 2).sum())
-    if noise is None or energy <= 0:
-        return None
-    sigma, edge = noise
-    return edge, sigma ** 2 * math.prod(shape) / energy
 
 
 def data_subspace(model: nn.Module, params: dict[str, torch.Tensor], input_shape: tuple[int, ...],
@@ -194,53 +158,3 @@ def data_subspace(model: nn.Module, params: dict[str, torch.Tensor], input_shape
     info.update(subspace_used="above-noise", subspace_rank=k, subspace_cut=cut,
                 subspace_cut_by="initialisation" if EDGE_MARGIN * edge >= floor else "precision")
     return Subspace(vh[:k].T.contiguous().to(w.device, w.dtype), info)
-
-
-#: a weight tensor is replaced by its part above the initialisation's edge when that noise holds at least this share of it
-MIN_DENOISE_SHARE = 0.05
-#: below this share of ‖θ‖² above the noise nothing is replaced (there would be no equation left)
-MIN_LEARNED_SHARE = 1e-6
-
-
-def learned_part(params: dict[str, torch.Tensor], n_guess: int) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
-    """What training added to each weight matrix, where the initialisation's noise still shows: ``(target, info)``.
-
-    Without weight decay gradient descent keeps the random initialisation: ``W = W₀ + Σ_i (…)``, and
-    only the sum is what the stationarity equation explains. A hidden layer left at PyTorch's
-    default initialisation (Haim's regime shrinks only the first layer's) keeps most of its
-    energy there: on a 784-256-256 victim trained without weight decay the 256×256 layer's
-    singular values are a Marchenko–Pastur bulk (median 0.47) with two above it, and the 100
-    training points explain 24 % of ``‖θ‖²`` (90 % of ``W₀ + Σ`` with that layer's bulk removed).
-    Each parameter with two or more dimensions (convolutions flattened to ``out × rest``) whose
-    smaller side ``p`` exceeds ``n_guess`` has its i.i.d. noise scale estimated as in
-    :func:`noise_edge`; where that noise holds at least ``MIN_DENOISE_SHARE`` of the tensor's
-    energy the tensor is replaced by its singular components above ``EDGE_MARGIN`` × the noise's
-    edge (possibly none). Others stay as they are. ``target`` is None when nothing changed.
-    Weights only: attacker-side.
-    """
-    target: dict[str, torch.Tensor] = {}
-    layers: dict[str, dict[str, Any]] = {}
-    for name, w in params.items():
-        if w.dim() < 2:
-            continue
-        mat = w.detach().reshape(w.shape[0], -1).double()
-        if min(mat.shape) <= n_guess:
-            continue
-        u, s, vh = torch.linalg.svd(mat, full_matrices=False)
-        noise = noise_share(s.cpu(), tuple(mat.shape), n_guess)
-        if noise is None or noise[1] < MIN_DENOISE_SHARE:
-            continue
-        edge, share = noise
-        k = int((s > EDGE_MARGIN * edge).sum())
-        target[name] = ((u[:, :k] * s[:k]) @ vh[:k]).reshape(w.shape).to(w.dtype)
-        layers[name] = {"noise_share": round(share, 4), "rank_kept": k,
-                        "energy_kept": round(float((s[:k] ** 2).sum() / (s ** 2).sum()), 4)}
-    if not target:
-        return None, {"denoise_used": "none", "denoise_reason": "no weight tensor's initialisation noise holds "
-                      f"{MIN_DENOISE_SHARE:.0%} or more of it"}
-    full = {k: target.get(k, v.detach()) for k, v in params.items()}
-    kept = theta_squared(full) / theta_squared(params)
-    if not kept > MIN_LEARNED_SHARE:  # e.g. an untrained network: nothing stands above its noise, no equation is left to solve
-        return None, {"denoise_used": "none", "denoise_layers": layers, "denoise_reason": f"only {kept:.2g} of ‖θ‖² stands above "
-                      "the initialisation's noise: the weights show nothing learned, so they are used as they are"}
-    return full, {"denoise_used": "above-noise", "denoise_layers": layers, "denoise_theta_share": round(kept, 4)}

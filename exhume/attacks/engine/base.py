@@ -10,10 +10,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from exhume.attacks.equations import Equation, Stationarity
-from exhume.attacks.record import RunRecord, parse_record
-from exhume.attacks.workcopy import attack_model  # noqa: F401  (re-exported: every attack takes it from here)
+from exhume.attacks.engine.record import RunRecord, parse_record
 from exhume.choices import DTYPE_NAMES
+from exhume.equations.kinds import Equation, Stationarity
+from exhume.equations.workcopy import attack_model  # noqa: F401  (re-exported: every attack takes it from here)
 from exhume.errors import ConfigError, ExhumeError
 from exhume.files.jsonio import write_json
 from exhume.files.schemas import check_reconstruction_tensors, read_reconstruction_meta
@@ -152,7 +152,7 @@ class Attack:
 
     **The protocol**, what the rooms above read from an attack (none of them names one):
 
-    - ``equation``: what it inverts, a description (:mod:`exhume.attacks.equations`; ``Equation()`` when it
+    - ``equation``: what it inverts, a description (:mod:`exhume.equations.kinds`; ``Equation()`` when it
       inverts none) whose type decides which assumptions the evaluation checks on the real training data
       (:mod:`exhume.evaluation.assumptions`);
     - ``restart_plan``: a :class:`RestartPlan` when ``exhume.attack`` should spend its budget on a
@@ -161,7 +161,7 @@ class Attack:
       ``checkpoint_every`` and ``log_every``: how often a run records itself unless :meth:`run` is told;
     - ``multipliers``: its ``Reconstruction.scores`` are the multipliers λ of its equation, and
       ``run(callback_multipliers=True)`` passes them (and the labels) to the callback, as the
-      attacker-side score (:mod:`exhume.attacks.score`) needs;
+      attacker-side score (:mod:`exhume.attacks.engine.score`) needs;
     - :meth:`search_space` (from ``Param.search``) and :meth:`search_start`, for ``exhume tune``;
     - :meth:`candidate_count`: how many candidates one run makes for ``n`` training points;
     - ``uses_start``: it uses the starting weights when the view has them (the known-start threat
@@ -177,7 +177,7 @@ class Attack:
     #: named settings: ``Attack(preset=NAME, **overrides)`` takes the preset's settings, then the caller's
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
     #: settings the attack no longer has, with the values under which a run did what it does now: a checkpoint that
-    #: recorded one resumes (:func:`exhume.attacks.checkpoint.load_checkpoint`)
+    #: recorded one resumes (:func:`exhume.attacks.engine.checkpoint.load_checkpoint`)
     retired: ClassVar[dict[str, tuple[Any, ...]]] = {}
     takes_init: ClassVar[bool] = True  # run() accepts starting candidates (init=, init_name=)
     equation: ClassVar[Equation] = Stationarity()  # an attack that declares none is judged on every check
@@ -237,7 +237,7 @@ class Attack:
     def run(self, view, **kwargs) -> Reconstruction:  # pragma: no cover - abstract
         """One run on ``view``; the keywords every attack takes: ``out``, ``seed``, ``device``, ``resume``, ``progress``,
         ``callback``, ``deadline`` (a :class:`~exhume.deadline.Deadline`, default never), ``checkpoint_every`` and
-        ``log_every`` (None: the class's), ``owner`` (a :class:`~exhume.attacks.checkpoint.RunOwner` for its checkpoints)."""
+        ``log_every`` (None: the class's), ``owner`` (a :class:`~exhume.attacks.engine.checkpoint.RunOwner` for its checkpoints)."""
         raise NotImplementedError
 
     def cadence(self, checkpoint_every: int | None, log_every: int | None) -> tuple[int, int]:
@@ -252,15 +252,15 @@ class Attack:
         metadata) or the view's value: a checkpoint that stated what the view now says resumes."""
         return {**self.retired, **{k: (*self.retired.get(k, (None,)), getattr(view, k)) for k in VIEW_FACTS}}
 
-    #: settings that change the peak memory, for the advice of a refusal (:mod:`exhume.attacks.memory`):
+    #: settings that change the peak memory, for the advice of a refusal (:mod:`exhume.attacks.engine.memory`):
     #: ``"count"`` (an integer: the largest that fits is named), ``"dtype"``, or a tuple of choices
     memory_knobs: ClassVar[dict[str, Any]] = {}
 
     def peak_memory_bytes(self, view) -> int | None:
         """The bytes this attack adds to the process at its peak on ``view``, from shapes, counts and
         dtype alone (nothing is allocated). The default is a rough bound for attacks that give none:
-        :func:`exhume.attacks.memory.generic_peak`. ``exhume.attack`` refuses a run above what is available."""
-        from exhume.attacks.memory import generic_peak
+        :func:`exhume.attacks.engine.memory.generic_peak`. ``exhume.attack`` refuses a run above what is available."""
+        from exhume.attacks.engine.memory import generic_peak
 
         return generic_peak(self, view)
 
@@ -374,7 +374,7 @@ class Reconstruction:
     ``candidates`` are in display space (the data mean added back; not clipped, so nothing is
     hidden from the evaluator, which clips). ``scores`` are the attack's per-candidate numbers
     (the multipliers λ for the stationarity attacks). ``record``: what the run did, the typed
-    :class:`~exhume.attacks.record.RunRecord` the attack made (the portfolio's a pooled one), which
+    :class:`~exhume.attacks.engine.record.RunRecord` the attack made (the portfolio's a pooled one), which
     every room above reads as attributes (tests/test_protocol.py checks it). ``provenance``:
     per-candidate tensors of a pooled result (which restart, iteration and rank each candidate comes
     from; see :mod:`exhume.portfolio`), saved as ``provenance_<name>``; empty for a single run.

@@ -1,6 +1,6 @@
 """The exact training run as an attack (``method="simulate"``), for an owner who knows the whole recipe.
 
-With the start ``θ_0`` and the recipe (:mod:`exhume.attacks.exact`: every step of the stated optimiser
+With the start ``θ_0`` and the recipe (:mod:`exhume.equations.exact`: every step of the stated optimiser
 on the batches its sampler drew), train a copy from ``θ_0`` on ``n`` candidates ``x̂`` with label logits
 ``l`` (binary: ``q = σ(l)`` the probability of +1; multiclass: ``softmax(l)``), one candidate per
 training point, and move the candidates so that the replayed run lands on the final weights::
@@ -9,7 +9,7 @@ training point, and move the candidates so that the replayed run lands on the fi
 
 ``solver="adam"`` descends on it with the candidates' optimiser; ``solver="lm"`` solves it by
 Levenberg–Marquardt with the run's whole Jacobian, for problems small enough to form it
-(:mod:`exhume.attacks.exact_lm`). Every trained parameter's start must be known.
+(:mod:`exhume.attacks.replay.lm`). Every trained parameter's start must be known.
 
 ``simulate`` names the exact run alone (the coarse simulation left the package: research/README.md); older run folders
 of method ``simulate`` load and evaluate, and an exact run's checkpoint or settings with ``run="exact"`` resume.
@@ -24,18 +24,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_model, initial_candidates, register
-from exhume.attacks.checkpoint import resumable_settings
-from exhume.attacks.equations import ExactRun
-from exhume.attacks.exact import Replay, make_replay, relative_gap, replay, train_mode_failures
-from exhume.attacks.exact_lm import ExactLM, check_lm, lm_stepper, one_hot, parse_labels, parse_schedule, replay_logits
-from exhume.attacks.formulation import candidate_labels
-from exhume.attacks.loop import BACKGROUND, CANDIDATE_PARAMS, attack_loop, budget_params, descend, make_optimizer, open_run
-from exhume.attacks.priors import background_level, dark_floor, range_penalty
-from exhume.attacks.record import RunRecord, SolvedEquation
+from exhume.attacks.engine.base import DTYPES, Attack, Param, Reconstruction, attack_model, initial_candidates, register
+from exhume.attacks.engine.checkpoint import resumable_settings
+from exhume.attacks.engine.loop import BACKGROUND, CANDIDATE_PARAMS, attack_loop, budget_params, descend, make_optimizer, open_run
+from exhume.attacks.engine.priors import background_level, dark_floor, range_penalty
+from exhume.attacks.engine.record import RunRecord
+from exhume.attacks.replay.lm import ExactLM, check_lm, lm_stepper, one_hot, parse_labels, parse_schedule, replay_logits
 from exhume.deadline import NEVER, Deadline
+from exhume.equations.exact import Replay, make_replay, relative_gap, replay, train_mode_failures
+from exhume.equations.formulation import candidate_labels
+from exhume.equations.kinds import ExactRun, SolvedEquation
+from exhume.equations.recipe import check_exact, recipe
 from exhume.errors import ConfigError, DivergenceError
-from exhume.replay import check_exact, recipe
 from exhume.starts import start_digest
 
 SOLVERS = ("adam", "lm")
@@ -77,7 +77,7 @@ class SimulateAttack(Attack):
         **budget_params(2000),
         "solver": Param("adam", str, "'adam' descends on the gap with the candidates' optimiser; 'lm': Levenberg–Marquardt "
                         "with the whole Jacobian, α-continuation and restarts, for small problems "
-                        "(exhume.attacks.exact_lm; one iteration: one Jacobian)", choices=SOLVERS),
+                        "(exhume.attacks.replay.lm; one iteration: one Jacobian)", choices=SOLVERS),
         "schedule": Param("1,3,10,30", str, "solver lm: the stages' smoothing α, comma-separated, then a polish with the exact derivative"),
         "stage_iterations": Param(15, int, "solver lm: Levenberg–Marquardt iterations per stage", low=1),
         "labels": Param("fixed", str, "'fixed' (the candidates' classes) or the classes in the training set's order, "
@@ -85,7 +85,7 @@ class SimulateAttack(Attack):
         "segment": Param(None, int, "steps per checkpointed segment (default: the shortest whose kept states fit 1 GiB)", low=1, allow_none=True),
         "lr_labels": Param(1e-2, float, "learning rate of the soft labels' logits", low=0.0),
         "alpha": Param(19.0, float, "the run stays exact; only ReLU's step gets the derivative α·σ'(α·z) "
-                       "(exhume.attacks.exact.smoothed_step)", low=0.0),
+                       "(exhume.equations.exact.smoothed_step)", low=0.0),
         "init_scale": Param(1.7e-3, float, "x̂ ~ N(0,1)·init_scale in centred space", low=0.0),
         "prior_weight": Param(1.0, float, "weight of the pixel-range prior (display range [0, 1])", low=0.0),
         "background": BACKGROUND,
@@ -95,10 +95,10 @@ class SimulateAttack(Attack):
 
     def peak_memory_bytes(self, view) -> int:
         """A rough bound, not fitted (no measured coefficients yet): five times
-        :func:`~exhume.attacks.memory.generic_peak` of the ``n`` candidates (a segment's graph and its recomputation)."""
+        :func:`~exhume.attacks.engine.memory.generic_peak` of the ``n`` candidates (a segment's graph and its recomputation)."""
         from types import SimpleNamespace
 
-        from exhume.attacks import memory as mem
+        from exhume.attacks.engine import memory as mem
 
         counted = SimpleNamespace(config={"m": self.config["n_guess"] or view.n_train_hint, "dtype": self.config["dtype"]})
         return int(mem.BASE_BYTES + 5 * mem.generic_peak(counted, view))
@@ -140,7 +140,7 @@ class SimulateAttack(Attack):
         return classes
 
     def lm_solver(self, p: ExactProblem, view, seed: int, classes: torch.Tensor) -> ExactLM:
-        """The Levenberg–Marquardt solver (see :mod:`exhume.attacks.exact_lm`)."""
+        """The Levenberg–Marquardt solver (see :mod:`exhume.attacks.replay.lm`)."""
         cfg = self.config
         final = torch.cat([p.final[name].reshape(-1) for name in p.replay.names])
         return ExactLM(p.replay, final, one_hot(p.task, classes, int(view.num_classes or 2)).to(p.x),

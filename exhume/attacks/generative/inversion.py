@@ -1,17 +1,14 @@
-"""Network inversion (``inversion``) and training-like data reconstruction (``tldr``), after TLDR (docs/METHODS.md §3).
+"""Network inversion (``inversion``), and what it shares with TLDR (:mod:`~exhume.attacks.generative.tldr`): docs/METHODS.md §3.
 
-Both train a :class:`~exhume.attacks.generator.ConditionedGenerator` against the frozen
+Both train a :class:`~exhume.attacks.generative.generator.ConditionedGenerator` against the frozen
 classifier (in ``.eval()`` mode: batch norm on its running statistics, dropout off) and return
 ``samples_per_class`` generated images per class in display space, labelled with the class they
-were conditioned on, scored by the classifier's probability of that class.
+were conditioned on, scored by the classifier's probability of that class (:class:`GeneratorAttack`).
 
 ``inversion`` minimises ``α·KL(P ‖ softmax f(I)) + β·CE + γ·cosine + δ·ortho`` with soft
-(softmaxed normal) conditioning vectors. ``tldr`` uses one-hot ("hot") conditioning and adds
-``α'·KL + β'·CE`` on an L∞-perturbed copy ``I + δ`` (``‖δ‖∞ = eps``, FGSM direction by default),
-``η₁·TV + η₂·pixel range + η₃·‖∇_θ L(f_θ(I), y)‖`` — see :mod:`exhume.attacks.inversion_losses`
-for each term. The features for the cosine and orthogonality terms are the classifier's last
-hidden layer: the input of its last ``nn.Linear`` (found generically), or the output of the
-module named by ``feature_layer``.
+(softmaxed normal) conditioning vectors (:mod:`exhume.attacks.generative.losses` for each term). The
+features for the cosine and orthogonality terms are the classifier's last hidden layer: the input of
+its last ``nn.Linear`` (found generically), or the output of the module named by ``feature_layer``.
 
 ``output="sigmoid"`` keeps images in [0, 1] (the pixel-range term then acts only with ``output="linear"``), and tldr's
 added terms ramp up over ``warmup``: without both, those terms swamp the cross-entropy at initialisation
@@ -30,15 +27,14 @@ from safetensors.torch import save_file
 from torch import nn
 from torch.func import functional_call
 
-from exhume.attacks.base import Attack, Param, Reconstruction, attack_model, register
-from exhume.attacks.checkpoint import resumable_settings
-from exhume.attacks.equations import Equation
-from exhume.attacks.generator import CONDITIONINGS, OUTPUTS, ConditionedGenerator
-from exhume.attacks.inversion_losses import GRAD_MODES, PERTURBATIONS, ce_term, cosine_term, grad_norm_term, kl_term, ortho_term, perturb
-from exhume.attacks.loop import RunState, attack_loop, budget_params, make_optimizer, open_run
-from exhume.attacks.priors import pixel_term, tv_term
-from exhume.attacks.record import RunRecord
+from exhume.attacks.engine.base import Attack, Param, Reconstruction, attack_model, register
+from exhume.attacks.engine.checkpoint import resumable_settings
+from exhume.attacks.engine.loop import RunState, attack_loop, budget_params, make_optimizer, open_run
+from exhume.attacks.engine.record import RunRecord
+from exhume.attacks.generative.generator import CONDITIONINGS, OUTPUTS, ConditionedGenerator
+from exhume.attacks.generative.losses import ce_term, cosine_term, kl_term, ortho_term
 from exhume.deadline import NEVER, Deadline
+from exhume.equations.kinds import Equation
 from exhume.errors import ConfigError, DivergenceError
 
 
@@ -75,9 +71,6 @@ class FeatureTap:
     def remove(self) -> None:
         self.handle.remove()
 
-
-#: copies of the classifier's parameters per generated image with tldr's per-sample gradient norms (measured)
-PER_SAMPLE_GRADIENT_MEMORY = 3.2
 
 INVERSION_BUDGET = ("steps", "samples_per_class")
 
@@ -135,7 +128,7 @@ class GeneratorAttack(Attack):
     def peak_memory_bytes(self, view) -> int:
         """Peak bytes (float32): the classifier's copy, the generator with its gradients and Adam's two moments, and per
         generated image the classifier's and the generator's activations (:attr:`memory_coefficients`)."""
-        from exhume.attacks import memory as mem
+        from exhume.attacks.engine import memory as mem
 
         cfg = self.config
         with torch.random.fork_rng(devices=[]), torch.device("meta"):  # shapes only: nothing allocated, the seed untouched
@@ -315,61 +308,3 @@ class InversionAttack(GeneratorAttack):
     name = "inversion"
     hot = False
     params = dict(COMMON_PARAMS)
-
-
-@register
-class TLDRAttack(GeneratorAttack):
-    """Training-like data reconstruction: inversion plus confidence, robustness, smoothness,
-    pixel-range and small-parameter-gradient terms."""
-
-    name = "tldr"
-    hot = True
-    ramped = ("kl_pert", "ce_pert", "tv", "pixel", "grad")
-    params = {
-        **COMMON_PARAMS,
-        "alpha_pert": Param(1.0, float, "α': KL on the perturbed copy", low=0.0),
-        "beta_pert": Param(1.0, float, "β': cross-entropy on the perturbed copy", low=0.0),
-        "eps": Param(0.05, float, "L∞ size of the perturbation (display pixel units)", low=0.0, high=1.0),
-        "perturbation": Param("fgsm", str, "perturbation direction", choices=PERTURBATIONS),
-        "eta_tv": Param(0.05, float, "η₁: total variation (squared neighbour differences)", low=0.0),
-        "eta_pix": Param(1.0, float, "η₂: pixel-range penalty Σ relu(−I) + relu(I − 1)", low=0.0),
-        "eta_grad": Param(0.1, float, "η₃: ‖∇_θ L(f_θ(I), y)‖", low=0.0),
-        "warmup": Param(0.2, float, "fraction of the steps over which the perturbed, TV, pixel and gradient terms ramp up from 0", low=0.0, high=1.0),
-        "grad_mode": Param("batch", str, "batch: norm of the batch-mean gradient; per-sample: mean of per-sample norms (torch.func vmap)", choices=GRAD_MODES),
-    }
-
-    memory_knobs = {"batch_size": "count", "grad_mode": GRAD_MODES}
-    # the perturbed copy and the gradient-norm term's double backward hold the classifier's activations again
-    memory_coefficients = (50.0 * 2**20, 5.0, 5.0, 5.1, 1.6)
-
-    def extra_memory(self, view) -> float:
-        """Per-sample gradient norms hold a parameter-sized gradient per image (``grad_mode="per-sample"``)."""
-        from exhume.attacks import memory as mem
-
-        if self.config["grad_mode"] != "per-sample" or not self.config["eta_grad"]:
-            return 0.0
-        return PER_SAMPLE_GRADIENT_MEMORY * self.config["batch_size"] * mem.parameter_count(view.model)
-
-    def extra_weights(self) -> dict[str, float]:
-        c = self.config
-        return {"kl_pert": c["alpha_pert"], "ce_pert": c["beta_pert"], "tv": c["eta_tv"], "pixel": c["eta_pix"], "grad": c["eta_grad"]}
-
-    def grad_note(self) -> str:
-        return ("grad term: norm of the gradient of the batch-mean cross-entropy" if self.config["grad_mode"] == "batch"
-                else "grad term: mean over the batch of per-sample gradient norms (torch.func vmap(grad))")
-
-    def extra_terms(self, ctx: dict[str, Any]) -> dict[str, torch.Tensor]:
-        c = self.config
-        images, cond, classify = ctx["images"], ctx["cond"], ctx["classify"]
-        terms: dict[str, torch.Tensor] = {}
-        if c["alpha_pert"] or c["beta_pert"]:
-            pert = perturb(images, cond.labels, classify, c["eps"], c["perturbation"], ctx["rng"])
-            logits_p = classify(pert)
-            terms["kl_pert"] = kl_term(cond.target, logits_p)
-            terms["ce_pert"] = ce_term(cond.labels, logits_p)
-        terms["tv"] = tv_term(images)
-        terms["pixel"] = pixel_term(images)
-        if c["eta_grad"]:
-            terms["grad"] = grad_norm_term(ctx["model"], ctx["grad_params"], ctx["buffers"], images - ctx["mean"],
-                                           cond.labels, c["grad_mode"])
-        return terms

@@ -1,9 +1,9 @@
 """The training inputs' span one layer up: kkt solved in a layer's input space, then inverted to images.
 
 A CNN's first layer is a small convolution whose patches fill their few directions, so its weights show no span
-(:mod:`exhume.attacks.subspace`). Near a stationary point the span shows one layer up instead: the fully
+(:mod:`exhume.attacks.kkt.subspace`). Near a stationary point the span shows one layer up instead: the fully
 connected layer after the convolutions is ``W = Σ_i δ_i φ_iᵀ`` over the training images' features ``φ_i``, rank
-≈ n (:mod:`exhume.victim.diagnostics` reports it). kkt's ``subspace="auto"`` then solves the stationarity
+≈ n (:mod:`exhume.equations.span` reports it). kkt's ``subspace="auto"`` then solves the stationarity
 equation of the layers from there up (:class:`Above`: that layer's input replaced by the unknowns; they hold
 nearly all of ``θ``, 99.98 % on the 28×28 CNN) for features in that layer's row space, exactly as it solves
 an MLP's first layer, and inverts each candidate's features through the layers below to pixels (Oz et al.
@@ -13,7 +13,7 @@ or a full-equation finish: docs/METHODS.md §5 and docs/defaults.md.
 :func:`layer_above` finds the layer: the first ``nn.Linear`` after the input layer that sees more than ``n``
 directions, whose spectrum has collapsed (``σ_{n+1}/σ_1 ≤ SPAN_GAP``), through which alone the input reaches the
 output (checked: the network equals :class:`Above` at its features), and whose weights show a span by
-:func:`~exhume.attacks.subspace.data_subspace`'s rule, at most its top ``n`` directions (a stationary point's ``W``
+:func:`~exhume.attacks.kkt.subspace.data_subspace`'s rule, at most its top ``n`` directions (a stationary point's ``W``
 has rank ≤ n).
 The features are scaled by the largest feature of uniform-noise images (weights and data mean only), so that
 the display prior ``[0, 1]`` bounds them from both sides (ReLU features are non-negative).
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from exhume.attacks.subspace import data_subspace
+from exhume.attacks.kkt.subspace import data_subspace
 from exhume.deadline import NEVER, Deadline
 
 #: the share of a timed run spent on the feature stage; the rest inverts its features to images
@@ -37,7 +37,7 @@ STAGE_SHARE = 0.75
 #: Adam steps (and learning rate, on centred pixels) of the inversion through the layers below
 INVERT_STEPS = 1000
 INVERT_LR = 0.02
-#: a layer shows the span when σ_{n+1}/σ_1 of its weight is at most this (exhume/victim/diagnostics.py reports the same
+#: a layer shows the span when σ_{n+1}/σ_1 of its weight is at most this (exhume/equations/span.py reports the same
 #: rule): on the 28×28 CNN the stage gained at 2.6e-3 and below, tied at 1.4e-2, and lost on an 8×8 CNN at 2.2e-2
 SPAN_GAP = 1e-2
 #: random images whose features set the features' scale, and the relative tolerance of the cut's check

@@ -1,6 +1,6 @@
 """The equation an attack inverts, as a description: its kind and the parameters that pin it down.
 
-An attack declares its ``equation`` (:class:`~exhume.attacks.base.Attack`), and a run on a view with a
+An attack declares its ``equation`` (:class:`~exhume.attacks.engine.base.Attack`), and a run on a view with a
 known start names the one it then inverts (``equation_on``). The evaluator, who holds the training
 set, checks the equation's assumptions on the real training data by its type
 (:mod:`exhume.evaluation.equations`); nothing here reads the training set, so a new equation is one
@@ -12,14 +12,15 @@ new description here and one new set of checks there, not a branch in either roo
   (or near) a stationary point of ``mean_i ℓ_i + (w/2)‖θ‖²`` (without weight decay, near the
   max-margin KKT point) and the network is what the attack differentiates;
 - :class:`KnownStart`: with the starting weights known, what training added is a sum of the
-  training points' gradients (:mod:`exhume.attacks.trajectory`);
+  training points' gradients (:mod:`exhume.equations.trajectory`);
 - :class:`ExactRun`: the owner's whole recipe replayed on the training data reproduces the weights
-  (to rounding when the recipe is the one that ran; :mod:`exhume.attacks.exact`).
+  (to rounding when the recipe is the one that ran; :mod:`exhume.equations.exact`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 
@@ -45,7 +46,7 @@ class Stationarity(Equation):
 @dataclass(frozen=True)
 class KnownStart(Equation):
     """What training added from a known start, ``θ_T − c·θ_0 = Σ_i Σ_k λ_ik ∇_θ h(θ^(k); x_i)`` (gradients at the final
-    weights, and with ``kind="endpoints"`` at the start too; :mod:`exhume.attacks.trajectory`).
+    weights, and with ``kind="endpoints"`` at the start too; :mod:`exhume.equations.trajectory`).
 
     ``view``: the attacker's view holding the start (None: the start is not at hand, e.g. ``exhume evaluate`` of
     such a run, and the check cannot be made); ``decay``, ``preconditioner``: the attack's settings of ``c`` and
@@ -65,10 +66,32 @@ class KnownStart(Equation):
 
 @dataclass(frozen=True)
 class ExactRun(Equation):
-    """``θ_T = Run(θ_0; x_1 … x_n)``: the owner's whole recipe replayed from the start (:mod:`exhume.attacks.exact`).
+    """``θ_T = Run(θ_0; x_1 … x_n)``: the owner's whole recipe replayed from the start (:mod:`exhume.equations.exact`).
 
     ``view``: the attacker's view with the start and the recipe (None: not at hand, the check cannot be made).
     """
 
     text: str = "θ_T = Run(θ_0; x_1 … x_n): the owner's recipe replayed exactly from the start"
     view: Any = None
+
+
+class SolvedEquation(str, Enum):
+    """The equation a run solved (``config["equation_used"]``; absent: ``STATIONARY``)."""
+
+    STATIONARY = "stationary"  # a stationary point of training (the KKT conditions)
+    TRAJECTORY = "trajectory"  # the known-start equation on gradients at the final weights
+    ENDPOINTS = "endpoints"  # the known-start equation on gradients at the start and the final weights
+    SIMULATED = "simulated training"  # training simulated from the start (judged by the endpoints equation)
+    EXACT_RUN = "the exact training run"  # the owner's recipe replayed
+
+    @property
+    def stationary(self) -> bool:
+        """True for the stationarity equation (its multipliers have the margin relation; its residual is KKT's)."""
+        return self is SolvedEquation.STATIONARY
+
+    @property
+    def known_start_kind(self) -> str | None:
+        """The ``kind`` of :class:`~exhume.equations.kinds.KnownStart` that checks a run of this equation (None: stationary)."""
+        if self.stationary:
+            return None
+        return SolvedEquation.ENDPOINTS.value if self is SolvedEquation.SIMULATED else self.value

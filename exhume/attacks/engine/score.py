@@ -36,8 +36,8 @@ from typing import Any
 
 import torch
 
-from exhume.attacks.base import attack_model
-from exhume.attacks.stationarity import stationarity_residual
+from exhume.attacks.engine.base import attack_model
+from exhume.equations.stationarity import stationarity_residual
 from exhume.errors import ConfigError
 from exhume.files import LIMITS
 from exhume.losses import margin as margin_fn

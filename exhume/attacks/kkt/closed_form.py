@@ -1,7 +1,7 @@
 """kkt's multipliers solved in closed form at every step: the coefficient-free loss.
 
 With ``Φ`` the candidates' gradients ``∇_θ h(x̂_j)`` as rows and ``w`` the target (``θ`` for the
-stationary equation, ``P ⊙ (θ_T − c·θ_0)`` with a known start, :mod:`exhume.attacks.trajectory`),
+stationary equation, ``P ⊙ (θ_T − c·θ_0)`` with a known start, :mod:`exhume.equations.trajectory`),
 the multipliers minimising ``‖w − Φᵀλ‖²`` leave the residual of ``w`` after its projection on the
 span of the gradients::
 
@@ -24,9 +24,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from exhume.attacks.stationarity import Objective, least_squares, per_candidate_gradients
-from exhume.attacks.surrogate import soft_activations
-from exhume.attacks.trajectory import StartEquation, per_sample, probe_images
+from exhume.equations.stationarity import Objective, least_squares, per_candidate_gradients
+from exhume.equations.surrogate import soft_activations
+from exhume.equations.trajectory import StartEquation, per_sample, probe_images
 
 #: the ridge, relative to the mean diagonal of ΦΦᵀ (duplicate gradients, e.g. a layer equal at both endpoints, stay solvable)
 RIDGE = 1e-8
@@ -66,7 +66,7 @@ def closed_form_residual(model: nn.Module, x: torch.Tensor, y: torch.Tensor, obj
 def one_point(model: nn.Module, eq: StartEquation, mean: torch.Tensor, labels: torch.Tensor, objective: Objective) -> StartEquation:
     """``eq`` with its gradient points merged into the last one where every trained parameter's ``∇_θ h`` is the same at
     each (the trained parameters enter linearly, e.g. a readout on frozen features): checked on probe images drawn from the
-    data mean (:func:`~exhume.attacks.trajectory.probe_images`). The same span at half the cost; else ``eq`` itself.
+    data mean (:func:`~exhume.equations.trajectory.probe_images`). The same span at half the cost; else ``eq`` itself.
     Used with learned multipliers too: ``Σ_k λ_jk ∇h_k(x̂_j)`` is then ``(Σ_k λ_jk)·∇h(x̂_j)``, one multiplier per point."""
     if len(eq.points) < 2:
         return eq

@@ -7,10 +7,10 @@ with the victim's loss and weight decay ``w`` (the weight decay makes the lower 
 convex for the affine classifier and keeps its Hessian invertible; ``damping`` adds ``δ·I`` to the
 Hessian in the linear solve, by default chosen from a Lanczos estimate of its spectrum: 0 when it
 is positive definite). On ReLU networks the lower level has no stationary point (its minimiser sits
-on ReLU kinks, :mod:`exhume.attacks.lower_level`), so by default it is solved on the smoothed victim
+on ReLU kinks, :mod:`exhume.attacks.bilevel.lower_level`), so by default it is solved on the smoothed victim
 ``ReLU → softplus(β·z)/β`` (``smooth=β``), by damped Newton-CG in float64 to ``‖∇_θE‖ ≤ inner_tol``;
 affine victims are unaffected. Labels are fixed as in the paper: half the
-candidates +1, half −1 (:func:`exhume.attacks.formulation.binary_labels`).
+candidates +1, half −1 (:func:`exhume.equations.formulation.binary_labels`).
 
 Each outer step:
 
@@ -39,16 +39,16 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from exhume.attacks.base import DTYPES, Attack, Param, Reconstruction, attack_model, initial_candidates, register
-from exhume.attacks.checkpoint import resumable_settings
-from exhume.attacks.equations import Stationarity
-from exhume.attacks.formulation import binary_labels
-from exhume.attacks.loop import CANDIDATE_PARAMS, BudgetSpent, RunState, attack_loop, budget_params, budget_spent, make_optimizer, open_run
-from exhume.attacks.lower_level import Stop, extreme_eigenvalues, newton_cg, spectral_damping
-from exhume.attacks.priors import project_range
-from exhume.attacks.record import RunRecord
-from exhume.attacks.surrogate import smooth_activations, soft_activations
+from exhume.attacks.bilevel.lower_level import Stop, extreme_eigenvalues, newton_cg, spectral_damping
+from exhume.attacks.engine.base import DTYPES, Attack, Param, Reconstruction, attack_model, initial_candidates, register
+from exhume.attacks.engine.checkpoint import resumable_settings
+from exhume.attacks.engine.loop import CANDIDATE_PARAMS, BudgetSpent, RunState, attack_loop, budget_params, budget_spent, make_optimizer, open_run
+from exhume.attacks.engine.priors import project_range
+from exhume.attacks.engine.record import RunRecord
 from exhume.deadline import NEVER, Deadline
+from exhume.equations.formulation import binary_labels
+from exhume.equations.kinds import Stationarity
+from exhume.equations.surrogate import smooth_activations, soft_activations
 from exhume.errors import ConfigError, DivergenceError
 from exhume.losses import per_sample_loss
 
@@ -76,10 +76,10 @@ def inner_objective(model: nn.Module, like: dict[str, torch.Tensor], theta: torc
 def solve_inner(model: nn.Module, like: dict[str, torch.Tensor], theta0: torch.Tensor, x: torch.Tensor,
                 y: torch.Tensor, loss: str, weight_decay: float, steps: int, tol: float, beta: float | None = None,
                 info: dict[str, Any] | None = None, stop: Stop = None) -> tuple[torch.Tensor, float]:
-    """Train ``θ`` on ``E(x, ·)`` from ``theta0`` by :func:`exhume.attacks.lower_level.newton_cg` until ``‖∇_θE‖ ≤ tol``
+    """Train ``θ`` on ``E(x, ·)`` from ``theta0`` by :func:`exhume.attacks.bilevel.lower_level.newton_cg` until ``‖∇_θE‖ ≤ tol``
     (``steps`` Newton steps at most); returns ``θ`` and ``‖∇_θE‖``.
 
-    ``beta``: ReLUs become ``softplus(β·z)/β`` in the objective (:class:`~exhume.attacks.surrogate.smooth_activations`).
+    ``beta``: ReLUs become ``softplus(β·z)/β`` in the objective (:class:`~exhume.equations.surrogate.smooth_activations`).
     ``info`` (a dict) receives the solver's record. ``stop()``: the time budget is spent; the solver returns the iterate
     so far (``info["stopped"]``), checked every Hessian-vector product.
     """
@@ -143,7 +143,7 @@ def implicit_gradient(model: nn.Module, like: dict[str, torch.Tensor], theta: to
     ``∇_x⟨∇_θE, p⟩``. ``alpha`` gives ReLUs the ``sigmoid(α·z)`` derivative in these products;
     ``beta`` makes them ``softplus(β·z)/β`` (the smoothed lower level of :func:`solve_inner`).
     ``damping=None`` picks ``δ`` from the spectrum: ``lanczos`` Lanczos products estimate ``λ_min``,
-    ``λ_max`` of ``H`` and :func:`~exhume.attacks.lower_level.spectral_damping` lifts ``λ_min`` above 0
+    ``λ_max`` of ``H`` and :func:`~exhume.attacks.bilevel.lower_level.spectral_damping` lifts ``λ_min`` above 0
     (``δ = 0`` when ``H`` is positive definite). ``stop()`` ends the Lanczos and CG iterations early
     (``info["stopped"]``: the caller abandons the gradient).
     """
@@ -244,7 +244,7 @@ class BilevelAttack(Attack):
         """Peak bytes: the Lanczos bases and conjugate-gradient vectors of the lower level are parameter-sized
         (``BILEVEL_PER_PARAMETER·P·b``), the graph of ``∇_θE`` over ``m`` candidates holds their activations, and the
         candidates their copies (coefficients measured, ``benchmarks/memory_estimate.py``)."""
-        from exhume.attacks import memory as mem
+        from exhume.attacks.engine import memory as mem
 
         b, m = mem.dtype_bytes(self.config["dtype"]), self.effective(view, "m")
         p, d = mem.parameter_count(view.model), mem.input_elements(view)

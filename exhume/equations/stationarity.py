@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad
 
-from exhume.attacks.surrogate import soft_activations
+from exhume.equations.surrogate import soft_activations
 from exhume.losses import margin, per_sample_loss
 
 #: per-sample scalar h_j(Φ(x̂_j), ŷ_j) whose parameter gradients are summed with weights λ_j
@@ -67,7 +67,7 @@ def stationarity_residual(
     """``‖θ − Σ_j λ_j ∇_θ h_j‖²``, summed over every parameter tensor (``h`` the margin by default).
 
     ``target`` replaces ``θ`` on the left (the network is still evaluated at ``params``): e.g. the weights'
-    learned part (:func:`exhume.attacks.subspace.learned_part`).
+    learned part (:func:`exhume.equations.span.learned_part`).
     """
     return stationarity_residual_and_objective(model, params, x, y, lam, alpha, objective, target)[0]
 

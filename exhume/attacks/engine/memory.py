@@ -1,6 +1,6 @@
 """Memory known before the first step: an attack's peak estimate, the memory available, one-line refusals.
 
-Every attack answers :meth:`~exhume.attacks.base.Attack.peak_memory_bytes` from the victim's
+Every attack answers :meth:`~exhume.attacks.engine.base.Attack.peak_memory_bytes` from the victim's
 shapes, its candidate count and its dtype, before it allocates anything: the parameter count
 ``P``, the input size ``D`` and the activations one input creates in a forward pass (``A``,
 counted by :func:`activation_elements` on one and two inputs, so any ``nn.Module`` is measured

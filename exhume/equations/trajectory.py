@@ -39,9 +39,9 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad
 
-from exhume.attacks.record import SolvedEquation
-from exhume.attacks.stationarity import Objective
-from exhume.attacks.surrogate import soft_activations
+from exhume.equations.kinds import SolvedEquation
+from exhume.equations.stationarity import Objective
+from exhume.equations.surrogate import soft_activations
 from exhume.errors import ConfigError
 from exhume.starts import frozen_names
 
@@ -280,7 +280,7 @@ def added_inputs_layer(eq: StartEquation, params: dict[str, torch.Tensor], start
     """``params`` with each trained 2-D parameter of ``input_dim`` columns replaced by what training added to it.
 
     ``W_T − c·W_0``, with the equation's ``c`` where it is fixed, else :func:`nuclear_decay`'s: its
-    row space is the training inputs' span (read by :func:`exhume.attacks.subspace.data_subspace`).
+    row space is the training inputs' span (read by :func:`exhume.attacks.kkt.subspace.data_subspace`).
     """
     out, info = dict(params), {}
     for k in eq.names:

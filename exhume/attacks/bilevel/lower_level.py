@@ -3,7 +3,7 @@
 Why: on a ReLU network the training objective's minimiser on a few candidates sits *on* the kinks, where ``∇E``
 jumps, no point has ``∇E = 0`` and the implicit function theorem does not apply
 (docs/usage.md#bilevel-reconstruction-and-the-initialisation-study). The lower level therefore replaces ReLU by
-``softplus(β·z)/β`` (value *and* derivatives, :class:`exhume.attacks.surrogate.smooth_activations`), a smooth victim
+``softplus(β·z)/β`` (value *and* derivatives, :class:`exhume.equations.surrogate.smooth_activations`), a smooth victim
 that tends to the ReLU one as ``β → ∞``, and solves it with :func:`newton_cg`, which drives ``‖∇E‖`` below a tolerance.
 
 - :func:`newton_cg`: Levenberg–Marquardt-damped Newton with conjugate-gradient inner solves on

@@ -1,8 +1,8 @@
 """The exact training run as an equation, for an owner who knows the whole recipe.
 
-With the start ``θ_0``, the optimiser (:func:`exhume.replay.update`: torch's SGD, Adam or AdamW with their
+With the start ``θ_0``, the optimiser (:func:`exhume.equations.recipe.update`: torch's SGD, Adam or AdamW with their
 learning rate, momentum or betas, weight decay) and the order in which the training points were visited
-(:func:`exhume.replay.batches`: the sampler, its seed, the batch size, the epochs), the final weights are a
+(:func:`exhume.equations.recipe.batches`: the sampler, its seed, the batch size, the epochs), the final weights are a
 known function of the training points::
 
     θ_T = Run(θ_0; x_1 … x_n, y_1 … y_n)          (T steps, each on the batch the sampler drew)
@@ -32,13 +32,13 @@ from torch.func import functional_call
 from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
-from exhume.replay import batches, init_state, update
+from exhume.equations.recipe import batches, init_state, update
 from exhume.starts import frozen_names
 
 
 class _Step(torch.autograd.Function):
     """``g·1[z > 0]`` (ReLU's backward) in value; differentiated, ``g·α·σ(αz)(1 − σ(αz))`` in ``z`` (a smoothed step).
-    Written for torch.func too (``jvp``, a generated vmap rule): :mod:`exhume.attacks.exact_lm` takes Jacobians of the run."""
+    Written for torch.func too (``jvp``, a generated vmap rule): :mod:`exhume.attacks.replay.lm` takes Jacobians of the run."""
 
     generate_vmap_rule = True
 
