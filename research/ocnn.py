@@ -39,10 +39,10 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from exhume.attacks import feature_stage  # noqa: E402
 from exhume.attacks.kkt import KKTAttack  # noqa: E402
-from exhume.attacks.subspace import Subspace  # noqa: E402
-from exhume.attacks.trajectory import nuclear_decay  # noqa: E402
+from exhume.attacks.kkt import stage as feature_stage  # noqa: E402
+from exhume.attacks.kkt.subspace import Subspace  # noqa: E402
+from exhume.equations.trajectory import nuclear_decay  # noqa: E402
 from exhume.victim import load_victim  # noqa: E402
 
 ENERGY = 0.999
@@ -212,10 +212,10 @@ def cmd_truth(folder: Path, equation: str) -> dict:
 def two_feature_residual(fview, f_0: torch.Tensor, f_t: torch.Tensor, y: torch.Tensor) -> float:
     """The endpoints equation of the layers above with features ``f_0`` at the start point and ``f_t`` at the final
     one (λ ≥ 0, the margin, c as the audit's): what the stage would fit if it modelled the features' move."""
-    from exhume.attacks.formulation import resolve
-    from exhume.attacks.stationarity import least_squares
-    from exhume.attacks.trajectory import StartEquation, build_equation, per_sample
-    from exhume.attacks.workcopy import attack_model
+    from exhume.equations.formulation import resolve
+    from exhume.equations.stationarity import least_squares
+    from exhume.equations.trajectory import StartEquation, build_equation, per_sample
+    from exhume.equations.workcopy import attack_model
 
     model, params = attack_model(fview.model, "cpu", torch.float64)
     eq = build_equation(fview, model, params, "endpoints", len(f_t))
@@ -233,10 +233,10 @@ def two_feature_residual(fview, f_0: torch.Tensor, f_t: torch.Tensor, y: torch.T
 
 def segment_residual(fview, f: torch.Tensor, y: torch.Tensor, points: int, nonnegative: bool) -> float:
     """The stage's equation with gradients at ``points`` evenly spaced points of the segment θ_0 → θ_T (2: endpoints)."""
-    from exhume.attacks.formulation import resolve
-    from exhume.attacks.stationarity import least_squares
-    from exhume.attacks.trajectory import StartEquation, build_equation, per_sample
-    from exhume.attacks.workcopy import attack_model
+    from exhume.equations.formulation import resolve
+    from exhume.equations.stationarity import least_squares
+    from exhume.equations.trajectory import StartEquation, build_equation, per_sample
+    from exhume.equations.workcopy import attack_model
 
     model, params = attack_model(fview.model, "cpu", torch.float64)
     eq = build_equation(fview, model, params, "endpoints", len(f))
@@ -288,9 +288,9 @@ def stage_setup(victim, view, fview, above, fc: str, basis: torch.Tensor, equati
     """Attacker-side: the multiplier scale S = ‖target‖/(γ·√n), γ the gradient norm at the features of pixel probe
     images drawn from the data mean (trajectory.probe_images, pushed through the trained layers below), and the
     starting candidates: those probes' mean feature projected onto the row space, plus kkt's init noise."""
-    from exhume.attacks.formulation import resolve
-    from exhume.attacks.trajectory import StartEquation, build_equation, per_sample, probe_images
-    from exhume.attacks.workcopy import attack_model
+    from exhume.equations.formulation import resolve
+    from exhume.equations.trajectory import StartEquation, build_equation, per_sample, probe_images
+    from exhume.equations.workcopy import attack_model
 
     n = len(victim.train_indices)
     model, params = attack_model(fview.model, "cpu", torch.float32)
@@ -369,8 +369,8 @@ def span_images(victim, view, steps: int, seed: int, rank: int | None, lr: float
     with torch.no_grad():
         f = feature_stage.features_of(model, fc, x)
         d = ((f - (f @ basis) @ basis.T).norm(dim=1) / f.norm(dim=1))
-    from exhume.attacks.base import Reconstruction
-    from exhume.attacks.record import RunRecord
+    from exhume.attacks.engine.base import Reconstruction
+    from exhume.attacks.engine.record import RunRecord
 
     seconds = time.perf_counter() - t0
     recon = Reconstruction(method="inversion", candidates=(x.detach() + mean).float(), labels=victim.train_set.y, scores=None,
@@ -473,8 +473,8 @@ def cmd_oracle(folder: Path, steps: int | None) -> dict:
     if steps:
         feature_stage.INVERT_STEPS = steps
     images, inv = feature_stage.invert(victim.model, fc, target, victim.mean.float(), 0)
-    from exhume.attacks.base import Reconstruction
-    from exhume.attacks.record import RunRecord
+    from exhume.attacks.engine.base import Reconstruction
+    from exhume.attacks.engine.record import RunRecord
 
     recon = Reconstruction(method="inversion", candidates=images.float(), labels=train.y, scores=None,
                            record=RunRecord(iterations=inv["inversion_steps"], seconds=round(time.perf_counter() - t0, 1)), seed=0)
