@@ -350,7 +350,7 @@ def span_images(victim, view, steps: int, seed: int, rank: int | None, lr: float
     c, _ = decay_of(view, f"{fc}.weight", n)
     k = rank or min(n, min(w.shape) - 1)
     basis = top_rows(w - c * w0, k).float()
-    model = victim.model if below == "trained" else start_model(victim, view)
+    model = copy.deepcopy(victim.model) if below == "trained" else start_model(victim, view)
     for p in model.parameters():
         p.requires_grad_(False)
     gen = torch.Generator().manual_seed(seed)
@@ -373,9 +373,10 @@ def span_images(victim, view, steps: int, seed: int, rank: int | None, lr: float
     from exhume.attacks.engine.record import RunRecord
 
     seconds = time.perf_counter() - t0
-    recon = Reconstruction(method="inversion", candidates=(x.detach() + mean).float(), labels=victim.train_set.y, scores=None,
+    recon = Reconstruction(method="inversion", candidates=(x.detach() + mean).float(), labels=torch.zeros(n), scores=None,
                            record=RunRecord(iterations=steps, seconds=round(seconds, 1)), seed=seed)
-    return recon, {"span_distance_median": float(d.median()), "rank": k, "below": below, "steps": steps, "seconds": round(seconds, 1)}
+    return recon, {"span_distance_median": float(d.median()), "rank": k, "below": below, "steps": steps, "seconds": round(seconds, 1),
+                   "basis": basis}
 
 
 class SpanKKT(KKTAttack):
@@ -424,6 +425,32 @@ def span_penalty_attack(victim, view, iterations: int, seed: int, rank: int | No
     return recon, {"beta": beta, "rank": k, "span_distance_median": float(d.median())}
 
 
+def span_pool(victim, view, steps: int, seed: int, rank: int | None, rounds: int, keep: int | None = None):
+    """``rounds`` runs of :func:`span_images` (seeds ``seed``, ``seed + 1``, ...) pooled: the ``keep`` (default n) candidates
+    whose features lie closest to Δ's row space (an attacker-side score: weights and start only)."""
+    from exhume.attacks.engine.base import Reconstruction
+    from exhume.attacks.engine.record import RunRecord
+
+    n = len(victim.train_indices)
+    fc = fc_layer(victim.model)
+    cands, dists, t0 = [], [], time.perf_counter()
+    for r in range(rounds):
+        recon, info = span_images(victim, view, steps, seed + r, rank)
+        basis = info.pop("basis")
+        with torch.no_grad():
+            f = feature_stage.features_of(victim.model, fc, recon.candidates - victim.mean)
+            d = (f - (f @ basis) @ basis.T).norm(dim=1) / f.norm(dim=1)
+        cands.append(recon.candidates)
+        dists.append(d)
+    x, d = torch.cat(cands), torch.cat(dists)
+    order = d.argsort()[: keep or n]
+    recon = Reconstruction(method="inversion", candidates=x[order], labels=torch.zeros(len(order)), scores=-d[order], seed=seed,
+                           record=RunRecord(iterations=steps * rounds, seconds=round(time.perf_counter() - t0, 1)))
+    q = [float(v) for v in torch.quantile(d, torch.tensor([0.01, 0.05, 0.1, 0.5]))]
+    return recon, {"rounds": rounds, "steps": steps, "pooled": len(d), "kept": len(order), "distance_q01_q05_q10_q50": q,
+                   "kept_distance_max": float(d[order].max())}
+
+
 def judge(recon, victim) -> dict:
     import exhume
 
@@ -432,7 +459,8 @@ def judge(recon, victim) -> dict:
             "one_to_one_0.4": m.one_to_one_at.get(0.4), "verdict": m.verdict, "p": m.p_value}
 
 
-def cmd_compare(folder: Path, iterations: int, arms: list[str], seed: int, rank: int | None, equation: str, params: dict) -> list[dict]:
+def cmd_compare(folder: Path, iterations: int, arms: list[str], seed: int, rank: int | None, equation: str, params: dict,
+                save: str | None = None) -> list[dict]:
     import exhume
 
     torch.set_num_threads(1)
@@ -448,6 +476,10 @@ def cmd_compare(folder: Path, iterations: int, arms: list[str], seed: int, rank:
             recon = exhume.attack(view, method="kkt", seed=seed, restarts=1, iterations=iterations, progress=False, **params)
         elif arm in ("span", "span-start"):  # span, span-start: the span alone (features through the trained / start layers)
             recon, info = span_images(victim, view, iterations, seed, rank, below="start" if arm == "span-start" else "trained")
+            info.pop("basis")
+        elif arm.startswith("spanpool"):  # spanpool:ROUNDS[:KEEP]
+            bits = arm.split(":")
+            recon, info = span_pool(victim, view, iterations, seed, rank, int(bits[1]), int(bits[2]) if len(bits) > 2 else None)
         elif arm.startswith("spanpen"):  # spanpen:BETA: the start arm plus the span penalty at the fc layer
             recon, info = span_penalty_attack(victim, view, iterations, seed, rank, float(arm.split(":")[1]), **params)
         elif arm == "stage":
@@ -455,12 +487,27 @@ def cmd_compare(folder: Path, iterations: int, arms: list[str], seed: int, rank:
         else:
             raise SystemExit(f"unknown arm {arm!r}")
         seconds = time.perf_counter() - t0
+        if save:
+            Path(save).mkdir(parents=True, exist_ok=True)
+            torch.save(recon.candidates.float(), Path(save) / f"{folder.name}__{arm.replace(':', '-')}__s{seed}.pt")
         rec = recon.record
-        row = {"victim": folder.name, "arm": arm, "iterations": rec.iterations, "seconds": round(seconds, 1),
+        row = {"victim": folder.name, "arm": arm, "seed": seed, "iterations": rec.iterations, "seconds": round(seconds, 1),
                "residual": rec.final_relative_stationarity, **info, **judge(recon, victim)}
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows
+
+
+def cmd_pool(folder: Path, files: list[str]) -> dict:
+    """The candidates of several runs judged as one pool (as the portfolio pools its restarts, without its merge)."""
+    from exhume.attacks.engine.base import Reconstruction
+    from exhume.attacks.engine.record import RunRecord
+
+    victim = load_victim(folder)
+    x = torch.cat([torch.load(f) for f in files])
+    recon = Reconstruction(method="inversion", candidates=x, labels=torch.zeros(len(x)), scores=None, seed=0,
+                           record=RunRecord(iterations=0, seconds=0.0))
+    return {"victim": folder.name, "runs": len(files), "candidates": len(x), **judge(recon, victim)}
 
 
 def cmd_oracle(folder: Path, steps: int | None) -> dict:
@@ -483,7 +530,7 @@ def cmd_oracle(folder: Path, steps: int | None) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("cmd", choices=("spectra", "truth", "compare", "oracle", "points"))
+    ap.add_argument("cmd", choices=("spectra", "truth", "compare", "oracle", "points", "pool"))
     ap.add_argument("victims", nargs="+")
     ap.add_argument("--iterations", type=int, default=1000)
     ap.add_argument("--arms", nargs="+", default=["weights", "start", "stage"])
@@ -491,6 +538,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rank", type=int, default=None, help="the stage's row space: Δ's top-k (default n)")
     ap.add_argument("--equation", default="endpoints", choices=("endpoints", "trajectory"))
     ap.add_argument("--steps", type=int, default=None, help="oracle: inversion steps")
+    ap.add_argument("--save", default=None, help="compare: save each arm's candidates (display space) in this folder")
+    ap.add_argument("--files", nargs="*", default=[], help="pool: candidate files saved by compare --save, judged together")
     ap.add_argument("-p", action="append", default=[], help="kkt setting KEY=JSON for every arm")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -501,10 +550,12 @@ def main(argv=None) -> int:
             print(json.dumps(cmd_spectra(folder)), flush=True)
         elif args.cmd == "truth":
             print(json.dumps(cmd_truth(folder, args.equation)), flush=True)
+        elif args.cmd == "pool":
+            print(json.dumps(cmd_pool(folder, args.files)), flush=True)
         elif args.cmd == "points":
             cmd_points(folder)
         elif args.cmd == "compare":
-            cmd_compare(folder, args.iterations, args.arms, args.seed, args.rank, args.equation, params)
+            cmd_compare(folder, args.iterations, args.arms, args.seed, args.rank, args.equation, params, args.save)
         else:
             print(json.dumps(cmd_oracle(folder, args.steps)), flush=True)
     return 0
