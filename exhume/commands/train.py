@@ -30,8 +30,8 @@ def add_parser(sub, common) -> None:
     p.add_argument("--wd", type=float, default=PAPER_TRAIN["weight_decay"], help="weight decay w in mean loss + w/2 |theta|^2 (0 for none)")
     p.add_argument("--epochs", type=int, default=None, help="maximum epochs (default 1,000,000, stopped by --seconds; with "
                    "--batch-size 10; with --dp-epsilon required: the steps the accountant plans for)")
-    p.add_argument("--seconds", type=float, default=None, help="maximum training time (default 60; with differential privacy "
-                   "none: the planned epochs run)")
+    p.add_argument("--seconds", type=float, default=None, help="maximum training time (default 60; none with a --*-threshold, "
+                   "which or --epochs stops training; with differential privacy none: the planned epochs run)")
     p.add_argument("--loss-threshold", type=float, default=None, help="stop once the training loss is below this")
     p.add_argument("--residual-threshold", type=float, default=None,
                    help="stop once the relative stationarity residual is below this (with weight decay)")
@@ -68,6 +68,53 @@ def add_dp_arguments(p: argparse.ArgumentParser) -> None:
                    "the victim can replay them; for experiments, not private). Default: a secret seed, not recorded")
 
 
+#: ``exhume train``'s time cap when neither --seconds nor a stopping threshold is given
+DEFAULT_SECONDS = 60.0
+THRESHOLD_FLAGS = {"loss_threshold": "--loss-threshold", "residual_threshold": "--residual-threshold",
+                   "span_threshold": "--span-threshold"}
+
+
+def thresholds_given(args: argparse.Namespace) -> bool:
+    """Whether a stopping threshold was asked for: then no time cap is set unless --seconds gives one (the threshold, or
+    --epochs, stops training; a default cap would stop the documented CNN recipe at a fifth of the epochs it needs)."""
+    return any(getattr(args, k, None) is not None for k in THRESHOLD_FLAGS)
+
+
+def plan_text(cfg) -> str | None:
+    """The line printed before full-batch training with a threshold: what will stop it (None without a threshold)."""
+    given = [f"{flag} {getattr(cfg, k):g}" for k, flag in THRESHOLD_FLAGS.items() if getattr(cfg, k, None) is not None]
+    if not given:
+        return None
+    cap = "no time cap (--seconds sets one)" if cfg.max_seconds is None else f"at most {cfg.max_seconds:g} s (--seconds)"
+    return f"training until {' or '.join(given)} is met, or {cfg.max_epochs:,} epochs (--epochs); {cap}"
+
+
+#: each threshold's measure, short, for the printed line (the record names it in full)
+SHORT_MEASURES = {"loss_threshold": "the training loss", "residual_threshold": "the stationarity residual",
+                  "span_threshold": "σ_{n+1}/σ_1"}
+
+
+def stop_text(stop: dict | None) -> str:
+    """What stopped training, in words for the line ``exhume train`` prints (``stop``: the metrics' ``stop`` record of
+    :func:`exhume.victim.train.stop_record`); a threshold the cap stopped short of is a warning with the value reached."""
+    if not stop:
+        return ""
+
+    def value(k: str, t: dict, verb: str = "") -> str:
+        return f"{SHORT_MEASURES[k]} not measured" if t["reached"] is None else f"{SHORT_MEASURES[k]} {verb}{t['reached']:.3g}"
+
+    reason, thresholds = stop["reason"], stop["thresholds"]
+    if reason in THRESHOLD_FLAGS:
+        return f"; stopped by {THRESHOLD_FLAGS[reason]} {thresholds[reason]['threshold']:g} ({value(reason, thresholds[reason])})"
+    cap, flag = ((f"the time cap ({stop['max_seconds']:g} s)", "--seconds") if reason == "max_seconds"
+                 else (f"the epoch cap ({stop['max_epochs']:,})", "--epochs"))
+    unmet = [f"{THRESHOLD_FLAGS[k]} {t['threshold']:g} ({value(k, t, 'reached ')})" for k, t in thresholds.items() if not t["met"]]
+    if not unmet:
+        return f"; stopped by {cap}"
+    return (f"; WARNING: {cap} stopped training before {' and '.join(unmet)} {'was' if len(unmet) == 1 else 'were'} met: "
+            f"raise {flag} to train further")
+
+
 def configs(args: argparse.Namespace):
     """``exhume train``'s training config (full batch, or mini-batch with --batch-size) and its DP config (or None)."""
     from exhume.data import DEFAULT_LOSS, task_kind
@@ -81,7 +128,7 @@ def configs(args: argparse.Namespace):
     if args.momentum is not None and args.batch_size is None:
         raise ConfigError("--momentum is SGD's with mini-batches: give --batch-size too (full-batch gradient descent has none)")
     loss = DEFAULT_LOSS[task_kind(args.task)] if args.loss == "auto" else args.loss
-    seconds = args.seconds if args.seconds is not None or private else 60.0
+    seconds = args.seconds if args.seconds is not None or private or thresholds_given(args) else DEFAULT_SECONDS
     if args.batch_size is not None:
         cfg = MiniBatchConfig(loss=loss, optimizer="sgd" if args.optimizer == "gd" else "adam", lr=args.lr, batch_size=args.batch_size,
                               momentum=0.9 if args.momentum is None else args.momentum, epochs=args.epochs or 10,
@@ -126,6 +173,9 @@ def run(args: argparse.Namespace) -> int:
     from exhume.victim import make_victim
 
     cfg, private = configs(args)
+    plan = plan_text(cfg)
+    if plan is not None:
+        print(plan, flush=True)
     from exhume.device import check_device
     from exhume.files.runfolder import RUN_FILES, own_run_folder
     from exhume.victim.victim import VICTIM_FILES
@@ -141,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
         victim.save(args.out)
     m = victim.metrics
     print(f"victim saved to {args.out}: train accuracy {m['train_accuracy']:.3f}, test accuracy {m.get('test_accuracy', float('nan')):.3f}, "
-          f"final loss {m['final_loss']:.4g}, relative stationarity residual {m['stationarity_residual']}, {m['epochs']} epochs in {m['seconds']} s")
+          f"final loss {m['final_loss']:.4g}, relative stationarity residual {m['stationarity_residual']}, {m['epochs']} epochs in {m['seconds']} s"
+          f"{stop_text(m.get('stop'))}")
     dp = victim.privacy
     if dp is not None:
         spent = "∞ (no noise: not private)" if dp["epsilon_spent"] is None else f"{dp['epsilon_spent']:.4g}"

@@ -201,6 +201,28 @@ def train_victim(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: Tra
     with torch.no_grad():
         final_loss = float(per_sample_loss(config.loss, model(x), y).mean())
     residual = stationarity_residual(model, x, y, config.loss, config.weight_decay) if config.weight_decay > 0 else None
-    return {"epochs": done, "seconds": round(time.perf_counter() - start, 3), "stop_reason": stop_reason,
+    seconds = round(time.perf_counter() - start, 3)
+    return {"epochs": done, "seconds": seconds, "stop_reason": stop_reason,
+            "stop": stop_record(model, x.shape[0], config, stop_reason, final_loss, residual),
             "final_loss": final_loss, "stationarity_residual": residual, "loss_history": history,
             **({"resumed_from_epoch": first - 1} if first > 1 else {})}
+
+
+#: each stopping threshold's measure, as the record and the printed line name it
+THRESHOLD_MEASURES = {"loss_threshold": "the training loss", "residual_threshold": "the relative stationarity residual",
+                      "span_threshold": "σ_{n+1}/σ_1 (the largest over the layers that see more than n directions)"}
+
+
+def stop_record(model: nn.Module, n: int, config: TrainConfig, reason: str, loss: float, residual: float | None) -> dict[str, Any]:
+    """What stopped training, and for each threshold given the value its measure reached at the end (``met``: below it).
+
+    ``{"reason", "max_epochs", "max_seconds", "thresholds": {name: {"threshold", "reached", "met", "measure"}}}``; a
+    threshold whose measure was never checked (the residual without weight decay) has ``reached`` None. A run that stopped
+    on ``max_seconds`` or ``max_epochs`` with a threshold unmet is one the caller asked to train further than it did.
+    """
+    given = {k: getattr(config, k) for k in THRESHOLD_MEASURES if getattr(config, k) is not None}
+    values = {"loss_threshold": loss, "residual_threshold": residual if config.weight_decay > 0 else None,
+              "span_threshold": span_gap(model, n) if "span_threshold" in given else None}
+    thresholds = {k: {"threshold": t, "reached": values[k], "met": values[k] is not None and values[k] < t,
+                      "measure": THRESHOLD_MEASURES[k]} for k, t in given.items()}
+    return {"reason": reason, "max_epochs": config.max_epochs, "max_seconds": config.max_seconds, "thresholds": thresholds}
