@@ -11,8 +11,8 @@ import pytest
 
 from exhume.cli import build_parser, main
 from exhume.commands.train import DEFAULT_SECONDS, configs
-from exhume.victim import load_victim
 from exhume.equations.span import span_gap
+from exhume.victim import load_victim
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the CNN recipe as it was measured (benchmarks/notes/2026-11-28-cnn-span.md, section 1: stopped on the span at
