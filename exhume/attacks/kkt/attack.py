@@ -103,21 +103,32 @@ class KKTAttack(Attack):
         check(self.config, view)
 
     def informed(self, view, recon: Reconstruction) -> Reconstruction:
-        """With training records known (the informed adversary): the candidates ranked by the share of what those records
-        leave of the equation each explains (:func:`exhume.attacks.kkt.game.rank`), best first; the solve itself is the
-        same. Its first ``candidates_per_point`` × the unknown records are its reconstruction of them (docs/METHODS.md §7)."""
+        """With training records known (the informed adversary): where every record but one is known and the first layer
+        reads it (:func:`exhume.attacks.kkt.read.read_target`), the read's two images first and named; after them (and
+        named where there is no read) the solve's candidates ranked by the share of what the known records leave of the
+        equation each explains (:func:`exhume.attacks.kkt.game.rank`), best first (docs/METHODS.md §7)."""
         from exhume.attacks.kkt.game import rank
+        from exhume.attacks.kkt.read import read_target
 
         if view.known is None:
             return recon
-        order, shares, info = rank(view, recon.candidates.clamp(0, 1), recon.labels, self.config["start_equation"])
-        unknown = max(1, int(self.config["n_guess"] or view.n_train_hint or len(view.known) + 1) - len(view.known))
-        named = min(len(order), max(1, round(self.config["candidates_per_point"] * unknown)))
-        record = dataclasses.replace(recon.record, threat_model=view.threat_model,
-                                     settings={**recon.record.settings, **info, "informed_named": named},
+        n = int(self.config["n_guess"] or view.n_train_hint or len(view.known) + 1)
+        read = read_target(view, n)
+        cand, labels, prov = recon.candidates, recon.labels, dict(recon.provenance)
+        if read.candidates is not None:
+            cand = torch.cat([read.candidates.to(cand), cand])
+            labels = torch.cat([_predicted(view.model, read.candidates - view.mean, labels), labels])
+            prov = {k: torch.cat([torch.full((2,), -1, dtype=v.dtype), v]) for k, v in prov.items()}
+        order, shares, info = rank(view, cand.clamp(0, 1), labels, self.config["start_equation"])
+        if read.candidates is not None:  # the read's images lead, whatever their share
+            order = torch.cat([torch.arange(2), order[order >= 2]])
+        unknown = max(1, n - len(view.known))
+        named = 2 if read.candidates is not None else min(len(order), max(1, round(self.config["candidates_per_point"] * unknown)))
+        info = {**info, **read.info, "informed_read": read.why, "informed_named": named}
+        record = dataclasses.replace(recon.record, threat_model=view.threat_model, settings={**recon.record.settings, **info},
                                      extras={**recon.record.extras, "multipliers": recon.scores.tolist() if recon.scores is not None else None})
-        return dataclasses.replace(recon, candidates=recon.candidates[order], labels=recon.labels[order], scores=shares[order].float(),
-                                   record=record, provenance={k: v[order] for k, v in recon.provenance.items()})
+        return dataclasses.replace(recon, candidates=cand[order], labels=labels[order], scores=shares[order].float(),
+                                   record=record, provenance={k: v[order] for k, v in prov.items()})
 
     def stage_on(self, view, model=None) -> tuple[Any, Subspace] | None:
         """Whether a run on ``view`` takes the feature stage, the one predicate lone and batched restarts ask: with
@@ -296,3 +307,14 @@ class KKTAttack(Attack):
         start = {f"start_{k}" if not k.startswith("start_") else k: v for k, v in p.eq.info.items() if k != "equation"}
         start.update(start_digest=start_digest(view.start), training_settings=None if view.training is None else view.training.record())
         return {"threat_model": view.threat_model, "equation": SolvedEquation(p.eq.info["equation"])}, start
+
+
+def _predicted(model, x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The victim's own label for centred inputs ``x``, in the convention of the labels ``like``: the output's sign
+    (binary ±1), its largest class (class ids) or the output itself (regression)."""
+    with torch.no_grad():
+        out = model(x.to(next(model.parameters()).dtype))
+    if not like.is_floating_point():
+        return out.argmax(-1).to(like)
+    binary = bool(((like == 1) | (like == -1)).all())
+    return (torch.where(out.reshape(-1) > 0, 1.0, -1.0) if binary else out.reshape(-1)).to(like)
