@@ -111,3 +111,72 @@ def test_a_training_set_mean_gives_the_informed_adversary_the_target_without_the
         guess = len(x) * v.attacker_view().mean - x[1:].sum(0)
         assert torch.allclose(guess, x[0], atol=1e-4) == close
     assert "public" in v.train_config["centring"]
+
+
+@pytest.fixture(scope="module")
+def public_victim():
+    """The fixture's recipe, wider, centred by a public mean: its first layer is ``Σ G_i x̃_iᵀ`` of inputs no mean ties."""
+    return make_victim("mnist", "odd-even", 12, "mlp:64;bias=none", TrainConfig(loss="logistic", lr=0.5, weight_decay=5e-3,
+                       max_epochs=3000), test_size=0, progress=False, public_centring=True)
+
+
+def _cosines(victim, known_start: dict | None = None) -> list[float | None]:
+    from exhume.attacks.kkt.read import read_target
+
+    ts, out = victim.train_set, []
+    mean = victim.attacker_view().mean
+    for t in range(len(ts)):
+        rest = [i for i in range(len(ts)) if i != t]
+        read = read_target(view_of(victim, ThreatModel(known_records=(ts.x[rest], ts.y[rest]), **(known_start or {}))), len(ts))
+        if read.candidates is None:
+            out.append(None)
+            continue
+        a, b = (read.candidates[0] - mean).flatten().double(), (ts.x[t] - mean).flatten().double()
+        out.append(float(a @ b / (a.norm() * b.norm())))
+    return out
+
+
+def test_the_first_layer_reads_the_one_unknown_record(public_victim):
+    """Every record but one known: the read gives the target itself (clipped to [0, 1]), most to |cos| ≥ 0.99, where its part
+    off the known records' span alone (what a read of that rank-one remainder gives) lies at |cos| 0.2–0.6 of it."""
+    cos = _cosines(public_victim)
+    assert all(c is not None for c in cos), cos
+    assert np.median(cos) >= 0.96 and sum(c >= 0.99 for c in cos) >= 4 and min(cos) >= 0.6, cos
+
+
+def test_the_read_needs_every_record_but_one_and_a_mean_that_ties_no_records(victim, public_victim):
+    from exhume.attacks.kkt.read import read_target
+
+    ts = public_victim.train_set
+    two_unknown = read_target(view_of(public_victim, ThreatModel(known_records=(ts.x[2:], ts.y[2:]))), len(ts))
+    assert two_unknown.candidates is None and "every record but one known: 10 of n = 12" in two_unknown.why
+    ts = victim.train_set  # centred by its own training mean: the target lies in the known records' span, nothing is off it
+    tied = read_target(view_of(victim, ThreatModel(known_records=(ts.x[1:], ts.y[1:]))), len(ts))
+    assert tied.candidates is None and "not rank one" in tied.why
+
+
+def test_kkt_with_every_record_but_one_known_names_the_read(public_victim):
+    from exhume.attacks.kkt.read import read_target
+
+    ts = public_victim.train_set
+    known = (ts.x[1:], ts.y[1:])
+    got = exhume.attack(public_victim, "kkt", restarts=1, iterations=20, progress=False, known_records=known)
+    read = read_target(view_of(public_victim, ThreatModel(known_records=known)), len(ts))
+    s = got.record.settings
+    assert s["informed_read"] == "read" and s["informed_named"] == 2 and s["read_layer"] == "net.0.weight"
+    assert torch.allclose(got.candidates[:2], read.candidates, atol=1e-6) and got.candidates.shape[0] == 2 + 24
+
+
+def test_with_the_start_known_the_read_takes_what_training_added():
+    """Mini-batch SGD from PyTorch's initialisation: weights only, the initialisation buries the target (the read refuses,
+    saying so); with the start and settings known, what training added reads every target to |cos| ≥ 0.95."""
+    from exhume.victim import MiniBatchConfig
+
+    cfg = MiniBatchConfig(loss="logistic", optimizer="sgd", lr=0.01, momentum=0.9, weight_decay=5e-4, batch_size=4, epochs=30)
+    v = make_victim("mnist", "odd-even", 12, "mlp:64;bias=all", cfg, test_size=0, progress=False, public_centring=True,
+                    keep_start=True)
+    weights_only = _cosines(v)
+    assert weights_only == [None] * 12
+    known = {"start": v.start, "training": {"optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4, "steps": 90}}
+    cos = _cosines(v, known)
+    assert min(cos) >= 0.95 and np.median(cos) >= 0.99, cos
