@@ -62,7 +62,8 @@ def read_target(view, n: int) -> Read:
     span = span_of(rest, 1, next(model.parameters()).dtype, inputs_fixed=True)
     info = {"read_layer": name, "read_sigma2_over_sigma1": span.facts.get("sigma_after_n"), "read_margin": MARGIN}
     if not span.shows:
-        return Read(None, f"the first layer off the known records' span is not rank one: {span.why}", info)
+        return Read(None, f"the first layer off the known records' span is not rank one: {span.why} (i.i.d. noise reads as "
+                    "the initialisation's, DP-SGD's too)", info)
     xs = x.reshape(len(known), *view.input_shape).to(next(model.parameters()).dtype)
     z, shut = _pre_activations(model, params, name, xs)
     if shut < 0.01:
