@@ -2,6 +2,10 @@
 settings at ε = ∞, trained here at a seed the experiment does not use (its default is seed 0).
 
     python research/informed_read.py --seed 1 --targets 40 --margins 0.03,0.06,0.1,0.15,0.2,0.3,0.5
+    python research/informed_read.py --seed 0 --targets 40 --settings paper --margins 0.06 --why
+
+``--why`` (EVALUATOR) prints, per target, the estimate's |cos| to the truth, the in-span system's smallest eigenvalue
+over its largest, and its objective at the estimate against at the truth's in-span part (best scale).
 
 Each victim is trained once into ``runs/informed-read/<setting>_none_s<seed>/victim`` (the experiment's recipe,
 public-mean centring); per margin, the targets (the first ``--targets`` training records, each with the other 99
@@ -23,7 +27,45 @@ from exhume.experiments.dp.informed import samples
 from exhume.request import ThreatModel, view_of
 
 
-def sweep(setting: str, seed: int, targets: int, margins: list[float]) -> None:
+def why(view, target: torch.Tensor, mean: torch.Tensor) -> str:
+    """The in-span system the read solves, rebuilt here: its conditioning and its objective at the estimate and at the truth."""
+    from exhume.equations.remainder import orthonormal
+
+    seen = {}
+    solve = read._in_span
+    read._in_span = lambda wq, c, u, opened: seen.update(wq=wq, c=c, u=u, opened=opened) or solve(wq, c, u, opened)
+    try:
+        got = read.read_target(view, len(view.known) + 1)
+    finally:
+        read._in_span = solve
+    if got.candidates is None:
+        return got.why
+    wq, c, u, opened = seen["wq"], seen["c"], seen["u"], seen["opened"]
+    x = (view.known.x.double() - mean).reshape(len(view.known), -1)
+    q = orthonormal(x)
+    r = wq.shape[1]
+    projs = []
+    for j in range(wq.shape[0]):
+        rows = c[opened[:, j]]
+        qj = torch.linalg.qr(rows.T)[0] if rows.shape[0] else torch.zeros(r, 0, dtype=wq.dtype)
+        projs.append(torch.eye(r, dtype=wq.dtype) - qj @ qj.T)
+    a = sum(u[j] ** 2 * projs[j] for j in range(len(projs)))
+    b = sum(u[j] * projs[j] @ wq[j] for j in range(len(projs)))
+    d = torch.linalg.lstsq(a, b[:, None]).solution[:, 0]
+    true = q.T @ (target.double().reshape(-1) - mean.reshape(-1))
+    true = true * float(true @ b) / float(true @ a @ true)  # the truth's in-span part at its best scale
+
+    def objective(v):
+        return float(sum(((projs[j] @ (wq[j] - u[j] * v)) ** 2).sum() for j in range(len(projs))))
+
+    est = (got.candidates[0].double() - mean).reshape(-1)
+    cos = abs(float(est @ (target.double() - mean).reshape(-1))) / float(est.norm() * (target.double() - mean).norm())
+    vals = torch.linalg.eigvalsh(a)
+    return (f"|cos| {cos:.3f}, eigenvalues min/max {float(vals[0] / vals[-1]):.1e}, objective {objective(d):.3e} at the "
+            f"estimate, {objective(true):.3e} at the truth")
+
+
+def sweep(setting: str, seed: int, targets: int, margins: list[float], explain: bool = False) -> None:
     folder = Path(f"runs/informed-read/{setting}_none_s{seed}/victim")
     victim = victim_of(setting, NON_PRIVATE, seed, {"n": 100, "epochs": None}, folder, True, False)
     train, pool, _, controls = samples(victim, {"targets": targets}, 0)
@@ -35,8 +77,11 @@ def sweep(setting: str, seed: int, targets: int, margins: list[float]) -> None:
             read.MARGIN = m
             got = read.read_target(view, len(train))
             if got.candidates is not None:
-                hits[m] += int(reconstructed(train.x[t:t + 1], got.candidates, pool.x)[0])
+                hit = int(reconstructed(train.x[t:t + 1], got.candidates, pool.x)[0])
+                hits[m] += hit
                 matched[m] += int(reconstructed(controls.x[t:t + 1], got.candidates, pool.x)[0])
+                if explain:
+                    print(f"target {t} margin {m}: reconstructed {hit}; {why(view, train.x[t], view.mean.double())}", flush=True)
     for m in margins:
         print(f"{setting} seed {seed} margin {m}: reconstructed {hits[m]} of {targets}, controls matched {matched[m]}")
 
@@ -47,10 +92,11 @@ def main(argv=None) -> int:
     ap.add_argument("--targets", type=int, default=40)
     ap.add_argument("--settings", default="paper,minibatch")
     ap.add_argument("--margins", default="0.03,0.06,0.1,0.15,0.2,0.3,0.5")
+    ap.add_argument("--why", action="store_true", help="per target: |cos|, the system's conditioning, its objective (EVALUATOR)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     for setting in args.settings.split(","):
-        sweep(setting, args.seed, args.targets, [float(m) for m in args.margins.split(",")])
+        sweep(setting, args.seed, args.targets, [float(m) for m in args.margins.split(",")], args.why)
     return 0
 
 
