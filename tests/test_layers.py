@@ -152,3 +152,14 @@ def test_exhume_train_reports_what_training_added_against_the_start_it_trained_f
     assert first["shows_span"] and first["sigma_after_n"] < 1e-4  # the first layer's Δ lies in the inputs' span: c was right
     assert layers["delta_span_layer"] == layers["layers"][0]["name"] and "With the start known" in printed
     assert not (out / "start.safetensors").exists()  # known to train, not kept without --keep-start
+
+
+def test_the_fitted_share_of_a_convolutions_start_reads_it_as_out_by_in_k_k():
+    from exhume.equations.span import delta_of
+
+    gen = torch.Generator().manual_seed(0)
+    w0 = torch.randn(16, 3, 3, 3, generator=gen, dtype=torch.float64)
+    added = torch.outer(torch.randn(16, generator=gen, dtype=torch.float64), torch.randn(27, generator=gen, dtype=torch.float64))
+    delta, c = delta_of(0.7 * w0 + 0.3 * added.reshape(16, 3, 3, 3), w0)
+    assert c == pytest.approx(0.7, abs=1e-6) and delta.shape == w0.shape
+    assert torch.linalg.svdvals(delta.reshape(16, -1))[1] < 1e-5  # the rank-one part training added, and nothing of the start

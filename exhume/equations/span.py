@@ -122,15 +122,17 @@ def span_gap(model: nn.Module, n: int) -> float | None:
     return max((r["sigma_after_n"] for r in rows if r.get("sigma_after_n") is not None), default=None)
 
 
-def delta_of(w: torch.Tensor, w_start: torch.Tensor, decay: float | None = None) -> tuple[torch.Tensor, float]:
-    """``(Δ, c)``: what training added to a weight tensor, ``Δ = W − c·W_start``, and ``c``, the start's share left by
-    weight decay: ``decay`` where the training settings give it (:meth:`exhume.victim.start.TrainingSettings.decay`),
-    else fitted as the known-start equation fits it per layer (:func:`exhume.equations.trajectory.nuclear_decay`)."""
-    from exhume.equations.trajectory import nuclear_decay
+def delta_of(w: torch.Tensor, w0: torch.Tensor, c: float | None = None) -> tuple[torch.Tensor, float]:
+    """What training added to a weight tensor whose start ``w0`` is known: ``(w − c·w0, c)``, ``c`` the start's share
+    left by weight decay (None: the nuclear norm's minimum, :func:`exhume.equations.trajectory.nuclear_decay`, as kkt
+    fits it). Its row space is the span of the inputs the layer saw along training, at any point of training
+    (docs/METHODS.md §5); :func:`span_of` decides whether it shows."""
+    w = w.detach()
+    if c is None:
+        from exhume.equations.trajectory import nuclear_decay
 
-    w, w0 = w.detach(), w_start.detach().to(w.device, w.dtype)
-    c = nuclear_decay(w, w0) if decay is None else float(decay)
-    return w - c * w0, c
+        c = nuclear_decay(w.reshape(w.shape[0], -1), w0.reshape(w.shape[0], -1))
+    return w - float(c) * w0.to(w), float(c)
 
 
 def delta_row(w: torch.Tensor, w_start: torch.Tensor, n: int, decay: float | None, inputs_fixed: bool) -> dict[str, Any]:
