@@ -173,7 +173,7 @@ def start_decay(cfg, metrics: dict, n: int, private: bool) -> float | None:
     from exhume.victim import MiniBatchConfig
     from exhume.victim.start import TrainingSettings
 
-    if private or cfg.optimizer not in ("gd", "sgd"):
+    if private or cfg.optimizer == "adam":  # gradient descent (full batch) or SGD (mini-batch) else
         return None
     if isinstance(cfg, MiniBatchConfig):  # one step per batch of two or more (a lone last sample is skipped)
         steps = metrics["epochs"] * (-(-n // cfg.batch_size) - (n % cfg.batch_size == 1 and n >= 2))
