@@ -281,3 +281,37 @@ def test_a_training_set_too_large_to_evaluate_is_refused_before_the_attack(user,
     assert "train.npz: 20 training images: the evaluation matches every training image with every candidate" in err
     assert "at least 40 candidates (800 pairs), over the limit of 799 pairs" in err and "at most 19 training images" in err
     assert not (tmp_path / "out").exists() and len(err.strip().splitlines()) == 1  # refused before the attack wrote anything
+
+
+def test_a_cnns_reason_names_the_layer_the_threat_model_and_whether_what_training_added_or_the_weights_show_the_span():
+    """A CNN's head trained from a known start over frozen convolutions (a plain PyTorch loop): what training added to the
+    fully connected layer has rank ≤ n, its weights keep the start's noise. With the start the reason says the former at
+    that layer; with the weights only it says no layer shows the span."""
+    from exhume.models import build_model
+
+    digits = load_digits()
+    x = (digits.images[:6] / 16.0).astype(np.float32)[:, None]
+    y = (digits.target[:6] % 2).astype(np.int64)
+    unseen = (digits.images[100:160] / 16.0).astype(np.float32)[:, None]
+    torch.manual_seed(0)
+    model = build_model("cnn:4;fc=32;pool=avg", (1, 8, 8), 1)
+    start = {k: v.detach().clone() for k, v in model.named_parameters()}
+    model.features.requires_grad_(False)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    xt, yt = torch.from_numpy(x) - 0.3, torch.from_numpy(y).float()
+    for _ in range(30):
+        opt.zero_grad()
+        torch.nn.functional.binary_cross_entropy_with_logits(model(xt).reshape(-1), yt).backward()
+        opt.step()
+    model.requires_grad_(True)
+    settings = {"loss": "logistic", "weight_decay": 0, "normalize": (0.3, 1.0), "attack_args": {"iterations": 20, "restarts": 1},
+                "progress": False}
+    known = audit(model, (x, y), unseen, start=start, training={"optimizer": "sgd", "lr": 0.1, "weight_decay": 0, "steps": 30},
+                  **settings)
+    assert ("With the start known, what training added to model.head.0.weight (a layer above the first; W − c·W_start, c = 1 "
+            "from the training settings) shows the training inputs' span") in known.reason
+    assert "Weights only: no weight layer shows the training inputs' span" in known.reason
+    assert known.metrics["layers"]["delta_span_layer"] == "model.head.0.weight"
+    alone = audit(model, (x, y), unseen, **settings)
+    assert "Weights only: no weight layer shows the training inputs' span: at the closest, model.head.0.weight" in alone.reason
+    assert "With the start known" not in alone.reason and alone.verdict == "inconclusive"

@@ -89,7 +89,12 @@ def test_report_shows_where_the_weights_show_the_span(run_dir, tmp_path):
     mpath.write_text(json.dumps(m))
     page = render(run)
     assert 'id="layers"' in page and html.escape(m["layers"]["finding"]) in page
-    assert f"<td>{m['layers']['layers'][0]['name']}</td>" in page
+    assert f"<td>{m['layers']['layers'][0]['name']}</td>" in page and "what training added" not in page
+    start = {k: torch.zeros_like(v) for k, v in victim.model.named_parameters()}  # a start known: Δ's columns beside W's
+    m["layers"] = layer_diagnostics(victim.model, victim.train_set.centred.float(), start=start, decay=1.0)
+    mpath.write_text(json.dumps(m))
+    page = render(run)
+    assert "what training added, Δ = W − c·W<sub>start</sub>" in page and html.escape(m["layers"]["finding"]) in page
 
 
 def test_verdict_distinguishes_leak_from_chance():

@@ -390,13 +390,16 @@ def _owner_findings(data: _Audited, recon, cfg: AuditConfig) -> tuple[dict[str, 
     """What only the owner can measure (EVALUATOR-SIDE: it reads the training images): the equation's identifiability
     (:mod:`exhume.evaluation.identifiability`), the membership exposure from the weights
     (:mod:`exhume.evaluation.weights_membership`) on the training images and up to ``MEMBERSHIP_NONMEMBERS`` unseen ones,
-    and each layer's spectrum, near-zero pre-activations and inputs' distance to its row space (:mod:`exhume.evaluation.layers`)."""
+    and each layer's spectrum (with the start known, also that of what training added), near-zero pre-activations and
+    inputs' distance to its row space (:mod:`exhume.evaluation.layers`)."""
     from exhume.evaluation.identifiability import identifiability
     from exhume.evaluation.layers import layer_diagnostics
 
     ident = identifiability(data.equation, data.wrapped, data.centred, data.y, data.loss, data.measured, recon)
     exposure, scores = data.membership if data.membership is not None else _membership(data, cfg)[0]
-    layers = layer_diagnostics(data.wrapped, data.centred, len(data.x))  # where the weights show the training inputs' span
+    view, n = data.view, len(data.x)  # where the weights (and, the start known, what training added) show the span
+    decay = view.training.decay(n) if view.start is not None and view.training is not None else None
+    layers = layer_diagnostics(data.wrapped, data.centred, n, start=view.start, decay=decay)
     return {"identifiability": ident, "membership_exposure": exposure, "layers": layers}, scores
 
 

@@ -165,6 +165,24 @@ def _check_dp_flags(args: argparse.Namespace) -> bool:
     return True
 
 
+def start_decay(cfg, metrics: dict, n: int, private: bool) -> float | None:
+    """``c``, the start's share that weight decay left in the trained weights, for the training just run (None: not one
+    number, Adam's per-weight steps, or differentially private training; the layer report then fits it per layer):
+    gradient descent's ``(1 − η·w)^T`` and mini-batch SGD's with momentum, as the owner's stated settings give it
+    (:meth:`exhume.victim.start.TrainingSettings.decay`)."""
+    from exhume.victim import MiniBatchConfig
+    from exhume.victim.start import TrainingSettings
+
+    if private or cfg.optimizer == "adam":  # gradient descent (full batch) or SGD (mini-batch) else
+        return None
+    if isinstance(cfg, MiniBatchConfig):  # one step per batch of two or more (a lone last sample is skipped)
+        steps = metrics["epochs"] * (-(-n // cfg.batch_size) - (n % cfg.batch_size == 1 and n >= 2))
+        momentum = cfg.momentum
+    else:
+        steps, momentum = metrics["epochs"], 0.0
+    return TrainingSettings(optimizer="sgd", lr=cfg.lr, momentum=momentum, weight_decay=cfg.weight_decay, steps=steps).decay(n)
+
+
 def run(args: argparse.Namespace) -> int:
     """Train, save, and print the victim, its privacy and where its weights show the span."""
     import torch
@@ -186,8 +204,10 @@ def run(args: argparse.Namespace) -> int:
                         can_resume=False):
         victim = make_victim(args.data, args.task, args.n, args.arch, cfg, seed=args.seed, root=args.root,
                              progress=not args.no_progress, dtype=getattr(torch, args.dtype), device=check_device(args.device),
-                             private=private, keep_start=args.keep_start)
-        victim.metrics["layers"] = layer_diagnostics(victim.model, victim.train_set.centred.float(), args.n)
+                             private=private, keep_start=True)  # the start, known to whoever trained: Δ's spectra
+        start, victim.start = victim.start, victim.start if args.keep_start or private is not None else None
+        victim.metrics["layers"] = layer_diagnostics(victim.model, victim.train_set.centred.float(), args.n, start=start,
+                                                     decay=start_decay(cfg, victim.metrics, args.n, private is not None))
         victim.save(args.out)
     m = victim.metrics
     print(f"victim saved to {args.out}: train accuracy {m['train_accuracy']:.3f}, test accuracy {m.get('test_accuracy', float('nan')):.3f}, "

@@ -12,7 +12,8 @@ convolution's 9 per patch, a 1-unit output) cannot show it: the data may fill th
 (:mod:`exhume.attacks.kkt.subspace`), the feature stage's layer on a CNN (:mod:`exhume.attacks.kkt.stage`), and the
 report of :func:`layer_spectra` that ``exhume train`` and ``exhume audit`` print (per weight tensor, a convolution as
 ``out × in·k·k``: its directions, how many hold ``SPAN_ENERGY`` of its energy, ``σ_n/σ_1``, ``σ_{n+1}/σ_1`` and
-whether it shows the span; ``span_layer``, the first that does). :func:`span_gap` is the stopping measure of
+whether it shows the span; ``span_layer``, the first that does; with the start known, the same rule read on what
+training added, :func:`delta_of`, ``delta_span_layer``). :func:`span_gap` is the stopping measure of
 ``exhume train --span-threshold``. :func:`noise_edge` reads the i.i.d. initialisation's scale from a spectrum, and
 :func:`learned_part` keeps what training added above it (kkt's ``denoise``, docs/defaults.md#kkt-denoise). The
 evaluator's side (the training inputs' distance to each row space) is :mod:`exhume.evaluation.layers`.
@@ -121,31 +122,95 @@ def span_gap(model: nn.Module, n: int) -> float | None:
     return max((r["sigma_after_n"] for r in rows if r.get("sigma_after_n") is not None), default=None)
 
 
-def layer_spectra(model: nn.Module, n: int) -> dict[str, Any]:
+def delta_of(w: torch.Tensor, w0: torch.Tensor, c: float | None = None) -> tuple[torch.Tensor, float]:
+    """What training added to a weight tensor whose start ``w0`` is known: ``(w − c·w0, c)``, ``c`` the start's share
+    left by weight decay (None: the nuclear norm's minimum, :func:`exhume.equations.trajectory.nuclear_decay`, as kkt
+    fits it). Its row space is the span of the inputs the layer saw along training, at any point of training
+    (docs/METHODS.md §5); :func:`span_of` decides whether it shows."""
+    w = w.detach()
+    if c is None:
+        from exhume.equations.trajectory import nuclear_decay
+
+        c = nuclear_decay(w.reshape(w.shape[0], -1), w0.reshape(w.shape[0], -1))
+    return w - float(c) * w0.to(w), float(c)
+
+
+def delta_row(w: torch.Tensor, w_start: torch.Tensor, n: int, decay: float | None, inputs_fixed: bool) -> dict[str, Any]:
+    """:func:`spectrum_row` of what training added to ``w`` (:func:`delta_of`), with its ``decay`` ``c`` and where it came from."""
+    if torch.equal(w.detach(), w_start.to(w.device, w.dtype)):
+        return {"shows_span": False, "why": "it equals its start: training left it as it was", "decay": None}
+    if w.numel() > MAX_ELEMENTS:
+        return {"shows_span": False, "why": f"not decomposed: over {MAX_ELEMENTS:,} entries", "decay": None}
+    delta, c = delta_of(w, w_start, decay)
+    row = spectrum_row("", delta, n, inputs_fixed=inputs_fixed)
+    rule = "from the training settings" if decay is not None else "fitted: the lowest nuclear norm"
+    why = row["why"].replace("the initialisation still holds", "a part spread evenly over its directions (as i.i.d. noise is) holds")
+    return {k: v for k, v in row.items() if k not in ("name", "shape", "directions")} | {"why": why, "decay": c, "decay_rule": rule}
+
+
+def layer_spectra(model: nn.Module, n: int, start: dict[str, torch.Tensor] | None = None,
+                  decay: float | None = None) -> dict[str, Any]:
     """Each weight tensor's spectrum against ``n`` training points and the first layer that shows their span (weights
-    only; see the module docstring): ``{"n", "energy", "layers": [rows], "span_layer", "finding"}``."""
+    only; see the module docstring): ``{"n", "energy", "layers": [rows], "span_layer", "finding"}``. With ``start`` (the
+    weights training began from, all or some), each row with a start also holds ``delta``, the same of what training
+    added (:func:`delta_row`; ``decay``: ``c`` from the training settings, None: fitted per layer), and the report
+    ``delta_span_layer``, the first layer where that shows the span."""
     if int(n) < 1:
         raise ValueError(f"n must be a positive number of training points, got {n}")
     weights = [(name, p) for name, p in model.named_parameters() if p.dim() >= 2]
     rows = [spectrum_row(name, p, int(n), inputs_fixed=i == 0) for i, (name, p) in enumerate(weights)]
     span = next((r["name"] for r in rows if r["shows_span"]), None)
-    return {"n": int(n), "energy": SPAN_ENERGY, "layers": rows, "span_layer": span, "finding": span_finding(rows, span, int(n))}
+    report = {"n": int(n), "energy": SPAN_ENERGY, "layers": rows, "span_layer": span}
+    if start is None:
+        return {**report, "finding": "Weights only: " + span_finding(rows, span, int(n))}
+    for i, ((name, p), row) in enumerate(zip(weights, rows)):
+        if name in start:
+            row["delta"] = delta_row(p, start[name], int(n), decay, inputs_fixed=i == 0)
+    delta_span = next((r["name"] for r in rows if r.get("delta", {}).get("shows_span")), None)
+    return {**report, "delta_span_layer": delta_span, "finding": start_finding(rows, span, delta_span, int(n))}
+
+
+def _position(rows: list[dict[str, Any]], name: str) -> str:
+    return "the first weight layer" if rows and rows[0]["name"] == name else "a layer above the first"
 
 
 def span_finding(rows: list[dict[str, Any]], span: str | None, n: int) -> str:
     """One sentence: at which layer the weights show the training inputs' span, or that none does and why."""
     if span is not None:
         row = next(r for r in rows if r["name"] == span)
-        first = " (the first weight layer)" if rows and rows[0]["name"] == span else " (a layer above the first)"
-        return (f"The weights show the training inputs' span at {span}{first}: {row['why']}; {row['rank_999']} directions "
-                f"hold {SPAN_ENERGY:.1%} of its energy, n = {n}.")
+        return (f"the weights show the training inputs' span at {span} ({_position(rows, span)}): {row['why']}; "
+                f"{row['rank_999']} directions hold {SPAN_ENERGY:.1%} of its energy, n = {n}.")
     wide = [r for r in rows if r["directions"] > n and r.get("sigma_after_n") is not None]
     if not wide:
-        return f"No weight layer sees more than n = {n} directions, so none can show the training inputs' span."
+        return f"no weight layer sees more than n = {n} directions, so none can show the training inputs' span."
     near = min(wide, key=lambda r: r["sigma_after_n"])
-    return (f"No weight layer shows the training inputs' span: at the closest, {near['name']}, {near['why']}; "
+    return (f"no weight layer shows the training inputs' span: at the closest, {near['name']}, {near['why']}; "
             f"{near['rank_999']} directions hold {SPAN_ENERGY:.1%} of its energy, n = {n} (a layer above the first shows it "
             "only near a stationary point).")
+
+
+def start_finding(rows: list[dict[str, Any]], span: str | None, delta_span: str | None, n: int) -> str:
+    """The sentences of :func:`layer_spectra` with the start known: where what training added shows the training inputs'
+    span (or that it does nowhere, at the closest layer), then what the weights alone show (:func:`span_finding`)."""
+    weights_only = " Weights only: " + span_finding(rows, span, n)
+    if delta_span is not None and span is not None:
+        gap = next(r for r in rows if r["name"] == span).get("sigma_after_n")
+        weights_only = f" Weights only: the weights show it too, at {span}" + ("." if gap is None else f" (σ_{n + 1}/σ_1 = {gap:.2g}).")
+    if delta_span is not None:
+        d = next(r for r in rows if r["name"] == delta_span)["delta"]
+        return (f"With the start known, what training added to {delta_span} ({_position(rows, delta_span)}; W − c·W_start, "
+                f"c = {d['decay']:.3g} {d['decay_rule']}) shows the training inputs' span: {d['why']}; {d['rank_999']} "
+                f"directions hold {SPAN_ENERGY:.1%} of its energy, n = {n}." + weights_only)
+    wide = [r for r in rows if r["directions"] > n and r.get("delta", {}).get("sigma_after_n") is not None]
+    neither = ("neither what training added nor the weights show the training inputs' span at any layer" if span is None
+               else "what training added shows the training inputs' span at no layer")
+    if not wide:
+        return f"With the start known, {neither}." + weights_only
+    near = min(wide, key=lambda r: r["delta"]["sigma_after_n"])
+    d = near["delta"]
+    return (f"With the start known, {neither}: at the closest, what training added "
+            f"to {near['name']} (c = {d['decay']:.3g} {d['decay_rule']}): {d['why']}; {d['rank_999']} directions hold "
+            f"{SPAN_ENERGY:.1%} of its energy, n = {n}." + weights_only)
 
 
 def noise_edge(singular: torch.Tensor, shape: tuple[int, int], n_guess: int) -> tuple[float, float] | None:

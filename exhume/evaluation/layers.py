@@ -10,7 +10,8 @@ module of the model, at the training inputs:
   layer saw (the images, a convolution's patches, the features after the convolutions) to the span of its ``n``
   leading right singular vectors. At a stationary point it is ≈ 0 at every layer that can show the span; far from
   one, a layer above the first holds the features of earlier epochs and the distance stays large. None where the
-  layer sees ``n`` or fewer directions.
+  layer sees ``n`` or fewer directions. With the start known, also to the top-n row space of what training added
+  (:func:`exhume.equations.span.delta_of`), which holds the training inputs without a stationary point.
 
 Measured in batches of the inputs; a convolution's patches are subsampled (seeded) to ``MAX_ROWS``.
 """
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from exhume.equations.span import layer_spectra
+from exhume.equations.span import delta_of, layer_spectra
 from exhume.models.tap import Tap
 
 #: the pre-activation magnitudes counted as near zero
@@ -79,12 +80,14 @@ def _distance(w: torch.Tensor, rows: torch.Tensor, n: int) -> dict[str, float] |
     return {"input_distance_median": float(d.median()), "input_distance_max": float(d.max())}
 
 
-def layer_diagnostics(model: nn.Module, x: torch.Tensor, n: int | None = None) -> dict[str, Any]:
+def layer_diagnostics(model: nn.Module, x: torch.Tensor, n: int | None = None, start: dict[str, torch.Tensor] | None = None,
+                      decay: float | None = None) -> dict[str, Any]:
     """:func:`~exhume.equations.span.layer_spectra` of ``model`` with, per layer, the near-zero pre-activations at
     the (centred, as the model takes them) training inputs ``x`` and their distance to its top-``n`` row space
-    (``n``: default ``len(x)``); ``finding`` says where the span shows and how far the inputs are from it."""
+    (``n``: default ``len(x)``); with ``start`` (and ``decay``, as there) also to that of what training added;
+    ``finding`` says where the span shows and how far the inputs are from it."""
     n = int(n or x.shape[0])
-    report = layer_spectra(model, n)
+    report = layer_spectra(model, n, start, decay)
     params = dict(model.named_parameters())
     names = {r["name"].rsplit(".", 1)[0]: r["name"] for r in report["layers"] if r["name"].endswith(".weight")}
     seen = _collect(model, x, names)
@@ -97,30 +100,47 @@ def layer_diagnostics(model: nn.Module, x: torch.Tensor, n: int | None = None) -
             row[f"preactivations_within_{t:g}"] = c / rec["total"]
         row["preactivation_median_abs"] = float(torch.cat(rec["mags"]).median())
         if rec["rows"]:
-            row.update(_distance(params[row["name"]], torch.cat(rec["rows"]), n) or {})
+            rows = torch.cat(rec["rows"])
+            row.update(_distance(params[row["name"]], rows, n) or {})
+            if row.get("delta", {}).get("decay") is not None:
+                delta, _ = delta_of(params[row["name"]], start[row["name"]], row["delta"]["decay"])
+                row["delta"].update(_distance(delta, rows, n) or {})
     report["finding"] = _finding(report)
     return report
 
 
 def _finding(report: dict[str, Any]) -> str:
-    """The weights' finding, with the inputs' distance at the span's layer (or at the closest wide layer)."""
+    """The weights' finding, with the inputs' distance at the span's layer (or at the closest wide layer): what training
+    added's row space first where it shows the span."""
     rows = [r for r in report["layers"] if "input_distance_median" in r]
     if not rows:
         return report["finding"]
-    at = next((r for r in rows if r["name"] == report["span_layer"]), None) or min(rows, key=lambda r: r["input_distance_median"])
+    at = next((r for r in rows if r["name"] in (report.get("delta_span_layer"), report["span_layer"])), None)
+    at = at or min(rows, key=lambda r: r["input_distance_median"])
+    added = at.get("delta", {}).get("input_distance_median")
+    also = "" if added is None else f", {added:.2%} outside that of what training added"
     return (f"{report['finding']} EVALUATOR: the training inputs to {at['name']} lie {at['input_distance_median']:.2%} "
-            f"(median) outside its top-{report['n']} row space.")
+            f"(median) outside its top-{report['n']} row space{also}.")
 
 
 def layers_text(report: dict[str, Any]) -> str:
-    """:func:`layer_diagnostics`'s report as a few lines for a terminal: one per weight layer, then the finding."""
-    n = report["n"]
-    lines = [f"{'weight layer':<28} {'out x in':>12} {'99.9% in':>9} {f'σ{n + 1}/σ1':>9} {'|z|<1e-2':>9} {'inputs outside top-n':>21}"]
+    """:func:`layer_diagnostics`'s report as a few lines for a terminal: one per weight layer (with the start known, the
+    spectrum of what training added, Δ, beside that of the weights), then the finding."""
+    n, known = report["n"], any("delta" in r for r in report["layers"])
+    sig_head = f"σ{n + 1}/σ1"
+    lines = [f"{'weight layer':<28} {'out x in':>12} {'99.9% in':>9} {sig_head:>9}" + (f" {'Δ 99.9% in':>10} {'Δ ' + sig_head:>11}"
+             if known else "") + f" {'|z|<1e-2':>9} {'inputs outside top-n':>21}"]
     for r in report["layers"]:
         shape = "x".join(str(d) for d in r["shape"])
         within = r.get("preactivations_within_0.01")
         dist = r.get("input_distance_median")
-        sig = r.get("sigma_after_n")
-        lines.append(f"{r['name'][:28]:<28} {shape:>12} {r.get('rank_999', '-'):>9} {'-' if sig is None else f'{sig:.2g}':>9} "
-                     f"{'-' if within is None else f'{within:.1%}':>9} {'-' if dist is None else f'{dist:.2%} (median)':>21}")
+        delta = r.get("delta", {})
+        cells = f"{r['name'][:28]:<28} {shape:>12} {r.get('rank_999', '-'):>9} {_g(r.get('sigma_after_n')):>9}"
+        if known:
+            cells += f" {delta.get('rank_999', '-'):>10} {_g(delta.get('sigma_after_n')):>11}"
+        lines.append(cells + f" {'-' if within is None else f'{within:.1%}':>9} {'-' if dist is None else f'{dist:.2%} (median)':>21}")
     return "\n".join(lines + [report["finding"]])
+
+
+def _g(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2g}"

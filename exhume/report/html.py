@@ -326,13 +326,17 @@ def _layers_section(metrics) -> str:
     if not isinstance(layers, dict) or not isinstance(layers.get("layers"), list):
         return ""
     n = layers.get("n")
+    known = any(isinstance(r, dict) and isinstance(r.get("delta"), dict) for r in layers["layers"])  # the start known: Δ too
     head = ("<tr><th>weight layer</th><th>out × in</th><th>directions for 99.9 % of the energy</th><th>σ<sub>n+1</sub>/σ<sub>1</sub></th>"
-            "<th>pre-activations within 1e-2 of 0</th><th>training inputs outside the top-n row space (median)</th></tr>")
+            + ("<th>what training added, Δ = W − c·W<sub>start</sub>: directions for 99.9 %</th><th>Δ: σ<sub>n+1</sub>/σ<sub>1</sub></th>"
+               if known else "") + "<th>pre-activations within 1e-2 of 0</th><th>training inputs outside the top-n row space (median)</th></tr>")
     body = []
     for r in layers["layers"]:
         if not isinstance(r, dict):
             continue
+        delta = r.get("delta") if isinstance(r.get("delta"), dict) else {}
         cells = [r.get("name"), "×".join(str(d) for d in r.get("shape") or []), r.get("rank_999"), r.get("sigma_after_n"),
+                 *((delta.get("rank_999"), delta.get("sigma_after_n")) if known else ()),
                  r.get("preactivations_within_0.01"), r.get("input_distance_median")]
         body.append("<tr>" + "".join(f"<td>{_e(_fmt(c))}</td>" for c in cells) + "</tr>")
     return (f"<h2 id=\"layers\">Where the weights show the training inputs' span (n = {_e(_fmt(n))})</h2><p class=\"note\">"
