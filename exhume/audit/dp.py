@@ -1,7 +1,7 @@
 """The audit of a model trained with differential privacy (``exhume audit --dp-epsilon E``; docs/audit.md).
 
 The informed adversary run on the owner's own model and data (``dp_targets`` targets, every other record known:
-kkt's ranking and the candidate game on the unseen images), each rate beside the bound for the owner's mechanism
+the first layer's read or kkt's ranking, and the candidate game on the unseen images), each rate beside the bound for the owner's mechanism
 (σ, q, T where stated, else (ε, δ)); exhume's reference curve only as context, labelled.
 """
 
