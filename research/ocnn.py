@@ -46,6 +46,7 @@ from exhume.equations.trajectory import nuclear_decay  # noqa: E402
 from exhume.victim import load_victim  # noqa: E402
 
 ENERGY = 0.999
+PENALTY_KEYS = ("span_penalty_used", "span_penalty_rank", "span_penalty_reason")
 
 
 def owner(folder: Path, victim) -> dict:
@@ -491,7 +492,8 @@ def cmd_compare(folder: Path, iterations: int, arms: list[str], seed: int, rank:
             Path(save).mkdir(parents=True, exist_ok=True)
             torch.save(recon.candidates.float(), Path(save) / f"{folder.name}__{arm.replace(':', '-')}__s{seed}.pt")
         rec = recon.record
-        row = {"victim": folder.name, "arm": arm, "seed": seed, "iterations": rec.iterations, "seconds": round(seconds, 1),
+        row = {"victim": folder.name, "arm": arm, "params": params, "seed": seed, "iterations": rec.iterations, "seconds": round(seconds, 1),
+               **{k: v for k, v in rec.settings.items() if k.startswith("span_penalty") and k in PENALTY_KEYS},
                "residual": rec.final_relative_stationarity, **info, **judge(recon, victim)}
         print(json.dumps(row), flush=True)
         rows.append(row)
