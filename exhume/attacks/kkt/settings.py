@@ -36,7 +36,7 @@ START_CANDIDATES_PER_POINT = 1.0
 
 #: span_penalty="auto": the weight of the known-start span penalty where what training added one layer up shows the
 #: span (docs/defaults.md#kkt-span-penalty: chosen on the ordinary-CNN zoo)
-SPAN_PENALTY = 1.0
+SPAN_PENALTY = 3.0
 
 #: settings kkt no longer has, with the values under which a run did what it does now: a checkpoint that recorded
 #: one of these resumes; another value is refused (:func:`exhume.attacks.engine.checkpoint.load_checkpoint`)
