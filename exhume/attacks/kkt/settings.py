@@ -35,7 +35,7 @@ DEFAULT_START_EQUATION = "endpoints"
 START_CANDIDATES_PER_POINT = 1.0
 
 #: span_penalty="auto": the weight of the known-start span penalty where what training added one layer up shows the
-#: span (docs/defaults.md#kkt-span-penalty: chosen on the ordinary-CNN zoo)
+#: span (docs/defaults.md#kkt-span_penalty: chosen on the ordinary-CNN zoo)
 SPAN_PENALTY = 3.0
 
 #: settings kkt no longer has, with the values under which a run did what it does now: a checkpoint that recorded
