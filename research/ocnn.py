@@ -19,7 +19,10 @@ One JSON line per victim (and arm). A one-off lab script (research/README.md): n
   count (pool 1000): ``weights`` (pixel-space kkt, weights only), ``start`` (pixel-space kkt with the owner's start,
   training settings, Adam's state: today's ``--start-weights``), ``stage`` (the prototype: kkt's known-start equation
   on the layers from the fc layer up, features in Δ's top-``k`` row space, ``k`` = n by default; the features inverted
-  to pixels through the trained layers below, exhume/attacks/feature_stage.invert).
+  to pixels through the trained layers below, exhume/attacks/feature_stage.invert); ``span`` / ``spanpool:R[:K]`` (images
+  whose fc features lie in Δ's row space, by Adam on pixels, no equation; R such runs pooled by that distance);
+  ``spanpen:BETA`` (the ``start`` arm with kkt's ``span_penalty=BETA``: the prototype, class SpanKKT until 26b4f10,
+  is now kkt's setting).
 - ``oracle``: ORACLE: the training images' ``φ_T`` inverted the same way (how well the layers below invert).
 """
 
@@ -46,6 +49,7 @@ from exhume.equations.trajectory import nuclear_decay  # noqa: E402
 from exhume.victim import load_victim  # noqa: E402
 
 ENERGY = 0.999
+PENALTY_KEYS = ("span_penalty_used", "span_penalty_rank", "span_penalty_reason")
 
 
 def owner(folder: Path, victim) -> dict:
@@ -379,52 +383,6 @@ def span_images(victim, view, steps: int, seed: int, rank: int | None, lr: float
                    "basis": basis}
 
 
-class SpanKKT(KKTAttack):
-    """Pixel-space kkt (with the start: the whole network's known-start equation) plus ``beta`` × the candidates' mean
-    squared relative distance of their fc features to Δ's top-k row space (a penalty, not a projection)."""
-
-    basis: torch.Tensor | None = None
-    layer: str = ""
-    beta: float = 1.0
-
-    def stepper(self, p, opts, history, tracker, trace=None, seconds=None):
-        from exhume.attacks.kkt.step import Step
-        from exhume.attacks.kkt.terms import terms
-
-        basis, layer, beta = self.basis.to(p.x), self.layer, self.beta
-
-        def penalty(x):
-            f = feature_stage.features_of(p.model, layer, x)
-            return ((f - (f @ basis) @ basis.T).pow(2).sum(1) / f.pow(2).sum(1).clamp_min(1e-12)).mean()
-
-        class PenaltyStep(Step):
-            def __call__(self, it, log, clock):
-                t = terms(self.cfg, p, p.x, p.u, self.stationarity)
-                loss = t.loss + beta * penalty(p.x)
-                for opt in self.opts:
-                    opt.zero_grad(set_to_none=True)
-                loss.backward()
-                rec = self.advance(it, log, clock, (loss, t.stat, t.dual, t.prior), t.lam, checked=True)
-                return None if rec is None else {"stat": f"{rec['stationarity']:.3g}"}
-
-        return PenaltyStep(self.config, p, opts, tracker, history, None)
-
-
-def span_penalty_attack(victim, view, iterations: int, seed: int, rank: int | None, beta: float, **kw):
-    fc = fc_layer(victim.model)
-    n = len(victim.train_indices)
-    w, w0 = dict(victim.model.named_parameters())[f"{fc}.weight"].detach(), view.start[f"{fc}.weight"]
-    c, _ = decay_of(view, f"{fc}.weight", n)
-    k = rank or min(n, min(w.shape) - 1)
-    attack = SpanKKT(iterations=iterations, **kw)
-    attack.basis, attack.layer, attack.beta = top_rows(w - c * w0, k).float(), fc, beta
-    recon = attack.run(view, seed=seed, progress=False)
-    with torch.no_grad():
-        f = feature_stage.features_of(victim.model, fc, recon.candidates.float() - victim.mean)
-        d = (f - (f @ attack.basis) @ attack.basis.T).norm(dim=1) / f.norm(dim=1)
-    return recon, {"beta": beta, "rank": k, "span_distance_median": float(d.median())}
-
-
 def span_pool(victim, view, steps: int, seed: int, rank: int | None, rounds: int, keep: int | None = None):
     """``rounds`` runs of :func:`span_images` (seeds ``seed``, ``seed + 1``, ...) pooled: the ``keep`` (default n) candidates
     whose features lie closest to Δ's row space (an attacker-side score: weights and start only)."""
@@ -480,8 +438,9 @@ def cmd_compare(folder: Path, iterations: int, arms: list[str], seed: int, rank:
         elif arm.startswith("spanpool"):  # spanpool:ROUNDS[:KEEP]
             bits = arm.split(":")
             recon, info = span_pool(victim, view, iterations, seed, rank, int(bits[1]), int(bits[2]) if len(bits) > 2 else None)
-        elif arm.startswith("spanpen"):  # spanpen:BETA: the start arm plus the span penalty at the fc layer
-            recon, info = span_penalty_attack(victim, view, iterations, seed, rank, float(arm.split(":")[1]), **params)
+        elif arm.startswith("spanpen"):  # spanpen:BETA: the start arm with kkt's span_penalty=BETA (in the package since 26b4f10)
+            kw = {**params, "span_penalty": float(arm.split(":")[1])}
+            recon = exhume.attack(view, method="kkt", seed=seed, restarts=1, iterations=iterations, progress=False, **kw)
         elif arm == "stage":
             recon, info = stage_attack(folder, victim, view, iterations, seed, rank, equation, **params)
         else:
@@ -491,7 +450,8 @@ def cmd_compare(folder: Path, iterations: int, arms: list[str], seed: int, rank:
             Path(save).mkdir(parents=True, exist_ok=True)
             torch.save(recon.candidates.float(), Path(save) / f"{folder.name}__{arm.replace(':', '-')}__s{seed}.pt")
         rec = recon.record
-        row = {"victim": folder.name, "arm": arm, "seed": seed, "iterations": rec.iterations, "seconds": round(seconds, 1),
+        row = {"victim": folder.name, "arm": arm, "params": params, "seed": seed, "iterations": rec.iterations, "seconds": round(seconds, 1),
+               **{k: v for k, v in rec.settings.items() if k.startswith("span_penalty") and k in PENALTY_KEYS},
                "residual": rec.final_relative_stationarity, **info, **judge(recon, victim)}
         print(json.dumps(row), flush=True)
         rows.append(row)

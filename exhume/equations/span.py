@@ -100,6 +100,19 @@ def span_of(w: torch.Tensor, n: int, precision: torch.dtype | None = None, *, in
     return Span(True, why, s, rank, None if vh is None else vh[:rank].T.contiguous().to(w.device, w.dtype), facts)
 
 
+def delta_of(w: torch.Tensor, w0: torch.Tensor, c: float | None = None) -> tuple[torch.Tensor, float]:
+    """What training added to a weight tensor whose start ``w0`` is known: ``(w − c·w0, c)``, ``c`` the start's share
+    left by weight decay (None: the nuclear norm's minimum, :func:`exhume.equations.trajectory.nuclear_decay`, as kkt
+    fits it). Its row space is the span of the inputs the layer saw along training, at any point of training
+    (docs/METHODS.md §5); :func:`span_of` decides whether it shows."""
+    w = w.detach()
+    if c is None:
+        from exhume.equations.trajectory import nuclear_decay
+
+        c = nuclear_decay(w.reshape(w.shape[0], -1), w0.reshape(w.shape[0], -1))
+    return w - float(c) * w0.to(w), float(c)
+
+
 def spectrum_row(name: str, w: torch.Tensor, n: int, inputs_fixed: bool = False) -> dict[str, Any]:
     """One weight tensor's row: its shape as ``out × in``, its spectrum against ``n`` and whether it shows the span
     (:func:`span_of`; ``inputs_fixed``: it is the first weight layer, which the inputs enter through)."""
@@ -120,19 +133,6 @@ def span_gap(model: nn.Module, n: int) -> float | None:
     :data:`SPAN_GAP` every one of them shows the training inputs' span (a stopping rule for training, weights only)."""
     rows = (spectrum_row(k, w, n) for k, w in model.named_parameters() if w.dim() >= 2)
     return max((r["sigma_after_n"] for r in rows if r.get("sigma_after_n") is not None), default=None)
-
-
-def delta_of(w: torch.Tensor, w0: torch.Tensor, c: float | None = None) -> tuple[torch.Tensor, float]:
-    """What training added to a weight tensor whose start ``w0`` is known: ``(w − c·w0, c)``, ``c`` the start's share
-    left by weight decay (None: the nuclear norm's minimum, :func:`exhume.equations.trajectory.nuclear_decay`, as kkt
-    fits it). Its row space is the span of the inputs the layer saw along training, at any point of training
-    (docs/METHODS.md §5); :func:`span_of` decides whether it shows."""
-    w = w.detach()
-    if c is None:
-        from exhume.equations.trajectory import nuclear_decay
-
-        c = nuclear_decay(w.reshape(w.shape[0], -1), w0.reshape(w.shape[0], -1))
-    return w - float(c) * w0.to(w), float(c)
 
 
 def delta_row(w: torch.Tensor, w_start: torch.Tensor, n: int, decay: float | None, inputs_fixed: bool) -> dict[str, Any]:

@@ -112,7 +112,9 @@ def _preconditioner(view, names, params, kind: str, survival: float) -> tuple[di
     return out, "adam second moment (√v̂ + ε)"
 
 
-def _decay(view, decay: Any, n: int) -> tuple[float | None, str]:
+def start_decay_for(view, decay: Any, n: int) -> tuple[float | None, str]:
+    """``c`` of the setting ``start_decay`` on ``view`` and its rule: a given number, the training settings' where they
+    fix it ('auto'), else None (fitted)."""
     if decay == "fit":
         return None, "fitted"
     if decay != "auto":
@@ -136,7 +138,7 @@ def build_equation(view, model: nn.Module, params: dict[str, torch.Tensor], equa
     names = tuple(k for k in params if k not in frozen)
     if not names:
         raise ConfigError("every parameter equals its start: nothing was trained")
-    c, c_rule = _decay(view, decay, n)
+    c, c_rule = start_decay_for(view, decay, n)
     survival = start_survival(params, start, names)
     p, p_rule = _preconditioner(view, names, params, preconditioner, survival)
     target, direction = {}, {}

@@ -18,14 +18,14 @@ from exhume.attacks.engine.snapshots import IterateTracker
 from exhume.attacks.kkt import problem as problem_mod
 from exhume.attacks.kkt import stage as feature_stage
 from exhume.attacks.kkt.problem import Problem
-from exhume.attacks.kkt.settings import PARAMS, PRESETS, RETIRED, SNAPSHOT_EVERY, candidate_count, check, equation_for, resolve_lr_lambda
+from exhume.attacks.kkt.settings import PARAMS, PRESETS, RETIRED, SNAPSHOT_EVERY, SPAN_PENALTY, candidate_count, check, equation_for, resolve_lr_lambda
 from exhume.attacks.kkt.step import Step, stationarity_for
 from exhume.attacks.kkt.subspace import Subspace, remembered_input_layer
 from exhume.attacks.kkt.terms import criterion, residual, solved_u, terms
 from exhume.deadline import NEVER, Deadline
 from exhume.equations.formulation import form_for
 from exhume.equations.kinds import Equation, KnownStart, SolvedEquation, Stationarity
-from exhume.equations.trajectory import forgotten_start
+from exhume.equations.trajectory import forgotten_start, start_decay_for
 from exhume.models.tap import features_of
 from exhume.starts import start_digest
 
@@ -130,27 +130,54 @@ class KKTAttack(Attack):
         return dataclasses.replace(recon, candidates=cand[order], labels=labels[order], scores=shares[order].float(),
                                    record=record, provenance={k: v[order] for k, v in prov.items()})
 
-    def stage_on(self, view, model=None) -> tuple[Any, Subspace] | None:
-        """Whether a run on ``view`` takes the feature stage, the one predicate lone and batched restarts ask: with
-        ``subspace="auto"``, the stationary equation and no start, where the input enters through no linear map but a
-        layer above shows the span at the victim's precision (:func:`~exhume.attacks.kkt.stage.layer_above`): that layer,
-        cut, and its span; None elsewhere. ``model``: the attack's working copy to cut (default the view's)."""
+    def stage_on(self, view, model=None) -> feature_stage.Found | None:
+        """Whether a run on ``view`` reads the span one layer up, the one predicate lone and batched restarts ask, where
+        the input enters through no linear map (:func:`~exhume.attacks.kkt.stage.layer_above`, at the victim's precision):
+        without a start, with ``subspace="auto"`` and the stationary equation, the layer whose weights show the span (the
+        feature stage); with a start and the known-start equation, unless ``span_penalty=0``, the layer whose added part
+        ``W − c·W_0`` shows it (``c`` by ``start_decay``'s rule; the span penalty, ``added``). That layer, cut, and its
+        span; None elsewhere. ``model``: the attack's working copy to cut (default the view's)."""
         cfg = self.config
-        if cfg["subspace"] != "auto" or view.start is not None or equation_for(cfg["start_equation"], view) != "stationary":
+        stationary = equation_for(cfg["start_equation"], view) == "stationary"
+        if view.start is None and (cfg["subspace"] != "auto" or not stationary):
+            return None
+        if view.start is not None and (stationary or cfg["span_penalty"] in (0, 0.0)):
             return None
         model = view.model if model is None else model
         if remembered_input_layer(view.model, model, dict(model.named_parameters()), tuple(view.input_shape)) is not None:
             return None  # the input enters through a linear map: its span, or none, is read there
         trained_in = next((w.dtype for w in view.model.parameters()), None)  # the precision floor is the victim's
         n = int(cfg["n_guess"] or view.n_train_hint or 100)
-        return feature_stage.layer_above(model, tuple(view.input_shape), view.mean, n, trained_in)
+        if view.start is None:
+            return feature_stage.layer_above(model, tuple(view.input_shape), view.mean, n, trained_in)
+        c = start_decay_for(view, cfg["start_decay"], n)[0]
+        return feature_stage.layer_above(model, tuple(view.input_shape), view.mean, n, trained_in, start=view.start, decay=c)
+
+    def penalty_on(self, view, model) -> tuple[feature_stage.Penalty | None, dict[str, Any]]:
+        """The span penalty of a run on ``view`` with the working copy ``model`` (:meth:`stage_on`'s ``added`` layer) and
+        what the record keeps of it; ``(None, {})`` without a start."""
+        if getattr(view, "start", None) is None:
+            return None, {}
+        found = self.stage_on(view, model)
+        if found is None or not found.added:
+            why = ("span_penalty=0" if self.config["span_penalty"] in (0, 0.0) else
+                   "the stationary equation" if equation_for(self.config["start_equation"], view) == "stationary" else
+                   "no linear layer above a non-linear input layer whose added part (W − c·W_0) shows the span (span_of)")
+            return None, {"span_penalty_used": 0.0, "span_penalty_reason": why}
+        weight = SPAN_PENALTY if self.config["span_penalty"] == "auto" else float(self.config["span_penalty"])
+        info = {**{k.replace("subspace_", "span_penalty_", 1): v for k, v in found.span.info.items() if k != "subspace_used"},
+                "span_penalty_used": weight, "span_penalty_layer": found.above.layer}
+        return feature_stage.Penalty(found.above.layer, found.span.basis, weight, info), info
 
     def unbatched_on(self, view) -> str | None:
-        """A run that takes the feature stage (:meth:`stage_on`) has no batched path."""
+        """A run that takes the feature stage or the span penalty (:meth:`stage_on`) has no batched path."""
         found = self.stage_on(view)
         if found is None:
             return None
-        return (f"the input enters through no linear map and {found[0].layer}'s weights show the span: each kkt run "
+        if found.added:
+            return (f"what training added to {found.above.layer} shows the span: each kkt run adds the span penalty on its "
+                    "features (exhume/attacks/kkt/stage.py), one restart per process")
+        return (f"the input enters through no linear map and {found.above.layer}'s weights show the span: each kkt run "
                 "solves it one layer up (exhume/attacks/kkt/stage.py), one restart per process")
 
     def run(self, view, out: str | Path | None = None, seed: int = 0, device: str = "cpu", resume: bool = False,
@@ -202,10 +229,10 @@ class KKTAttack(Attack):
         in ``out/feature_stage`` and resumes from there, the inversion (1,000 steps at most) runs again."""
         cfg = self.config
         t0 = time.perf_counter()
-        found = self.stage_on(view, p.model)
+        found = None if view.start is not None else self.stage_on(view, p.model)  # with a start: the span penalty
         if found is None:
             return None
-        above, span = found
+        above, span, _ = found
         inner = type(self)(**{**cfg, "background": 0.0, "tv_weight": 0.0, "m": p.m, "n_guess": p.n})
         fview = feature_stage.feature_view(view, above)
         folder = feature_stage.stage_folder(out, resume)
@@ -245,6 +272,8 @@ class KKTAttack(Attack):
         with these settings but its rates, whose working copy, equation and span this one takes (the batched restarts)."""
         if shared is None:
             shared = problem_mod.setup(self.config, self.given, view, dev, init)
+            shared.penalty, info = self.penalty_on(view, shared.model)
+            shared.form.info.update(info)
         return problem_mod.start(shared, self.config, view, seed, init)
 
     def open_state(self, view, p: Problem, out, resume: bool, seed: int, owner=None):

@@ -37,6 +37,7 @@ class Problem:
     lr_lambda: float = LR_LAMBDA_MARGIN  # u's learning rate, 'auto' resolved for the formulation
     eq: StartEquation | None = None  # the known-start equation (exhume.equations.trajectory), or the stationary one
     closed: bool = False  # multipliers solved in closed form every step (exhume.attacks.kkt.closed_form), u not learned
+    penalty: Any = None  # the known-start span penalty one layer up (exhume.attacks.kkt.stage.Penalty), or None
 
 
 def setup(cfg: dict[str, Any], given: frozenset[str], view, dev: torch.device, init: torch.Tensor | None = None) -> Problem:

@@ -34,6 +34,10 @@ DEFAULT_START_EQUATION = "endpoints"
 #: m = n memorised as much as m = 2n or more, in half the time (docs/defaults.md)
 START_CANDIDATES_PER_POINT = 1.0
 
+#: span_penalty="auto": the weight of the known-start span penalty where what training added one layer up shows the
+#: span (docs/defaults.md#kkt-span_penalty: chosen on the ordinary-CNN zoo)
+SPAN_PENALTY = 3.0
+
 #: settings kkt no longer has, with the values under which a run did what it does now: a checkpoint that recorded
 #: one of these resumes; another value is refused (:func:`exhume.attacks.engine.checkpoint.load_checkpoint`)
 RETIRED: dict[str, tuple[Any, ...]] = {
@@ -89,6 +93,10 @@ PARAMS: dict[str, Param] = {
     "start_decay": Param("auto", float, "known start: c in θ_T − c·θ_0, the start's share left by weight decay: 'auto' "
                            "(from the training settings when they fix it, else fitted), 'fit', or a number in (0, 2]",
                            low=0.0, low_open=True, high=2.0, words=("auto", "fit")),
+    "span_penalty": Param("auto", float, "known start, the input entering through no linear map: β × the candidates' mean "
+                          "squared relative distance of their features to the row space of what training added to the first "
+                          "linear layer above (W − c·W_0), added to the loss where that shows the span (exhume/equations/span.py: "
+                          f"span_of); 'auto': {SPAN_PENALTY:g}, 0: off (exhume/attacks/kkt/stage.py)", low=0.0, words=("auto",)),
     "preconditioner": Param("auto", str, "known start: Adam's √v̂ + ε applied to what training added ('state': from the "
                             "second moment in the view's training settings; 'auto': 'state' when the view has it and at "
                             "least half the start survives in the weights)", choices=PRECONDITIONERS),
@@ -141,7 +149,11 @@ def resolve_lr_lambda(value: Any, form: str) -> float:
 
 
 def check(cfg: dict[str, Any], view) -> None:
-    """Refuse (one line) settings this victim cannot take: an equation it lacks the start for, TV on non-images."""
+    """Refuse (one line) settings this victim cannot take: an equation or a span penalty it lacks the start for, TV on
+    non-images."""
     equation_for(cfg["start_equation"], view)
+    if cfg["span_penalty"] not in ("auto", 0, 0.0) and getattr(view, "start", None) is None:
+        raise ConfigError(f"span_penalty {cfg['span_penalty']!r} needs the starting weights (start=..., --start-weights FILE): "
+                          "it reads what training added; this view has none (give 'auto' or 0)")
     if cfg["tv_weight"] > 0 and len(view.input_shape) != 3:
         raise ConfigError(f"tv_weight needs image inputs (C, H, W); this victim's input shape is {tuple(view.input_shape)}")

@@ -9,6 +9,11 @@ below to pixels (as Oz et al. 2024 invert a head's features); why: docs/METHODS.
 first ``nn.Linear`` above the input layer whose weights show the span (:func:`exhume.equations.span.span_of`) and
 through which alone the input reaches the output; whether a run takes the stage is one predicate,
 :meth:`exhume.attacks.kkt.attack.KKTAttack.stage_on`. Features are scaled by the largest of uniform-noise images'.
+
+With the start known, what training added to that layer (``Δ = W − c·W_0``, :func:`exhume.equations.span.delta_of`)
+shows the span at any point of training, stationary or not; the same predicate then finds the layer from ``Δ`` and
+kkt keeps solving the known-start equation in pixels, with :func:`span_penalty` (the candidates' features' distance
+to ``Δ``'s row space, weighted by ``span_penalty``) added to its loss (docs/METHODS.md §5).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 import copy
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -24,6 +29,7 @@ from torch import nn
 from exhume.attacks.engine.priors import range_penalty
 from exhume.attacks.kkt.subspace import Subspace, as_subspace
 from exhume.deadline import NEVER, Deadline
+from exhume.equations.span import delta_of
 from exhume.models.tap import features_of
 
 #: the share of a timed run spent on the feature stage; the rest inverts its features to images
@@ -86,11 +92,23 @@ def _input_layer(model: nn.Module) -> str | None:
     return next((k.rpartition(".")[0] for k, w in model.named_parameters() if w.dim() >= 2), None)
 
 
+class Found(NamedTuple):
+    """The layer one up that shows the span: its cut (:class:`Above`), the span, and whether that span was read from what
+    training added (``added``: a known start, the span penalty's layer) or from the weights (the feature stage's)."""
+
+    above: Above
+    span: Subspace
+    added: bool = False
+
+
 def layer_above(model: nn.Module, input_shape: tuple[int, ...], mean: torch.Tensor, n: int,
-                precision: torch.dtype | None = None) -> tuple[Above, Subspace] | None:
+                precision: torch.dtype | None = None, start: dict[str, torch.Tensor] | None = None,
+                decay: float | None = None) -> Found | None:
     """The first ``nn.Linear`` above the input layer whose weights show the training inputs' span by the span rule
     (:func:`exhume.equations.span.span_of`, its inputs having moved in training) and through which alone the input
-    reaches the output: ``(Above, Subspace)``, or None."""
+    reaches the output, or None. ``start``: the known start's weights, whose trained layers are then read as what
+    training added (:func:`~exhume.equations.span.delta_of` with ``c = decay``; None: fitted); a layer left at its start
+    is skipped."""
     linears = [name for name, mod in model.named_modules() if isinstance(mod, nn.Linear) and mod.in_features > n]
     if not linears:
         return None
@@ -101,13 +119,39 @@ def layer_above(model: nn.Module, input_shape: tuple[int, ...], mean: torch.Tens
     for name in linears:
         if name == first:
             continue  # the input layer: subspace.py reads its span
-        span = as_subspace(f"net.{name}.weight", model.get_submodule(name).weight, n, precision, inputs_fixed=False)
+        key, w = f"{name}.weight", model.get_submodule(name).weight
+        if start is not None:
+            if key not in start or torch.equal(start[key].to(w), w.detach()):
+                continue  # its start unknown, or frozen: nothing added
+            w, c = delta_of(w, start[key], decay)
+        span = as_subspace(f"net.{key}" if start is None else key, w, n, precision, inputs_fixed=False)
         if span.basis is None:
             continue  # not (yet) the training features' span
         above = _cut(model, name, input_shape, probe)
         if above is not None:
-            return above, span
+            if start is not None:
+                span.info.update(subspace_from="what training added", subspace_start_decay=c)
+            return Found(above, span, start is not None)
     return None
+
+
+class Penalty(NamedTuple):
+    """The span penalty of a run (:func:`span_penalty`): the layer whose input it reads, the row space's orthonormal
+    ``basis`` (columns), its ``weight`` and what the record keeps of it."""
+
+    layer: str
+    basis: torch.Tensor
+    weight: float
+    info: dict[str, Any]
+
+
+def span_penalty(model: nn.Module, penalty: Penalty, x: torch.Tensor) -> torch.Tensor:
+    """The candidates' mean squared relative distance of their features at ``penalty.layer`` (the input it receives on
+    ``model``, through the layers below at their trained values) to the row space ``penalty.basis``; unweighted."""
+    f = features_of(model, penalty.layer, x)
+    basis = penalty.basis.to(f)
+    out = f - (f @ basis) @ basis.T
+    return (out.pow(2).sum(1) / f.pow(2).sum(1).clamp_min(1e-12)).mean()
 
 
 def invert(model: nn.Module, layer: str, target: torch.Tensor, mean: torch.Tensor, seed: int,

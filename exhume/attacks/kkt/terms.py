@@ -10,6 +10,7 @@ import torch
 from exhume.attacks.engine.priors import range_penalty, tv_term
 from exhume.attacks.kkt.closed_form import closed_form_residual
 from exhume.attacks.kkt.problem import Problem
+from exhume.attacks.kkt.stage import span_penalty
 from exhume.equations.stationarity import stationarity_residual_and_objective
 from exhume.equations.trajectory import start_residual
 
@@ -52,6 +53,8 @@ def terms(cfg: dict[str, Any], p: Problem, x: torch.Tensor, u: torch.Tensor, sta
     loss = stat + cfg["dual_weight"] * dual + cfg["prior_weight"] * prior
     if cfg["tv_weight"] > 0:
         loss = loss + cfg["tv_weight"] * tv_term(v)
+    if p.penalty is not None:  # the features' distance to what training added one layer up (exhume/attacks/kkt/stage.py)
+        loss = loss + p.penalty.weight * span_penalty(p.model, p.penalty, x)
     return Terms(loss, stat, dual, prior, lam)
 
 
