@@ -284,8 +284,8 @@ def test_kkt_with_denoise_explains_the_learned_part():
 
 
 def test_the_span_rule_is_one_function_whose_constants_are_declared_once_and_the_stage_one_predicate():
-    """kkt's first layer, the feature stage and the layer report all read the span through span_of (the stage through
-    subspace.as_subspace); the rule's constants are assigned in exhume/equations/span.py alone, and neither reader of kkt
+    """kkt's first layer, the feature stage, the layer report and the informed read all read the span through span_of (the
+    stage through subspace.as_subspace); the rule's constants are assigned in exhume/equations/span.py alone, and neither reader of kkt
     decomposes a weight itself."""
     import ast
     from pathlib import Path
@@ -303,7 +303,8 @@ def test_the_span_rule_is_one_function_whose_constants_are_declared_once_and_the
                 name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
                 calls.setdefault(name, set()).add(rel)
     assert {rel for rel, _ in assigned} == {"exhume/equations/span.py"} and {c for _, c in assigned} == constants
-    assert calls["span_of"] == {"exhume/attacks/kkt/subspace.py", "exhume/equations/span.py"}
+    # the informed adversary's read asks the same rule whether the first layer off the known records is rank one
+    assert calls["span_of"] == {"exhume/attacks/kkt/subspace.py", "exhume/equations/span.py", "exhume/attacks/kkt/read.py"}
     assert calls["as_subspace"] == {"exhume/attacks/kkt/subspace.py", "exhume/attacks/kkt/stage.py"}
     decomposes = calls.get("svdvals", set()) | calls.get("svd", set())
     assert not decomposes & {"exhume/attacks/kkt/subspace.py", "exhume/attacks/kkt/stage.py"}
