@@ -5,8 +5,8 @@ There ``z = W·x̃ + b`` (``x̃`` centred by a public mean) and what training ad
 training accumulated of ``∂h/∂z`` at record ``i``: zero on the units that were shut at it. Off the known records' span
 ``Q`` only the target's term is left, rank one: ``u·σ·vᵀ`` with ``v`` the target's part outside the span. Inside it, unit
 ``j``'s row is ``Σ_{k open at j} G_kj·c_k + u_j·d`` (``c_k = Qᵀx̃_k``): projected off the coordinates of the known records
-open at ``j`` (within ``MARGIN`` of opening, at the final weights), each unit gives ``d`` times its ``u_j``, solved by least
-squares over the units. The target is ``Q·d + σ·v`` up to one scale and its sign; the scale is the one that puts the most
+open at ``j`` (within ``MARGIN`` of opening at the final weights, or at the start when it is known), each unit gives ``d``
+times its ``u_j``, solved by least squares over the units. The target is ``Q·d + σ·v`` up to one scale and its sign; the scale is the one that puts the most
 pixels at the background (0) without overshooting 1, both signs returned. Weights (with a known start, what training
 added) and the known records only; it applies where the remainder is rank one by the span rule and the layer's
 units shut (a ReLU-like activation after it).
