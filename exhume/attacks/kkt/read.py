@@ -22,8 +22,8 @@ from torch.func import functional_call
 
 from exhume.attacks.kkt.subspace import input_layer
 from exhume.equations.remainder import orthonormal
-from exhume.equations.span import span_of
-from exhume.equations.trajectory import nuclear_decay
+from exhume.equations.span import delta_of, span_of
+from exhume.equations.trajectory import start_decay_for
 from exhume.models.tap import Tap
 
 #: a known record counts as open at a unit whose pre-activation lies above −MARGIN × its mean |pre-activation|: a unit
@@ -59,7 +59,7 @@ def read_target(view, n: int) -> Read:
     w = _added(view, name, params[name].double(), n)
     q = orthonormal(x)  # (D, r)
     rest = w - (w @ q) @ q.T
-    span = span_of(rest, 1, next(model.parameters()).dtype, inputs_fixed=True)
+    span = span_of(rest, 1, next(model.parameters()).dtype, inputs_fixed=True, basis=True)
     info = {"read_layer": name, "read_sigma2_over_sigma1": span.facts.get("sigma_after_n"), "read_margin": MARGIN}
     if not span.shows:
         return Read(None, f"the first layer off the known records' span is not rank one: {span.why} (i.i.d. noise reads as "
@@ -68,8 +68,8 @@ def read_target(view, n: int) -> Read:
     z, shut = _pre_activations(model, params, name, xs)
     if shut < 0.01:
         return Read(None, f"the units of {name} never shut at the known records (no ReLU-like activation after it)", info)
-    u_full, s_full, vh = torch.linalg.svd(rest, full_matrices=False)
-    u, s, v = u_full[:, 0], s_full[0], vh[0]
+    s, v = span.singular[0].to(rest), span.basis[:, 0]  # the rank-one remainder u·σ·vᵀ, from the rule's own decomposition
+    u = rest @ v / s
     opened = _opened(z)
     if getattr(view, "start", None):  # with the start known, a record counts as open where it was open at the start too
         at_start = {**params, **{k: w0.to(params[k]) for k, w0 in view.start.items() if k in params}}
@@ -82,13 +82,11 @@ def read_target(view, n: int) -> Read:
 
 
 def _added(view, name: str, w: torch.Tensor, n: int) -> torch.Tensor:
-    """``W``, or with its start known what training added, ``W − c·W₀`` (``c`` from the training settings, else fitted)."""
+    """``W``, or with its start known what training added (:func:`~exhume.equations.span.delta_of`, ``c`` by kkt's rule)."""
     start = getattr(view, "start", None)
     if not start or name not in start:
         return w
-    w0 = start[name].double()
-    c = view.training.decay(n) if getattr(view, "training", None) is not None else None
-    return w - (nuclear_decay(w, w0) if c is None else float(c)) * w0
+    return delta_of(w, start[name].double(), start_decay_for(view, "auto", n)[0])[0]
 
 
 def _pre_activations(model, params: dict[str, torch.Tensor], name: str, x: torch.Tensor) -> tuple[torch.Tensor, float]:
