@@ -226,7 +226,8 @@ CHUNKED = {
     "init-study": ["-n", "10", "--grid", "1", "--kkt-iterations", "40", "--bilevel-iterations", "3", "--heldout", "10"],
     "tldr": ["--sizes", "10", "--epochs", "1", "--arch", "convnet:4;fc=8", "--steps", "8", "--samples-per-class", "1",
              "--methods", "tldr"],
-    "dp": ["--settings", "minibatch", "-n", "10", "--epochs", "2", "--epsilons", "10", "--iterations", "20", "--no-clip-only"],
+    "dp": ["--settings", "minibatch", "-n", "10", "--epochs", "2", "--epsilons", "10", "--iterations", "20", "--no-clip-only",
+           "--targets", "2"],
 }
 
 
