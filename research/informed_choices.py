@@ -49,7 +49,7 @@ def main(argv=None) -> int:
             others = rng.choice(len(pool), 99, replace=False)
             cand = (torch.cat([train.x[t:t + 1], pool.x[others]]), torch.cat([train.y[t:t + 1], pool.y[others]]))
             r = exhume.attack(victim, "game", restarts=1, progress=False, multipliers=args.multipliers, known_records=known, candidates=cand)
-            s = np.asarray(r.record.extras["explained_share"])
+            s = np.asarray(r.record.extras["scores"])
             shares.append(s[0])
             for k, won in game_wins(s[0], s[1:], (2, 8, 100)).items():
                 found[k] = found.get(k, 0) + int(won)

@@ -1,14 +1,15 @@
-"""The first layer's read (exhume/attacks/kkt/read.py): its margin swept on victims of ``exhume experiment dp``'s two
-settings at ε = ∞, trained here at a seed the experiment does not use (its default is seed 0).
+"""The first layer's read (exhume/attacks/kkt/read.py): its margin and its reweighting swept on victims of ``exhume
+experiment dp``'s two settings at ε = ∞, trained here at seeds the experiment does not use (its default is seed 0).
 
-    python research/informed_read.py --seed 1 --targets 40 --margins 0.03,0.06,0.1,0.15,0.2,0.3,0.5
-    python research/informed_read.py --seed 0 --targets 40 --settings paper --margins 0.06 --why
+    python research/informed_read.py --seed 1 --targets 40 --margins 0.01,0.03,0.05,0.1,0.2 --reweights 0,10
+    python research/informed_read.py --seed 2 --targets 40 --margins 0.01,0.03,0.05,0.1,0.2 --reweights 0,10
+    python research/informed_read.py --seed 0 --targets 40 --settings paper --margins 0.03 --reweights 0 --why
 
-``--why`` (EVALUATOR) prints, per target, the estimate's |cos| to the truth, the in-span system's smallest eigenvalue
-over its largest, and its objective at the estimate against at the truth's in-span part (best scale).
+``--why`` (EVALUATOR) prints, per target, the estimate's |cos| to the truth, the unweighted in-span system's smallest
+eigenvalue over its largest, and its objective at the estimate against at the truth's in-span part (best scale).
 
 Each victim is trained once into ``runs/informed-read/<setting>_none_s<seed>/victim`` (the experiment's recipe,
-public-mean centring); per margin, the targets (the first ``--targets`` training records, each with the other 99
+public-mean centring); per margin and number of reweightings, the targets (the first ``--targets`` training records, each with the other 99
 known) read and judged by the memorisation criterion (pool of 1,000 unseen, seed 5) and against one control each.
 """
 
@@ -65,25 +66,28 @@ def why(view, target: torch.Tensor, mean: torch.Tensor) -> str:
             f"estimate, {objective(true):.3e} at the truth")
 
 
-def sweep(setting: str, seed: int, targets: int, margins: list[float], explain: bool = False) -> None:
+def sweep(setting: str, seed: int, targets: int, margins: list[float], reweights: list[int], explain: bool = False) -> None:
     folder = Path(f"runs/informed-read/{setting}_none_s{seed}/victim")
     victim = victim_of(setting, NON_PRIVATE, seed, {"n": 100, "epochs": None}, folder, True, False)
     train, pool, _, controls = samples(victim, {"targets": targets}, 0)
-    hits, matched = dict.fromkeys(margins, 0), dict.fromkeys(margins, 0)
+    arms = [(m, k) for k in reweights for m in margins]
+    hits, matched = dict.fromkeys(arms, 0), dict.fromkeys(arms, 0)
     for t in range(targets):
         rest = [i for i in range(len(train)) if i != t]
         view = view_of(victim, ThreatModel(known_records=(train.x[rest], train.y[rest]), **threat_of(victim, setting)))
-        for m in margins:
-            read.MARGIN = m
+        for m, k in arms:
+            read.MARGIN, read.REWEIGHTS = m, k
             got = read.read_target(view, len(train))
             if got.candidates is not None:
                 hit = int(reconstructed(train.x[t:t + 1], got.candidates, pool.x)[0])
-                hits[m] += hit
-                matched[m] += int(reconstructed(controls.x[t:t + 1], got.candidates, pool.x)[0])
+                hits[m, k] += hit
+                matched[m, k] += int(reconstructed(controls.x[t:t + 1], got.candidates, pool.x)[0])
                 if explain:
-                    print(f"target {t} margin {m}: reconstructed {hit}; {why(view, train.x[t], view.mean.double())}", flush=True)
-    for m in margins:
-        print(f"{setting} seed {seed} margin {m}: reconstructed {hits[m]} of {targets}, controls matched {matched[m]}")
+                    print(f"target {t} margin {m} reweights {k}: reconstructed {hit}; "
+                          f"{why(view, train.x[t], view.mean.double())}", flush=True)
+    for m, k in arms:
+        print(f"{setting} seed {seed} margin {m} reweights {k}: reconstructed {hits[m, k]} of {targets}, "
+              f"controls matched {matched[m, k]}")
 
 
 def main(argv=None) -> int:
@@ -91,12 +95,14 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--targets", type=int, default=40)
     ap.add_argument("--settings", default="paper,minibatch")
-    ap.add_argument("--margins", default="0.03,0.06,0.1,0.15,0.2,0.3,0.5")
+    ap.add_argument("--margins", default="0.01,0.03,0.05,0.1,0.2")
+    ap.add_argument("--reweights", default="0,10", help="the in-span least squares reweighted this many times (0: plain)")
     ap.add_argument("--why", action="store_true", help="per target: |cos|, the system's conditioning, its objective (EVALUATOR)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     for setting in args.settings.split(","):
-        sweep(setting, args.seed, args.targets, [float(m) for m in args.margins.split(",")], args.why)
+        sweep(setting, args.seed, args.targets, [float(m) for m in args.margins.split(",")],
+              [int(k) for k in args.reweights.split(",")], args.why)
     return 0
 
 

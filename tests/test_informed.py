@@ -169,7 +169,8 @@ def test_kkt_with_every_record_but_one_known_names_the_read(public_victim):
 
 def test_with_the_start_known_the_read_takes_what_training_added():
     """Mini-batch SGD from PyTorch's initialisation: weights only, the initialisation buries the target (the read refuses,
-    saying so); with the start and settings known, what training added reads every target to |cos| ≥ 0.95."""
+    saying so); with the start and settings known, what training added reads the targets, most to |cos| ≥ 0.99 (64 units:
+    a unit the reweighting lets go of is a larger share of them than on the measured victims' 256)."""
     from exhume.victim import MiniBatchConfig
 
     cfg = MiniBatchConfig(loss="logistic", optimizer="sgd", lr=0.01, momentum=0.9, weight_decay=5e-4, batch_size=4, epochs=30)
@@ -179,4 +180,52 @@ def test_with_the_start_known_the_read_takes_what_training_added():
     assert weights_only == [None] * 12
     known = {"start": v.start, "training": {"optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4, "steps": 90}}
     cos = _cosines(v, known)
-    assert min(cos) >= 0.95 and np.median(cos) >= 0.99, cos
+    assert min(cos) >= 0.8 and np.median(cos) >= 0.99 and sum(c >= 0.95 for c in cos) >= 10, cos
+
+
+def test_the_reweighting_lets_go_of_units_whose_open_records_were_miscounted():
+    """``(WQ)_j = Σ_{k open at j} G_kj·c_k + u_j·d`` on 200 units, 30 of them also holding a record counted shut there: plain
+    least squares takes that record into ``d``, the reweighted one gives ``d`` back; on clean units both are exact."""
+    from exhume.attacks.kkt import read
+
+    gen = torch.Generator().manual_seed(0)
+    h, k, r = 200, 40, 40
+    c = torch.randn(k, r, generator=gen, dtype=torch.float64)
+    d = torch.randn(r, generator=gen, dtype=torch.float64)
+    u = torch.randn(h, generator=gen, dtype=torch.float64)
+    opened = torch.rand(k, h, generator=gen) < 0.3
+    wq = (torch.randn(k, h, generator=gen, dtype=torch.float64) * opened).T @ c + u[:, None] * d[None]
+    assert torch.allclose(read._in_span(wq, c, u, opened), d, atol=1e-8)
+    bad = wq.clone()
+    bad[:30] += 3.0 * c[(~opened[:, :30]).double().argmax(0)]  # a record each unit counts shut, open in training
+    cos = {}
+    for times in (0, read.REWEIGHTS):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(read, "REWEIGHTS", times)
+            got = read._in_span(bad, c, u, opened)
+        cos[times] = float(got @ d / (got.norm() * d.norm()))
+    assert cos[0] < 0.99 and cos[read.REWEIGHTS] > 0.9999, cos
+
+
+def test_where_the_read_applies_the_game_scores_by_the_alignment_off_the_known_span(public_victim, victim):
+    """Every other record known and the first layer off their span rank one: the trained-on candidate lines up with it
+    (|cos| ≈ 1) and is named among 7 unseen images for every target; where the known records' span holds the target
+    (a training-set mean) there is no alignment and the game keeps the explained share."""
+    from exhume.attacks.kkt.read import aligned
+    from exhume.data import load_dataset
+    from exhume.data.tasks import select_pool
+
+    ts = public_victim.train_set
+    unseen = select_pool(load_dataset("mnist"), ts.spec["task"], 7, exclude=np.asarray(ts.indices), seed=3)
+    for t in range(len(ts)):
+        rest = [i for i in range(len(ts)) if i != t]
+        cand = (torch.cat([unseen.x[:3], ts.x[t:t + 1], unseen.x[3:]]), torch.cat([unseen.y[:3], ts.y[t:t + 1], unseen.y[3:]]))
+        r = exhume.attack(public_victim, "game", restarts=1, progress=False, known_records=(ts.x[rest], ts.y[rest]),
+                          candidates=cand)
+        assert r.record.settings["named"] == 3 and "alignment" in r.record.settings["scored_by"]
+        assert r.scores[0] > 0.99 and r.scores[1] < 0.9, r.scores
+    explained = exhume.attack(public_victim, "game", restarts=1, progress=False, known_records=(ts.x[1:], ts.y[1:]),
+                              candidates=cand, score="explained")
+    assert "explained share" in explained.record.settings["scored_by"]
+    own = victim.train_set
+    assert aligned(view_of(victim, ThreatModel(known_records=(own.x[1:], own.y[1:]))), len(own), own.x[:3]) is None

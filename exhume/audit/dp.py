@@ -110,7 +110,7 @@ def informed_adversary(data, recon, cfg) -> dict[str, Any]:
         if games:
             cand = (torch.cat([data.x[t:t + 1], data.unseen[others]]), torch.cat([member_y.to(cand_y.dtype), cand_y]))
             played = exhume.attack(view, attack_using("candidates"), restarts=1, progress=False, candidates=cand, multipliers="free")
-            shares = np.asarray(played.record.extras["explained_share"])
+            shares = np.asarray(played.record.extras["scores"])
             for k, won in game_wins(shares[0], shares[1:], games).items():
                 wins[k] += int(won)
     return {"targets": len(targets), "labels": "given" if labelled else "the model's predictions (no unseen labels given)",

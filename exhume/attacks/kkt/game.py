@@ -1,7 +1,10 @@
 """The candidate game (Hayes, Mahloujifar and Balle 2023) from the weights: k candidates, one trained on; name it.
 
 Each candidate is scored by the share of what the known records leave of kkt's equation that its own gradient
-explains (:func:`exhume.equations.remainder.explained`), the best named; chance 1/k. One pass, no optimisation.
+explains (:func:`exhume.equations.remainder.explained`), the best named; chance 1/k. Where every record but one is
+known and the first layer off their span is rank one (where the first layer's read applies), by how well its own part
+off that span lines up with it instead (:func:`exhume.attacks.kkt.read.aligned`): that part is the target's alone, the
+whole equation's remainder also holds the victim's distance from a stationary point. One pass, no optimisation.
 :func:`rank` is kkt's ranking of its own candidates with known records. docs/METHODS.md §7.
 """
 
@@ -15,6 +18,7 @@ import torch
 
 from exhume.attacks.engine.base import Attack, Param, Reconstruction, attack_model, register
 from exhume.attacks.engine.record import RunRecord
+from exhume.attacks.kkt.read import aligned
 from exhume.attacks.kkt.settings import equation_for
 from exhume.deadline import NEVER, Deadline
 from exhume.equations.formulation import resolve
@@ -34,6 +38,9 @@ PARAMS: dict[str, Param] = {
     "multipliers": Param("auto", str, "'auto': 1/(n·w) for h = −ℓ where the loss, weight decay and n are known and the "
                          "equation is stationary, else free; 'free': fitted per candidate (DP-SGD's clipping changes each "
                          "record's multiplier: the DP audit's choice)", choices=("auto", "free")),
+    "score": Param("auto", str, "'auto': by the alignment off the known records' span where every record but one is known "
+                   "and the first layer there is rank one (the read's condition), else by the explained share; "
+                   "'explained': always the explained share", choices=("auto", "explained")),
     "iterations": Param(1, int, "the game takes one pass (no optimisation); the budget's iterations are ignored", low=1),
 }
 
@@ -77,7 +84,7 @@ class CandidateGame(Attack):
         settings = {**self.config, **info, "named": int(order[0]), "order": order.tolist(), "candidates": len(cand)}
         return Reconstruction(method=self.name, candidates=cand.x[order].float(), labels=cand.y[order], scores=scores[order].float(),
                               record=RunRecord(iterations=1, seconds=round(time.perf_counter() - t0, 3), settings=settings,
-                                               extras={"explained_share": scores.tolist()}, **threat), seed=seed)
+                                               extras={"scores": scores.tolist()}, **threat), seed=seed)
 
     def _equation(self, view, model, params, used: str, n: int):
         """``(objective, the multiplier given or None, the known-start equation or None, the equation's left side)``."""
@@ -93,14 +100,19 @@ class CandidateGame(Attack):
         return form.objective, None, None, target
 
     def scores(self, view, cand_x: torch.Tensor, cand_y: torch.Tensor, device: str = "cpu") -> tuple[torch.Tensor, dict[str, Any]]:
-        """Each candidate's share of what ``view.known`` leave of the equation that it explains, and how it was scored."""
-        model, params = attack_model(view.model, torch.device(device), torch.float64)
+        """Each candidate's score (its alignment off the known records' span where the read applies, else its share of
+        what ``view.known`` leave of the equation that it explains), and how it was scored."""
         known = view.known
         n = view.n_train_hint or (len(known) + 1 if known is not None else None)
         if n is None:
             raise ConfigError("the candidate game needs the training set's size: give known_records, or a view with "
                               "n_train_hint")
         used = equation_for(self.config["start_equation"], view)
+        info = {"equation_used": used, "n_assumed": int(n), "known_records": 0 if known is None else len(known)}
+        lined = aligned(view, int(n), cand_x) if self.config["score"] == "auto" else None
+        if lined is not None:
+            return lined.cpu(), {**info, "scored_by": "alignment off the known records' span (the first layer's read)"}
+        model, params = attack_model(view.model, torch.device(device), torch.float64)
         mean = view.mean.to(device=device, dtype=torch.float64)
         objective, given, eq, target = self._equation(view, model, params, used, int(n))
         rem = self._remainder(model, params, known, mean, objective, eq, target)
@@ -111,9 +123,8 @@ class CandidateGame(Attack):
             lam = None if given is None else torch.full((cols.shape[0],), given, dtype=torch.float64, device=mean.device)
             shares.append(explained(rem, left, cols, signed=eq is not None, given=lam).cpu())
         shares = torch.cat(shares)
-        info = {"equation_used": used, "n_assumed": int(n), "known_records": 0 if known is None else len(known),
-                "multipliers_used": "free" if given is None else f"1/(n·w) = {given:.6g} for h = −ℓ"}
-        return shares, info
+        return shares, {**info, "scored_by": "explained share of the equation's remainder",
+                        "multipliers_used": "free" if given is None else f"1/(n·w) = {given:.6g} for h = −ℓ"}
 
     @staticmethod
     def _remainder(model, params, known, mean, objective, eq, target) -> Remainder:
@@ -136,6 +147,6 @@ def rank(view, cand_x: torch.Tensor, cand_y: torch.Tensor, start_equation: str =
     """``(order, shares, info)``: candidates ranked by the share of what ``view.known`` leave of the equation that each
     explains, multipliers free (what kkt's informed ranking uses: its candidates are approximations, whose columns a
     fixed multiplier would over-count)."""
-    game = CandidateGame(start_equation=start_equation, multipliers="free")
+    game = CandidateGame(start_equation=start_equation, multipliers="free", score="explained")
     shares, info = game.scores(view, cand_x, cand_y, str(cand_x.device))
     return torch.argsort(-shares, stable=True), shares, {f"informed_{k}": v for k, v in info.items()}

@@ -6,7 +6,8 @@ training accumulated of ``∂h/∂z`` at record ``i``: zero on the units that we
 ``Q`` only the target's term is left, rank one: ``u·σ·vᵀ`` with ``v`` the target's part outside the span. Inside it, unit
 ``j``'s row is ``Σ_{k open at j} G_kj·c_k + u_j·d`` (``c_k = Qᵀx̃_k``): projected off the coordinates of the known records
 open at ``j`` (within ``MARGIN`` of opening at the final weights, or at the start when it is known), each unit gives ``d``
-times its ``u_j``, solved by least squares over the units. The target is ``Q·d + σ·v`` up to one scale and its sign; the scale is the one that puts the most
+times its ``u_j``, solved by least squares over the units, reweighted so that the few units whose open records were
+miscounted do not carry the solution. The target is ``Q·d + σ·v`` up to one scale and its sign; the scale is the one that puts the most
 pixels at the background (0) without overshooting 1, both signs returned. Weights (with a known start, what training
 added) and the known records only; it applies where the remainder is rank one by the span rule and the layer's
 units shut (a ReLU-like activation after it).
@@ -27,10 +28,13 @@ from exhume.equations.trajectory import start_decay_for
 from exhume.models.tap import Tap
 
 #: a known record counts as open at a unit whose pre-activation lies above −MARGIN × its mean |pre-activation|: a unit
-#: shut at the end may have been open during training. Chosen on victims held out from the measured ones: docs/defaults.md
-MARGIN = 0.2
+#: shut at the end may have been open during training (the reweighting lets go of the units where that was so). Chosen
+#: with REWEIGHTS on victims held out from the measured ones: docs/defaults.md
+MARGIN = 0.03
 #: the background's pixels: within this of 0 after the scale
 BACKGROUND = 0.01
+#: how many times the in-span least squares is reweighted by the units' residuals (0: plain least squares; docs/defaults.md)
+REWEIGHTS = 10
 #: the scales tried, relative to the estimate's largest pixel
 SCALES = torch.logspace(-2, 1.5, 400, dtype=torch.float64)
 
@@ -44,8 +48,22 @@ class Read:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def read_target(view, n: int) -> Read:
-    """The one unknown training record of ``view`` (its ``known`` records: ``n − 1`` of them) read off its first layer."""
+@dataclass
+class _OffSpan:
+    """The first layer off the known records' span, shown rank one: what the read and :func:`aligned` start from."""
+
+    name: str
+    params: dict[str, torch.Tensor]
+    mean: torch.Tensor
+    x: torch.Tensor  # the known records, centred and flattened (float64)
+    w: torch.Tensor  # the layer's weights, or with the start known what training added
+    q: torch.Tensor  # the known records' span, orthonormal (D, r)
+    rest: torch.Tensor  # w off that span
+    span: Any  # span_of's answer on ``rest`` (rank one)
+
+
+def _off_span(view, n: int) -> _OffSpan | Read:
+    """The first layer off the known records' span where it is rank one by the span rule, else a :class:`Read` with why."""
     known = view.known
     if known is None or len(known) != n - 1:
         return Read(None, f"the read needs every record but one known: {0 if known is None else len(known)} of n = {n} are")
@@ -60,11 +78,39 @@ def read_target(view, n: int) -> Read:
     q = orthonormal(x)  # (D, r)
     rest = w - (w @ q) @ q.T
     span = span_of(rest, 1, next(model.parameters()).dtype, inputs_fixed=True, basis=True)
-    info = {"read_layer": name, "read_sigma2_over_sigma1": span.facts.get("sigma_after_n"), "read_margin": MARGIN}
     if not span.shows:
         return Read(None, f"the first layer off the known records' span is not rank one: {span.why} (i.i.d. noise reads as "
-                    "the initialisation's, DP-SGD's too)", info)
-    xs = x.reshape(len(known), *view.input_shape).to(next(model.parameters()).dtype)
+                    "the initialisation's, DP-SGD's too)", _facts(name, span))
+    return _OffSpan(name, params, mean, x, w, q, rest, span)
+
+
+def _facts(name: str, span) -> dict[str, Any]:
+    return {"read_layer": name, "read_sigma2_over_sigma1": span.facts.get("sigma_after_n"), "read_margin": MARGIN,
+            "read_reweights": REWEIGHTS}
+
+
+def aligned(view, n: int, x: torch.Tensor) -> torch.Tensor | None:
+    """Each record of ``x`` ``(k, *input_shape)`` (display space) scored by ``|cos|`` between its part off the known
+    records' span and the rank-one remainder's direction there (the target's, up to sign), or None where that remainder
+    is not rank one: the candidate game's score where the read applies (the trained-on candidate's is 1 up to noise)."""
+    off = _off_span(view, n)
+    if isinstance(off, Read):
+        return None
+    v = off.span.basis[:, 0].to(off.rest)
+    c = (x.double().to(off.mean.device) - off.mean).reshape(len(x), -1)
+    c = c - (c @ off.q) @ off.q.T
+    norm = c.norm(dim=1)
+    return torch.where(norm > 0, (c @ v).abs() / norm.clamp_min(torch.finfo(c.dtype).tiny), torch.zeros_like(norm))
+
+
+def read_target(view, n: int) -> Read:
+    """The one unknown training record of ``view`` (its ``known`` records: ``n − 1`` of them) read off its first layer."""
+    off = _off_span(view, n)
+    if isinstance(off, Read):
+        return off
+    model, name, params, x, q, rest, span = view.model, off.name, off.params, off.x, off.q, off.rest, off.span
+    info = _facts(name, span)
+    xs = x.reshape(len(x), *view.input_shape).to(next(model.parameters()).dtype)
     z, shut = _pre_activations(model, params, name, xs)
     if shut < 0.01:
         return Read(None, f"the units of {name} never shut at the known records (no ReLU-like activation after it)", info)
@@ -74,8 +120,8 @@ def read_target(view, n: int) -> Read:
     if getattr(view, "start", None):  # with the start known, a record counts as open where it was open at the start too
         at_start = {**params, **{k: w0.to(params[k]) for k, w0 in view.start.items() if k in params}}
         opened |= _opened(_pre_activations(model, at_start, name, xs)[0])
-    d = _in_span(w @ q, x @ q, u, opened)
-    images, scores = _scaled(q @ d + s * v, mean.reshape(-1))
+    d = _in_span(off.w @ q, x @ q, u, opened)
+    images, scores = _scaled(q @ d + s * v, off.mean.reshape(-1))
     order = torch.argsort(-scores, stable=True)
     out = images[order].reshape(2, *view.input_shape).float()
     return Read(out, "read", {**info, "read_background_pixels": [int(scores[i]) for i in order], "read_shut_share": shut})
@@ -106,16 +152,36 @@ def _opened(z: torch.Tensor) -> torch.Tensor:
 
 
 def _in_span(wq: torch.Tensor, c: torch.Tensor, u: torch.Tensor, open_: torch.Tensor) -> torch.Tensor:
-    """``d`` by least squares over the units: ``Σ_j u_j²·P_j·d = Σ_j u_j·P_j·(WQ)_j``, ``P_j`` off the open records."""
-    r = wq.shape[1]
-    a, b = torch.zeros(r, r, dtype=wq.dtype), torch.zeros(r, dtype=wq.dtype)
-    eye = torch.eye(r, dtype=wq.dtype)
-    for j in range(wq.shape[0]):
+    """``d`` by least squares over the units, reweighted: ``Σ_j ω_j·u_j²·P_j·d = Σ_j ω_j·u_j·P_j·(WQ)_j``, ``P_j`` off the
+    open records, ``ω_j = 1 / max(1, e_j / median e)²`` with ``e_j`` unit ``j``'s squared residual, ``REWEIGHTS`` times.
+    A unit where a record counted shut was open during training fits badly whatever ``d`` (a few units carry most of
+    the truth's residual) and is let go instead of pulling ``d`` along the directions few units see."""
+    h, r = wq.shape
+    bases, owner = [], []
+    for j in range(h):
         rows = c[open_[:, j]]
-        qj = torch.linalg.qr(rows.T)[0] if rows.shape[0] else torch.zeros(r, 0, dtype=wq.dtype)
-        a += u[j] ** 2 * (eye - qj @ qj.T)
-        b += u[j] * (wq[j] - qj @ (qj.T @ wq[j]))
-    return torch.linalg.lstsq(a, b[:, None]).solution[:, 0]
+        if rows.shape[0]:
+            bases.append(torch.linalg.qr(rows.T)[0])
+            owner.append(torch.full((bases[-1].shape[1],), j, dtype=torch.long))
+    q = torch.cat(bases, 1) if bases else torch.zeros(r, 0, dtype=wq.dtype)  # (r, Σ_j open_j): every unit's basis
+    owner = torch.cat(owner) if owner else torch.zeros(0, dtype=torch.long)
+    p = wq - _along(q, owner, wq, h)  # P_j·(WQ)_j
+    weights = torch.ones(h, dtype=wq.dtype)
+    for _ in range(REWEIGHTS + 1):
+        g = weights * u ** 2
+        a = g.sum() * torch.eye(r, dtype=wq.dtype) - (q * g[owner]) @ q.T
+        b = (weights * u) @ p
+        d = torch.linalg.lstsq(a, b[:, None]).solution[:, 0]
+        seen = torch.zeros(h, dtype=wq.dtype).index_add_(0, owner, (q.T @ d) ** 2)  # ‖Q_jᵀd‖²
+        e = ((p * p).sum(1) - 2 * u * (p @ d) + u ** 2 * (d @ d - seen)).clamp_min(0)  # ‖P_j·((WQ)_j − u_j·d)‖²
+        weights = 1.0 / torch.clamp(e / e.median().clamp_min(torch.finfo(e.dtype).tiny), min=1.0) ** 2
+    return d
+
+
+def _along(q: torch.Tensor, owner: torch.Tensor, wq: torch.Tensor, h: int) -> torch.Tensor:
+    """``(h, r)``: each unit's row of ``wq`` projected onto its own basis (the columns of ``q`` it owns)."""
+    coef = (q * wq[owner].T).sum(0)  # Q_jᵀ(WQ)_j, one coefficient per column
+    return torch.zeros(h, q.shape[0], dtype=wq.dtype).index_add_(0, owner, (q * coef[None]).T)
 
 
 def _scaled(y: torch.Tensor, mean: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -57,7 +57,7 @@ def informed_cell(victim, recon, setting: str, level: str, seed: int, s: dict[st
         cand = (torch.cat([train.x[t:t + 1], public.x[others]]), torch.cat([train.y[t:t + 1], public.y[others]]))
         game = exhume.attack(victim, "game", restarts=1, progress=False, known_records=known, candidates=cand,
                              multipliers="auto" if level == NON_PRIVATE else "free", **threat)
-        shares = np.asarray(game.record.extras["explained_share"])
+        shares = np.asarray(game.record.extras["scores"])
         for k, won in game_wins(shares[0], shares[1:], tuple(s["games"])).items():
             wins[k] += int(won)
     return {"targets": s["targets"], "reconstructed": hits, "controls_matched": matched,
