@@ -6,7 +6,9 @@ experiment dp``'s two settings at ε = ∞, trained here at seeds the experiment
     python research/informed_read.py --seed 0 --targets 40 --settings paper --margins 0.03 --reweights 0 --why
 
 ``--why`` (EVALUATOR) prints, per target, the estimate's |cos| to the truth, the unweighted in-span system's smallest
-eigenvalue over its largest, and its objective at the estimate against at the truth's in-span part (best scale).
+eigenvalue over its largest, its objective at the estimate against at the truth's in-span part (best scale), and the
+share of the truth's objective, on the half of the units where the target's term weighs most, in the tenth of them
+that fit it worst (what the reweighting lets go of).
 
 Each victim is trained once into ``runs/informed-read/<setting>_none_s<seed>/victim`` (the experiment's recipe,
 public-mean centring); per margin and number of reweightings, the targets (the first ``--targets`` training records, each with the other 99
@@ -56,14 +58,20 @@ def why(view, target: torch.Tensor, mean: torch.Tensor) -> str:
     true = q.T @ (target.double().reshape(-1) - mean.reshape(-1))
     true = true * float(true @ b) / float(true @ a @ true)  # the truth's in-span part at its best scale
 
+    def residuals(v):
+        return torch.stack([((projs[j] @ (wq[j] - u[j] * v)) ** 2).sum() for j in range(len(projs))])
+
     def objective(v):
-        return float(sum(((projs[j] @ (wq[j] - u[j] * v)) ** 2).sum() for j in range(len(projs))))
+        return float(residuals(v).sum())
+
+    at_truth = residuals(true)[u.abs() >= u.abs().median()].sort(descending=True).values  # units the target's term is in
+    top = float(at_truth[:max(1, len(at_truth) // 10)].sum() / at_truth.sum())
 
     est = (got.candidates[0].double() - mean).reshape(-1)
     cos = abs(float(est @ (target.double() - mean).reshape(-1))) / float(est.norm() * (target.double() - mean).norm())
     vals = torch.linalg.eigvalsh(a)
     return (f"|cos| {cos:.3f}, eigenvalues min/max {float(vals[0] / vals[-1]):.1e}, objective {objective(d):.3e} at the "
-            f"estimate, {objective(true):.3e} at the truth")
+            f"estimate, {objective(true):.3e} at the truth, {top:.2f} of the truth's in the worst tenth of the units its term weighs most in")
 
 
 def sweep(setting: str, seed: int, targets: int, margins: list[float], reweights: list[int], explain: bool = False) -> None:
