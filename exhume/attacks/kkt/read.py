@@ -157,15 +157,15 @@ def _in_span(wq: torch.Tensor, c: torch.Tensor, u: torch.Tensor, open_: torch.Te
     A unit where a record counted shut was open during training fits badly whatever ``d`` (a few units carry most of
     the truth's residual) and is let go instead of pulling ``d`` along the directions few units see."""
     h, r = wq.shape
-    bases, owner = [], []
+    bases, owner, p = [], [], wq.clone()
     for j in range(h):
         rows = c[open_[:, j]]
         if rows.shape[0]:
             bases.append(torch.linalg.qr(rows.T)[0])
             owner.append(torch.full((bases[-1].shape[1],), j, dtype=torch.long))
+            p[j] -= bases[-1] @ (bases[-1].T @ wq[j])  # P_j·(WQ)_j
     q = torch.cat(bases, 1) if bases else torch.zeros(r, 0, dtype=wq.dtype)  # (r, Σ_j open_j): every unit's basis
     owner = torch.cat(owner) if owner else torch.zeros(0, dtype=torch.long)
-    p = wq - _along(q, owner, wq, h)  # P_j·(WQ)_j
     weights = torch.ones(h, dtype=wq.dtype)
     for _ in range(REWEIGHTS + 1):
         g = weights * u ** 2
@@ -176,12 +176,6 @@ def _in_span(wq: torch.Tensor, c: torch.Tensor, u: torch.Tensor, open_: torch.Te
         e = ((p * p).sum(1) - 2 * u * (p @ d) + u ** 2 * (d @ d - seen)).clamp_min(0)  # ‖P_j·((WQ)_j − u_j·d)‖²
         weights = 1.0 / torch.clamp(e / e.median().clamp_min(torch.finfo(e.dtype).tiny), min=1.0) ** 2
     return d
-
-
-def _along(q: torch.Tensor, owner: torch.Tensor, wq: torch.Tensor, h: int) -> torch.Tensor:
-    """``(h, r)``: each unit's row of ``wq`` projected onto its own basis (the columns of ``q`` it owns)."""
-    coef = (q * wq[owner].T).sum(0)  # Q_jᵀ(WQ)_j, one coefficient per column
-    return torch.zeros(h, q.shape[0], dtype=wq.dtype).index_add_(0, owner, (q * coef[None]).T)
 
 
 def _scaled(y: torch.Tensor, mean: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
