@@ -166,15 +166,17 @@ def _in_span(wq: torch.Tensor, c: torch.Tensor, u: torch.Tensor, open_: torch.Te
             p[j] -= bases[-1] @ (bases[-1].T @ wq[j])  # P_j·(WQ)_j
     q = torch.cat(bases, 1) if bases else torch.zeros(r, 0, dtype=wq.dtype)  # (r, Σ_j open_j): every unit's basis
     owner = torch.cat(owner) if owner else torch.zeros(0, dtype=torch.long)
-    weights = torch.ones(h, dtype=wq.dtype)
-    for _ in range(REWEIGHTS + 1):
+
+    def solve(weights: torch.Tensor) -> torch.Tensor:
         g = weights * u ** 2
-        a = g.sum() * torch.eye(r, dtype=wq.dtype) - (q * g[owner]) @ q.T
-        b = (weights * u) @ p
-        d = torch.linalg.lstsq(a, b[:, None]).solution[:, 0]
+        a = g.sum() * torch.eye(r, dtype=wq.dtype) - (q * g[owner]) @ q.T  # Σ_j ω_j·u_j²·P_j
+        return torch.linalg.lstsq(a, ((weights * u) @ p)[:, None]).solution[:, 0]
+
+    d = solve(torch.ones(h, dtype=wq.dtype))
+    for _ in range(REWEIGHTS):
         seen = torch.zeros(h, dtype=wq.dtype).index_add_(0, owner, (q.T @ d) ** 2)  # ‖Q_jᵀd‖²
         e = ((p * p).sum(1) - 2 * u * (p @ d) + u ** 2 * (d @ d - seen)).clamp_min(0)  # ‖P_j·((WQ)_j − u_j·d)‖²
-        weights = 1.0 / torch.clamp(e / e.median().clamp_min(torch.finfo(e.dtype).tiny), min=1.0) ** 2
+        d = solve(1.0 / torch.clamp(e / e.median().clamp_min(torch.finfo(e.dtype).tiny), min=1.0) ** 2)
     return d
 
 
