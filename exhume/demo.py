@@ -125,10 +125,11 @@ def _attack_budget(victim, asked: float, deadline: Deadline) -> dict[str, Any]:
     restarts = min(default_workers() * max(1, round(asked / SECONDS_PER_RESTART)), MAX_AUTO_RESTARTS)  # the most sizing gives
     estimate = evaluation_estimate(n, victim.load_train_set().x, 1000 + n, 2 * n * restarts)  # kkt: 2n candidates a restart
     before, total = deadline.spent(), deadline.seconds
-    attack = max(min(asked, total - before - estimate["total"]), asked / 2)
+    left = total - before - estimate["total"]
+    attack = max(min(asked, left), asked / 2)
     return {"max_seconds": total, "asked": asked, "before_attack_seconds": round(before, 1),
             "evaluation_estimate_seconds": estimate, "attack_budget_seconds": round(attack, 1),
-            "covered": before + attack + estimate["total"] <= total,
+            "covered": attack <= left,  # where attack = left, before + attack + estimate can round past total
             "definition": "the demo keeps its training's and its attack's budgets together, from its start: the attack "
                           "gets its own (asked) unless set-up, training and the evaluation's estimate leave less"}
 
