@@ -271,6 +271,8 @@ def test_the_audit_budgets_split_gives_the_attack_what_is_left_and_at_least_half
     assert b.attack == 80.0 and b.covered and b.warning() is None
     short = AuditBudget.split(20.0, 8.0, {"total": 6.0})
     assert short.attack == 10.0 and not short.covered and "--max-seconds 28 or more" in short.warning()
+    rounded = AuditBudget.split(100.0, 4.236, {"total": 10.001})  # 4.24 + 85.76 + 10.001 = 100.001: covered all the same
+    assert rounded.attack == 85.76 and rounded.covered and rounded.warning() is None
 
 
 def test_the_demo_keeps_its_two_budgets_together_taking_what_came_before_from_its_attack(victim_dir, one_thread):
@@ -287,3 +289,16 @@ def test_the_demo_keeps_its_two_budgets_together_taking_what_came_before_from_it
     assert b["attack_budget_seconds"] == pytest.approx(min(360.0, max(left, 180.0)), abs=0.2)
     assert b["attack_budget_seconds"] < 360.0  # what came before was taken from the attack
     assert b["covered"] == (left >= 180.0)
+
+
+def test_the_demo_budget_is_covered_where_the_attack_takes_exactly_what_is_left(victim_dir, monkeypatch):
+    """1,721.029 s spent of 2,000 and a 5.178-s evaluation leave 273.793 s: the attack takes exactly that, so the budget
+    is covered (a sum ``before + attack + estimate`` rounds to 2,000.0000000000002 here and would say it is not)."""
+    import exhume.evaluation.cost as cost
+    from exhume.deadline import Deadline
+    from exhume.demo import _attack_budget
+
+    monkeypatch.setattr(cost, "evaluation_estimate", lambda *a, **k: {"total": 5.178})
+    monkeypatch.setattr(Deadline, "spent", lambda self: 1721.029)
+    b = _attack_budget(exhume.load_victim(victim_dir), 360.0, Deadline.after(2000.0))
+    assert b["attack_budget_seconds"] == pytest.approx(273.8, abs=0.05) and b["covered"] is True

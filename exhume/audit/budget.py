@@ -54,7 +54,9 @@ class AuditBudget:
 
     @property
     def covered(self) -> bool:
-        return self.before + self.attack + self.estimate["total"] <= self.seconds + 1e-9
+        """Whether what came before and the estimate left the attack at least its floor. Not ``before + attack +
+        estimate ≤ seconds``: ``before`` and ``attack`` are kept to 0.01 s, and their sum can round past ``seconds``."""
+        return self.before + self.estimate["total"] <= (1 - MIN_ATTACK_SHARE) * self.seconds + 0.005
 
     def warning(self) -> str | None:
         """One line when the budget does not cover the fixed work (None when it does)."""
