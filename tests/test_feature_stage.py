@@ -131,22 +131,16 @@ def test_a_staged_run_resumes_its_stage_from_its_checkpoint(tmp_path, monkeypatc
 def test_batched_and_lone_restarts_of_a_staged_victim_take_the_stage_alike(tmp_path):
     """The batched path asks the lone run's predicate (KKTAttack.stage_on): restarts of a staged victim handed to it run
     one by one, each taking the stage, bit for bit what lone runs of the same seeds and settings return."""
-    from exhume.portfolio import make_plan
-    from exhume.portfolio.batched import run_batched
-    from exhume.portfolio.store import LocalStore
+    from _batched_lone import batched_and_lone
 
     model, _, mean = _planted()
     view = AttackerView(model=model, task="binary", input_shape=(1, 8, 8), mean=mean, loss="logistic", weight_decay=5e-3,
                         n_train_hint=6)
-    plan = make_plan("kkt", 2, workers=1, attack_kwargs={"iterations": 20})
-    done: dict = {}
-    records = run_batched(view, plan, list(plan.restarts), LocalStore(tmp_path), False, "cpu", False,
-                          lambda k, recon, row: done.setdefault(k, recon))
+    records, pairs = batched_and_lone(view, 20, tmp_path)
     assert records[0]["batched"] is False and "head.0" in records[0]["reason"]
-    for r in plan.restarts:
-        lone = get_attack("kkt", **r.kwargs).run(view, progress=False, seed=r.seed)
-        assert done[r.index].config["subspace_used"] == lone.config["subspace_used"] == "layer above"
-        assert torch.equal(done[r.index].candidates, lone.candidates)
+    for batched, lone in pairs:
+        assert batched.config["subspace_used"] == lone.config["subspace_used"] == "layer above"
+        assert torch.equal(batched.candidates, lone.candidates)
 
 
 def _best_correlations(candidates: torch.Tensor, images: torch.Tensor) -> torch.Tensor:

@@ -86,21 +86,14 @@ def test_span_penalty_is_validated():
 def test_batched_and_lone_restarts_take_the_penalty_alike(tmp_path):
     """The batched path asks the lone run's predicate (KKTAttack.stage_on): restarts handed to it run one by one, each
     with the penalty, bit for bit what lone runs of the same seeds and settings return."""
-    from exhume.portfolio import make_plan
-    from exhume.portfolio.batched import run_batched
-    from exhume.portfolio.store import LocalStore
+    from _batched_lone import batched_and_lone
 
     model, start, _, mean = _victim()
-    view = _view(model, mean, start, SGD)
-    plan = make_plan("kkt", 2, workers=1, attack_kwargs={"iterations": 15})
-    done: dict = {}
-    records = run_batched(view, plan, list(plan.restarts), LocalStore(tmp_path), False, "cpu", False,
-                          lambda k, recon, row: done.setdefault(k, recon))
+    records, pairs = batched_and_lone(_view(model, mean, start, SGD), 15, tmp_path)
     assert records[0]["batched"] is False and "span penalty" in records[0]["reason"]
-    for r in plan.restarts:
-        lone = get_attack("kkt", **r.kwargs).run(view, progress=False, seed=r.seed)
-        assert done[r.index].config["span_penalty_used"] == lone.config["span_penalty_used"] == SPAN_PENALTY
-        assert torch.equal(done[r.index].candidates, lone.candidates)
+    for batched, lone in pairs:
+        assert batched.config["span_penalty_used"] == lone.config["span_penalty_used"] == SPAN_PENALTY
+        assert torch.equal(batched.candidates, lone.candidates)
 
 
 def test_the_penalty_pulls_the_candidates_features_toward_what_training_added():
