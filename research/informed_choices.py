@@ -11,8 +11,8 @@ VICTIM: a victim folder of ``exhume experiment dp`` (``runs/dp-informed/cells/pa
 - ``game``: for each of the first ``--targets`` training records, every other one known, the record
   among 99 unseen images (a seeded draw), one ``exhume.attack(..., "game")`` run; the wins at k = 2, 8
   and 100 on the first k − 1 of them. ``--multipliers auto``: 1/(n·w) for h = −ℓ; ``free``: fitted. ``--score``: the
-  game's (``explained``, the default here: the explained share everywhere; ``auto``: the package's, the alignment off the
-  known records' span where the first layer there is rank one).
+  game's (``explained``, the default here: the explained share everywhere, what kkt's ranking asks the game for;
+  ``auto``: the game's own, the alignment off the known records' span where the first layer there is rank one).
 - ``layer``: the same games scored from the first layer alone whether or not it is rank one off the known records'
   span: each candidate's part off that span by its ``|cos|`` to the remainder's top direction (``align``) and by the
   norm of the remainder along it (``energy``); what the game would name if the read's gate were dropped.
@@ -31,10 +31,12 @@ import numpy as np
 import torch
 
 import exhume
+from exhume.attacks.kkt.game import CandidateGame
 from exhume.data import load_dataset
 from exhume.data.tasks import select_pool
 from exhume.evaluation.informed import game_wins, reconstructed
 from exhume.experiments.dp.cells import threat_of
+from exhume.request import ThreatModel, view_of
 
 
 def main(argv=None) -> int:
@@ -66,9 +68,8 @@ def main(argv=None) -> int:
                     for k, won in game_wins(s[0], s[1:], (2, 8, 100)).items():
                         found[name, k] = found.get((name, k), 0) + int(won)
                 continue
-            r = exhume.attack(victim, "game", restarts=1, progress=False, multipliers=args.multipliers, known_records=known,
-                              candidates=cand, score=args.score, **threat)
-            s = np.asarray(r.record.extras["scores"])
+            view = view_of(victim, ThreatModel(known_records=known, **threat))
+            s = CandidateGame(multipliers=args.multipliers).scores(view, *cand, alignment=args.score == "auto")[0].numpy()
             shares.append(s[0])
             for k, won in game_wins(s[0], s[1:], (2, 8, 100)).items():
                 found[k] = found.get(k, 0) + int(won)
@@ -87,8 +88,6 @@ def _layer_scores(victim, known, cand: torch.Tensor, n: int, threat: dict) -> di
     from exhume.attacks.kkt.read import _added
     from exhume.attacks.kkt.subspace import input_layer
     from exhume.equations.remainder import orthonormal
-    from exhume.request import ThreatModel, view_of
-
     view = view_of(victim, ThreatModel(known_records=known, **threat))
     params = {k: v.detach() for k, v in view.model.named_parameters()}
     name = input_layer(view.model, params, tuple(view.input_shape))

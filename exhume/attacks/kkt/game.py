@@ -38,9 +38,6 @@ PARAMS: dict[str, Param] = {
     "multipliers": Param("auto", str, "'auto': 1/(n·w) for h = −ℓ where the loss, weight decay and n are known and the "
                          "equation is stationary, else free; 'free': fitted per candidate (DP-SGD's clipping changes each "
                          "record's multiplier: the DP audit's choice)", choices=("auto", "free")),
-    "score": Param("auto", str, "'auto': by the alignment off the known records' span where every record but one is known "
-                   "and the first layer there is rank one (the read's condition), else by the explained share; "
-                   "'explained': always the explained share", choices=("auto", "explained")),
     "iterations": Param(1, int, "the game takes one pass (no optimisation); the budget's iterations are ignored", low=1),
 }
 
@@ -99,9 +96,10 @@ class CandidateGame(Attack):
             return negative_loss_objective(view.loss), 1.0 / (n * wd), None, target
         return form.objective, None, None, target
 
-    def scores(self, view, cand_x: torch.Tensor, cand_y: torch.Tensor, device: str = "cpu") -> tuple[torch.Tensor, dict[str, Any]]:
-        """Each candidate's score (its alignment off the known records' span where the read applies, else its share of
-        what ``view.known`` leave of the equation that it explains), and how it was scored."""
+    def scores(self, view, cand_x: torch.Tensor, cand_y: torch.Tensor, device: str = "cpu",
+               alignment: bool = True) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Each candidate's score (its alignment off the known records' span where the read applies and ``alignment``,
+        else its share of what ``view.known`` leave of the equation that it explains), and how it was scored."""
         known = view.known
         n = view.n_train_hint or (len(known) + 1 if known is not None else None)
         if n is None:
@@ -109,7 +107,7 @@ class CandidateGame(Attack):
                               "n_train_hint")
         used = equation_for(self.config["start_equation"], view)
         info = {"equation_used": used, "n_assumed": int(n), "known_records": 0 if known is None else len(known)}
-        lined = aligned(view, int(n), cand_x) if self.config["score"] == "auto" else None
+        lined = aligned(view, int(n), cand_x) if alignment else None
         if lined is not None:
             return lined.cpu(), {**info, "scored_by": "alignment off the known records' span (the first layer's read)"}
         model, params = attack_model(view.model, torch.device(device), torch.float64)
@@ -147,6 +145,6 @@ def rank(view, cand_x: torch.Tensor, cand_y: torch.Tensor, start_equation: str =
     """``(order, shares, info)``: candidates ranked by the share of what ``view.known`` leave of the equation that each
     explains, multipliers free (what kkt's informed ranking uses: its candidates are approximations, whose columns a
     fixed multiplier would over-count)."""
-    game = CandidateGame(start_equation=start_equation, multipliers="free", score="explained")
-    shares, info = game.scores(view, cand_x, cand_y, str(cand_x.device))
+    game = CandidateGame(start_equation=start_equation, multipliers="free")
+    shares, info = game.scores(view, cand_x, cand_y, str(cand_x.device), alignment=False)
     return torch.argsort(-shares, stable=True), shares, {f"informed_{k}": v for k, v in info.items()}
